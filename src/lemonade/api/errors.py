@@ -1,0 +1,136 @@
+"""One error model for the whole server, rendered in each API family's own shape.
+
+Handlers raise `APIError`; the exception handler picks the body shape from the request path, so an
+Ollama client gets `{"error": "..."}`, an Anthropic client gets its `{"type": "error", ...}`
+envelope and everything else gets the OpenAI shape (with Lemonade's `status`/`message` pair).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("lemonade.server")
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found",
+    405: "invalid_request_error",
+    409: "conflict",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_implemented",
+    502: "upstream_error",
+    503: "service_unavailable",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    """An error meant for the client: HTTP status, a message saying what to do, an optional code."""
+
+    def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.code = code
+        self.extra = extra or {}
+
+
+def bad_request(message: str, code: str | None = "invalid_argument") -> APIError:
+    return APIError(400, message, code=code)
+
+
+def model_not_found(name: str) -> APIError:
+    return APIError(404, f"Model {name} has not been found. Run `lemonade list` to see available models.",
+                    type="not_found", code="model_not_found")
+
+
+def api_family(path: str) -> str:
+    """Which API's error shape a path answers with."""
+    if path.startswith("/api/") and not path.startswith(("/api/v0/", "/api/v1/")):
+        return "ollama"
+    if path.rstrip("/").endswith("/messages") or path.rstrip("/").endswith("/messages/count_tokens"):
+        return "anthropic"
+    return "openai"
+
+
+def error_body(family: str, status: int, message: str, type_: str, code: str | None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    if family == "ollama":
+        return {"error": message}
+    if family == "anthropic":
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+    err: dict[str, Any] = {"message": message, "type": type_, "code": code}
+    err.update(extra or {})
+    return {"error": err, "status": "error", "message": message}
+
+
+def error_response(request_path: str, exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = error_body(api_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra)
+    return JSONResponse(body, status_code=exc.status, headers=headers)
+
+
+def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """Turn pydantic's error list into one sentence naming the field, plus a spec error code."""
+    if not errors:
+        return "Invalid request", "invalid_argument"
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+    field = ".".join(loc)
+    if kind in ("json_invalid", "json_type") or (kind == "model_attributes_type" and not loc):
+        return ("Request body is not valid JSON: " + str(first.get("ctx", {}).get("error", first.get("msg", "")))
+                if kind == "json_invalid" else "Request body must be a JSON object"), "invalid_json"
+    if kind == "missing":
+        return f"Missing required field '{field}'", "missing_argument"
+    msg = first.get("msg", "invalid value")
+    got = first.get("input")
+    shown = json.dumps(got)[:80] if isinstance(got, (str, int, float, bool, list, dict, type(None))) else repr(got)
+    if field:
+        return f"Invalid value for '{field}': {msg} (got {shown})", "invalid_argument"
+    return f"Invalid request: {msg}", "invalid_argument"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, code = describe_validation_error(list(exc.errors()))
+        return error_response(request.url.path, APIError(400, message, code=code))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"Not found: {request.method} {request.url.path}. See /openapi.json for the routes."
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(request.url.path, APIError(exc.status_code, message), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("Unhandled error on %s %s", request.method, request.url.path)
+        return error_response(request.url.path, APIError(500, f"Internal error: {exc}", type="server_error"))

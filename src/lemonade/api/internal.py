@@ -1,0 +1,85 @@
+"""`/internal/*`: server control (config, aliases), guarded by `LEMONADE_ADMIN_API_KEY`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lemonade.api.errors import APIError, bad_request
+from lemonade.catalog.catalog import RegistrationError
+from lemonade.config import ConfigError
+from lemonade.services import Services
+
+router = APIRouter(prefix="/internal", tags=["internal"])
+
+
+@router.get("/config")
+async def get_config(request: Request) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    return svc.config.values
+
+
+@router.post("/set")
+async def set_config(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"max_loaded_models": 2, "llamacpp": {"args": "--no-mmap"}}])) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    if not isinstance(body, dict):
+        raise APIError(400, "Request body must be a JSON object of settings", code="invalid_json")
+    try:
+        changed = svc.config.set(body)
+    except ConfigError as exc:
+        raise bad_request(str(exc)) from None
+    shadowed = [k for k in changed if k in svc.config.overridden_keys()]
+    out: dict[str, Any] = {"status": "success", "updated": changed, "config": svc.config.values}
+    if shadowed:
+        out["warning"] = (f"Saved, but {', '.join(shadowed)} is overridden by an environment variable or "
+                          "`lemonade serve` flag, which wins until the server restarts without it")
+    return out
+
+
+class AliasRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alias: str = Field(..., min_length=1)
+    target: str | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _target_or_model(self) -> AliasRequest:
+        if not (self.target or self.model):
+            raise ValueError("'target' (or 'model') is required")
+        return self
+
+
+def _alias_view(svc: Services, alias: str, target: str) -> dict[str, Any]:
+    model = svc.catalog.find(target)
+    return {"alias": alias, "target": target,
+            "downloaded": bool(model and svc.catalog.is_downloaded(model)),
+            "recipe": model.recipe if model else None}
+
+
+@router.get("/aliases")
+async def list_aliases(request: Request) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    return {"aliases": [_alias_view(svc, a, t) for a, t in sorted(svc.catalog.aliases().items())]}
+
+
+@router.post("/aliases")
+async def add_alias(request: Request, body: AliasRequest) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    target = body.target or body.model or ""
+    try:
+        svc.catalog.set_alias(body.alias, target)
+    except RegistrationError as exc:
+        raise bad_request(str(exc)) from None
+    return {"status": "ok", "alias": body.alias, "target": svc.catalog.aliases()[body.alias]}
+
+
+@router.delete("/aliases/{alias}")
+async def remove_alias(request: Request, alias: str) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    if not svc.catalog.remove_alias(alias):
+        raise APIError(404, f"Alias '{alias}' does not exist. `lemonade alias list` shows the aliases.",
+                       code="alias_not_found")
+    return {"status": "deleted", "alias": alias}

@@ -1,0 +1,103 @@
+"""`/v1/install` and `/v1/uninstall`: getting engines onto the machine, with visible progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from lemonade.api.errors import APIError
+from lemonade.backends.install import InstallError
+from lemonade.services import Services
+
+router = APIRouter(tags=["backends"])
+
+
+class InstallRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    recipe: str = Field(..., examples=["llamacpp"])
+    backend: str = Field(..., examples=["cpu"])
+    stream: bool = False
+    force: bool = False
+
+
+class UninstallRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    recipe: str
+    backend: str
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _refuse_cloud(backend: str) -> None:
+    if backend == "cloud":
+        raise APIError(400, "Cloud providers are not supported by this server; install a local backend such as "
+                       "{'recipe': 'llamacpp', 'backend': 'cpu'}", code="unsupported_backend")
+
+
+@router.post("/install")
+async def install(request: Request, body: InstallRequest) -> Any:
+    svc: Services = request.app.state.services
+    _refuse_cloud(body.backend)
+    installer = svc.installer
+    try:
+        installer.check_request(body.recipe, body.backend, force=body.force)
+    except InstallError as exc:
+        raise APIError(400, str(exc), code="unsupported_backend") from None
+    if not body.stream:
+        try:
+            result = await asyncio.to_thread(installer.install, body.recipe, body.backend, None, body.force)
+        except InstallError as exc:
+            raise APIError(500, str(exc), type="server_error", code="install_failed") from None
+        return {"status": "success", "recipe": body.recipe, "backend": body.backend,
+                **{k: v for k, v in result.items() if k not in ("status", "recipe", "backend")}}
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def progress(event: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, sse("progress", event))
+
+    async def run() -> None:
+        try:
+            result = await asyncio.to_thread(installer.install, body.recipe, body.backend, progress, body.force)
+            await queue.put(sse("complete", {"status": "success", "recipe": body.recipe, "backend": body.backend,
+                                             "version": result.get("version")}))
+        except InstallError as exc:
+            await queue.put(sse("error", {"status": "error", "error": str(exc)}))
+        finally:
+            await queue.put(None)
+
+    task = asyncio.create_task(run())
+
+    async def events() -> AsyncIterator[bytes]:
+        # The install keeps going if the client leaves; it is the machine's, not the request's.
+        while (item := await queue.get()) is not None:
+            yield item
+        await task
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.post("/uninstall")
+async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    _refuse_cloud(body.backend)
+    try:
+        svc.installer.check_request(body.recipe, body.backend, force=True, uninstall=True)
+    except InstallError as exc:
+        raise APIError(400, str(exc), code="unsupported_backend") from None
+    await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
+    try:
+        result = await asyncio.to_thread(svc.installer.uninstall, body.recipe, body.backend)
+    except InstallError as exc:
+        raise APIError(400, str(exc), code="uninstall_failed") from None
+    return {"status": "success", "recipe": body.recipe, "backend": body.backend,
+            **{k: v for k, v in result.items() if k not in ("status", "recipe", "backend")}}

@@ -1,0 +1,85 @@
+"""`/v1/load` and `/v1/unload`: explicit residency control."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse
+
+from lemonade.api.errors import APIError, bad_request
+from lemonade.api.lemonade.models import body_object
+from lemonade.runtime.options import OptionsError
+from lemonade.services import Services
+
+router = APIRouter(tags=["residency"])
+LOAD_CONTROL_KEYS = ("model_name", "model", "pinned", "save_options")
+
+
+@router.post("/load")
+async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192}])) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    body = body_object(body)
+    name = body.get("model_name", body.get("model"))
+    if name is None:
+        raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
+    if not isinstance(name, str):
+        raise bad_request("Invalid value for 'model_name': must be a string")
+    model = svc.resolve(name)
+    pinned = body.get("pinned")
+    save = body.get("save_options", False)
+    for key, value in (("pinned", pinned), ("save_options", save)):
+        if value is not None and not isinstance(value, bool):
+            raise bad_request(f"Invalid value for '{key}': must be true or false")
+    if model.is_collection:
+        for comp in model.components or []:
+            comp_model = svc.resolve(comp)
+            await svc.router.ensure_loaded(comp_model, lambda m=comp_model: svc.options.resolve(m.name, m.recipe),
+                                           pinned=pinned)
+        return {"status": "success", "message": f"Loaded model: {model.name}"}
+    try:
+        requested = svc.options.parse_request(model.recipe, body, ignore=LOAD_CONTROL_KEYS)
+    except OptionsError as exc:
+        raise bad_request(str(exc)) from None
+    effective = svc.options.resolve(model.name, model.recipe, request=requested)
+    if pinned is None:
+        pinned = svc.options.saved(model.name).get("pinned")
+    current = svc.router.loaded.get(model.name)
+    reload = current is not None and {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} \
+        != effective
+    await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
+    if save:
+        svc.options.save_from_load(model.name, requested, body.get("pinned"))
+    return {"status": "success", "message": f"Loaded model: {model.name}"}
+
+
+@router.post("/unload")
+async def unload(request: Request) -> Any:
+    svc: Services = request.app.state.services
+    raw = await request.body()
+    body: Any = {}
+    if raw.strip():
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+        body = body_object(body)
+    name = body.get("model_name", body.get("model"))
+    if name is None:
+        await svc.router.unload(None)
+        return {"status": "success", "message": "Model unloaded successfully"}
+    if not isinstance(name, str):
+        raise bad_request("Invalid value for 'model_name': must be a string")
+    model = svc.catalog.find(name)
+    target = model.name if model else name
+    names = [target] if not (model and model.is_collection) else list(model.components or [])
+    unloaded = []
+    for n in names:
+        unloaded += await svc.router.unload(n)
+    if not unloaded:
+        return JSONResponse({"status": "error", "message": f"Model not found: {name}",
+                             "error": {"message": f"Model not found: {name} (it is not loaded)",
+                                       "type": "not_found", "code": "model_not_loaded"}}, status_code=404)
+    return {"status": "success", "message": "Model unloaded successfully"}

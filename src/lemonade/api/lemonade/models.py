@@ -1,0 +1,130 @@
+"""Model management that is not downloading: register, per-model options, file inventory."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Body, Query, Request
+
+from lemonade.api.errors import APIError, bad_request
+from lemonade.api.openai.models import model_object
+from lemonade.backends.llamacpp import resolved_ctx_size
+from lemonade.catalog.catalog import RegistrationError
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.options import OptionsError
+from lemonade.services import Services
+
+router = APIRouter(tags=["models"])
+
+OBJECT_BODY = Body(..., openapi_examples={"default": {"value": {}}})
+
+
+def body_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, "Request body must be a JSON object", code="invalid_json")
+    return body
+
+
+@router.post("/models/register")
+async def register(request: Request, body: dict[str, Any] = Body(..., examples=[{
+        "model_name": "user.Phi-4-Mini-GGUF", "checkpoint": "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M",
+        "recipe": "llamacpp"}])) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    try:
+        model = svc.catalog.register(body_object(body))
+    except RegistrationError as exc:
+        raise bad_request(str(exc)) from None
+    obj = model_object(svc, model)
+    return {"status": "success", "model_name": model.name, "canonical_model_name": model.name,
+            "model": {"id": obj["id"], "recipe": obj["recipe"], "downloaded": obj["downloaded"]}}
+
+
+# ----- per-model options ---------------------------------------------------------------------------
+
+def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effective: dict[str, Any],
+                 base_url_key: bool) -> dict[str, Any]:
+    files = svc.catalog.local_files(model)
+    main = files["main"][0] if files and files.get("main") else None
+    body = {"model_name": model.name, **effective}
+    defaults = {"model_name": model.name, **svc.options.resolve(model.name, model.recipe, saved={})}
+    payload = json.dumps(dict(sorted(body.items())), separators=(",", ":")).replace("'", "'\\''")
+    auth = ' -H "Authorization: Bearer $LEMONADE_API_KEY"' if base_url_key else ""
+    view: dict[str, Any] = {
+        "model_name": model.name,
+        "recipe": model.recipe,
+        "saved": saved,
+        "effective": dict(sorted(body.items())),
+        "defaults": dict(sorted(defaults.items())),
+        "load_command": f"curl -X POST $LEMONADE_BASE_URL/v1/load -H \"Content-Type: application/json\"{auth} "
+                        f"-d '{payload}'",
+    }
+    if "ctx_size" in effective:
+        view["resolved_ctx_size"] = resolved_ctx_size(effective["ctx_size"], main)
+    return view
+
+
+def _model_for_options(svc: Services, model_id: str) -> ModelInfo:
+    model = svc.resolve(model_id)
+    if model.is_collection:
+        raise bad_request(f"Model {model.name} is a collection; set options on each component instead")
+    return model
+
+
+@router.get("/models/{model_id}/options")
+async def get_options(request: Request, model_id: str) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = _model_for_options(svc, model_id)
+    saved = svc.options.saved(model.name)
+    return options_view(svc, model, saved, svc.options.resolve(model.name, model.recipe), bool(svc.api_key))
+
+
+@router.post("/models/{model_id}/options")
+async def set_options(request: Request, model_id: str, body: dict[str, Any] = Body(..., examples=[
+        {"ctx_size": 8192}])) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = _model_for_options(svc, model_id)
+    body = dict(body_object(body))
+    dry_run = body.pop("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise bad_request("Invalid value for 'dry_run': must be true or false")
+    body.pop("model_name", None)
+    try:
+        changes = svc.options.parse_request(model.recipe, body)
+    except OptionsError as exc:
+        raise bad_request(str(exc)) from None
+    entry = svc.options.merge_saved(model.name, changes, dry_run=dry_run)
+    effective = svc.options.resolve(model.name, model.recipe, saved=entry)
+    return options_view(svc, model, svc.options.saved(model.name), effective, bool(svc.api_key))
+
+
+@router.delete("/models/{model_id}/options")
+async def reset_options(request: Request, model_id: str) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = _model_for_options(svc, model_id)
+    svc.options.reset(model.name)
+    return options_view(svc, model, {}, svc.options.resolve(model.name, model.recipe), bool(svc.api_key))
+
+
+# ----- files ---------------------------------------------------------------------------------------
+
+@router.get("/models/{model_id}/files")
+async def model_files(request: Request, model_id: str, include_paths: bool = Query(False)) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = svc.resolve(model_id)
+    entries: list[dict[str, Any]] = []
+    files = svc.catalog.local_files(model)
+    if files is None and not model.is_collection and svc.downloads is not None:
+        files = svc.downloads.known_files(model)  # partially present or never downloaded
+    for role, paths in (files or {}).items():
+        for path in paths:
+            exists = path.exists()
+            if path.is_dir():
+                size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            else:
+                size = path.stat().st_size if exists else 0
+            entry: dict[str, Any] = {"name": path.name, "role": role, "size_bytes": size, "exists": exists}
+            if include_paths:
+                entry = {"name": path.name, "path": str(path.resolve() if exists else path), **entry}
+            entries.append(entry)
+    return {"model_id": model.name, "files": entries}

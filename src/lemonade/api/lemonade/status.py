@@ -1,0 +1,59 @@
+"""Status endpoints: health, stats, system stats and info."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from lemonade import __version__
+from lemonade.catalog.labels import MODEL_TYPES
+from lemonade.services import Services
+from lemonade.system.info import system_info, system_stats
+
+router = APIRouter(tags=["status"])
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    svc = services(request)
+    limit = svc.router.limit()
+    loaded = svc.router.describe()
+    body: dict[str, Any] = {
+        "status": "ok",
+        "version": __version__,
+        "model_loaded": svc.router.last_used_name if svc.router.last_used_name in svc.router.loaded else
+        (loaded[0]["model_name"] if loaded else None),
+        "all_models_loaded": loaded,
+        "pinned_models": svc.router.pinned_counts(),
+        "max_models": dict.fromkeys(MODEL_TYPES, limit),
+        "telemetry": {"enabled": False},
+        "update_check_done": bool(getattr(svc.downloads, "update_check_done", False)),
+        "crashed_models": list(svc.router.crashed.values()),
+    }
+    port = request.url.port
+    if port:
+        body["websocket_port"] = port
+    return body
+
+
+@router.get("/stats")
+async def stats(request: Request) -> dict[str, Any]:
+    return services(request).stats.snapshot()
+
+
+@router.get("/system-stats")
+async def get_system_stats() -> dict[str, Any]:
+    return system_stats()
+
+
+@router.get("/system-info")
+async def get_system_info(request: Request) -> dict[str, Any]:
+    svc = services(request)
+    recipes = await asyncio.to_thread(svc.installer.recipes_info)
+    return system_info(svc.catalog.hub_cache(), recipes)

@@ -1,0 +1,121 @@
+"""llama.cpp-specific endpoints (llamacpp-newer.md): rerank, tokenize, slots.
+
+Rerank goes to the model it names; tokenize (when it names none) and slots go to the most
+recently used loaded model, which must be a llama.cpp model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from lemonade.api.errors import APIError
+from lemonade.api.openai.inference import require_mode
+from lemonade.runtime.proxy import Proxy
+from lemonade.runtime.router import LoadedModel
+from lemonade.services import Services
+
+router = APIRouter(tags=["llama.cpp"])
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(..., min_length=1, examples=["bge-reranker-v2-m3-GGUF"])
+    query: str
+    documents: list[str] = Field(..., min_length=1)
+    top_n: int | None = Field(None, ge=1)
+    ctx_size: int | None = Field(None, description="Context size to load the model with, when this request "
+                                                    "loads it", ge=-1)
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str
+    model: str | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class SlotActionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    filename: str | None = None
+
+
+def _llamacpp_target(svc: Services) -> LoadedModel:
+    lm = svc.router.most_recent()
+    if lm is None:
+        raise APIError(400, "No model is loaded. Load a llama.cpp model first (POST /v1/load or any chat request).",
+                       code="no_model_loaded")
+    if lm.model.recipe != "llamacpp":
+        raise APIError(400, f"The most recently used model {lm.name} is not a llama.cpp model",
+                       code="invalid_argument")
+    return lm
+
+
+async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = svc.resolve(body.model)
+    if model.recipe != "llamacpp":
+        raise APIError(400, f"Model {model.name} is not a llama.cpp model; only llama.cpp reranker models serve "
+                       "/rerank", code="invalid_argument")
+    require_mode(model, "reranking", "/rerank")
+    payload = body.model_dump(exclude_unset=True, exclude={"ctx_size"})
+    p = Proxy(svc)
+    if body.ctx_size is not None and model.name not in svc.router.loaded:
+        options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body.ctx_size})
+        await svc.router.ensure_loaded(model, options)
+    data = await p.post_json(model, "/v1/rerank", payload, "rerank")
+    results = sorted(data.get("results", []), key=lambda r: r.get("relevance_score", 0), reverse=True)
+    return {"model": model.name, "object": "list", "results": results, "usage": data.get("usage", {})}
+
+
+for _path in ("/rerank", "/reranking", "/reranker"):
+    router.add_api_route(_path, rerank, methods=["POST"], name=f"rerank{_path.replace('/', '_')}")
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, body: TokenizeRequest) -> Any:
+    svc: Services = request.app.state.services
+    payload = body.model_dump(exclude={"model"})
+    p = Proxy(svc)
+    if body.model:
+        model = svc.resolve(body.model)
+        if model.recipe != "llamacpp":
+            raise APIError(400, f"Model {model.name} is not a llama.cpp model", code="invalid_argument")
+        return await p.post_json(model, "/tokenize", payload, "tokenize")
+    lm = _llamacpp_target(svc)
+    return await p.post_json(lm.model, "/tokenize", payload, "tokenize", lm=lm)
+
+
+@router.get("/slots")
+async def slots(request: Request) -> Any:
+    svc: Services = request.app.state.services
+    return await Proxy(svc).get_json(_llamacpp_target(svc), "/slots")
+
+
+@router.post("/slots/{slot_id}")
+async def slot_action(request: Request, slot_id: int,
+                      action: Literal["save", "restore", "erase"] = Query(...)) -> Any:
+    svc: Services = request.app.state.services
+    if not 0 <= slot_id <= 2**31 - 1:
+        raise APIError(400, f"Slot id {slot_id} is out of range (0 to 2147483647)", code="invalid_argument")
+    raw = await request.body()
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(parsed, dict):
+        raise APIError(400, "Request body must be a JSON object", code="invalid_json")
+    try:
+        body = SlotActionRequest.model_validate(parsed)
+    except ValueError as exc:
+        raise APIError(400, f"Invalid slot request: {exc}", code="invalid_argument") from None
+    if action in ("save", "restore") and not body.filename:
+        raise APIError(400, f"Missing required field 'filename' for action '{action}'", code="missing_argument")
+    lm = _llamacpp_target(svc)
+    payload = {"filename": body.filename} if body.filename else {}
+    return await Proxy(svc).post_json(lm.model, f"/slots/{slot_id}?action={action}", payload, "slots", lm=lm)

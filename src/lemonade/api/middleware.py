@@ -1,0 +1,140 @@
+"""ASGI middleware: API-key checks and per-request metrics.
+
+Written as plain ASGI (not BaseHTTPMiddleware) so streamed responses pass through untouched and
+the per-request overhead stays in the microseconds.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from lemonade.api.errors import api_family, error_body
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
+
+OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The key a client sent: `Authorization: Bearer`, Anthropic's `x-api-key`, or WS `?api_key=`."""
+    auth = _header(scope, b"authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    api_key = _header(scope, b"x-api-key")
+    if api_key:
+        return api_key.strip()
+    if scope["type"] == "websocket":
+        query = parse_qs(scope.get("query_string", b"").decode())
+        if "api_key" in query:
+            return query["api_key"][0]
+    return None
+
+
+def _matches(given: str | None, *keys: str | None) -> bool:
+    return given is not None and any(k and hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+
+
+class AuthMiddleware:
+    """`LEMONADE_API_KEY` guards API routes, `LEMONADE_ADMIN_API_KEY` guards `/internal/*`.
+
+    The admin key is accepted wherever the API key is; `/metrics` accepts either key and is open
+    when no API key is set (lemonade.md, GET /metrics).
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key or None
+        self.admin_key = admin_key or None
+
+    def allowed(self, scope: Scope) -> bool:
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and scope.get("method") == "OPTIONS":
+            return True  # CORS preflight carries no credentials
+        if path in OPEN_PATHS or path == "/" or path.startswith("/static/"):
+            return True
+        given = presented_key(scope)
+        if path.startswith("/internal"):
+            required = self.admin_key or self.api_key
+            return required is None or _matches(given, self.admin_key or self.api_key)
+        if self.api_key is None:
+            return True
+        return _matches(given, self.api_key, self.admin_key)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        message = ("Invalid or missing API key. Send it as 'Authorization: Bearer <key>'"
+                   + (" (the admin key for /internal routes)." if scope.get("path", "").startswith("/internal")
+                      else "."))
+        if scope["type"] == "websocket":
+            await receive()  # the websocket.connect event
+            await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
+            return
+        body = json.dumps(error_body(api_family(scope["path"]), 401, message, "authentication_error",
+                                     "invalid_api_key")).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def route_family(path: str) -> str:
+    """Coarse grouping of routes for metrics labels (bounded cardinality)."""
+    if path.startswith("/internal"):
+        return "internal"
+    if path in ("/live", "/metrics") or path.startswith("/mcp"):
+        return path.strip("/").split("/")[0]
+    family = api_family(path)
+    if family != "openai":
+        return family
+    tail = path
+    for prefix in ("/api/v1", "/api/v0", "/v1", "/v0"):
+        if path.startswith(prefix + "/"):
+            tail = path[len(prefix):]
+            break
+    head = tail.strip("/").split("/")[0]
+    if head in ("chat", "completions", "embeddings", "responses", "audio", "images", "models"):
+        return "openai"
+    if head in ("rerank", "reranking", "reranker", "tokenize", "slots", "detokenize"):
+        return "llamacpp"
+    return "lemonade"
+
+
+class MetricsMiddleware:
+    """Counts requests and observes latency (to the end of the response body) per route family."""
+
+    def __init__(self, app: ASGIApp, observe: Callable[[str, str, int, float], None]) -> None:
+        self.app = app
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.observe(route_family(scope["path"]), scope.get("method", ""), status,
+                         time.perf_counter() - start)

@@ -1,0 +1,94 @@
+"""OpenAI inference endpoints: chat, completions, embeddings, responses.
+
+Each validates its body, resolves the model (auto-loading it), checks that the model's
+deployment mode serves this endpoint, and hands the request to the engine through the proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from lemonade.api.errors import APIError
+from lemonade.api.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ResponsesRequest,
+)
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.proxy import Proxy
+from lemonade.services import Services
+
+router = APIRouter(tags=["openai"])
+
+ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
+                     "transcription": "/audio/transcriptions", "image": "/images/generations",
+                     "tts": "/audio/speech", "classification": "/classify"}
+
+
+def require_mode(model: ModelInfo, mode: str, endpoint: str) -> None:
+    if model.mode != mode:
+        hint = ENDPOINT_FOR_MODE.get(model.mode)
+        raise APIError(400, f"Model {model.name} is a '{model.mode}' model and cannot serve {endpoint}"
+                       + (f"; use {hint} instead" if hint else ""), code="model_mode_mismatch")
+
+
+def proxy(request: Request) -> Proxy:
+    return Proxy(request.app.state.services)
+
+
+def chat_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
+    model = svc.resolve(name)
+    if model.is_collection:
+        raise APIError(400, f"Model {model.name} is a collection; collection orchestration is not available in "
+                       "this server. Call one of its components instead: " + ", ".join(model.components or []),
+                       code="model_mode_mismatch")
+    require_mode(model, "chat", endpoint)
+    return model
+
+
+async def relay(request: Request, model: ModelInfo, path: str, body: dict[str, Any], stream: bool,
+                endpoint: str) -> Response:
+    p = proxy(request)
+    if stream:
+        return await p.stream(model, path, body, endpoint)
+    return await p.forward(model, path, body, endpoint)
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+    svc: Services = request.app.state.services
+    model = chat_model(svc, body.model, "/chat/completions")
+    payload = body.model_dump(exclude_unset=True)
+    if "max_completion_tokens" in payload:
+        payload["max_tokens"] = payload.pop("max_completion_tokens")
+    return await relay(request, model, "/v1/chat/completions", payload, body.stream, "chat/completions")
+
+
+@router.post("/completions")
+async def completions(request: Request, body: CompletionRequest) -> Response:
+    svc: Services = request.app.state.services
+    model = chat_model(svc, body.model, "/completions")
+    if body.stream and body.logprobs:
+        raise APIError(400, "'logprobs' is only available with stream=false", code="invalid_argument")
+    payload = body.model_dump(exclude_unset=True)
+    return await relay(request, model, "/v1/completions", payload, body.stream, "completions")
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
+    svc: Services = request.app.state.services
+    model = svc.resolve(body.model)
+    require_mode(model, "embeddings", "/embeddings")
+    return await relay(request, model, "/v1/embeddings", body.model_dump(exclude_unset=True), False, "embeddings")
+
+
+@router.post("/responses")
+async def responses(request: Request, body: ResponsesRequest) -> Response:
+    svc: Services = request.app.state.services
+    model = chat_model(svc, body.model, "/responses")
+    return await relay(request, model, "/v1/responses", body.model_dump(exclude_unset=True), body.stream,
+                       "responses")

@@ -1,0 +1,70 @@
+"""`GET /v1/models` and `GET /v1/models/{id}`: the catalog as OpenAI model objects plus Lemonade fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from lemonade.catalog.models import ModelInfo
+from lemonade.services import Services
+
+router = APIRouter(tags=["models"])
+
+
+def model_object(svc: Services, model: ModelInfo, with_components: bool = False) -> dict[str, Any]:
+    files = svc.catalog.local_files(model) if not model.is_collection else None
+    downloaded = files is not None if not model.is_collection else svc.catalog.is_downloaded(model)
+    obj: dict[str, Any] = {
+        "id": model.name,
+        "created": model.created,
+        "object": "model",
+        "owned_by": "lemonade",
+        "checkpoint": model.checkpoint,
+        "recipe": model.recipe,
+    }
+    if model.size is not None:
+        obj["size"] = model.size
+    ctx = svc.catalog.max_context_window(model, files)
+    if ctx is not None:
+        obj["max_context_window"] = ctx
+    obj["downloaded"] = downloaded
+    obj["suggested"] = model.suggested
+    updates = getattr(svc.downloads, "updates_available", None)
+    obj["update_available"] = bool(downloaded and updates and model.name in updates)
+    obj["labels"] = list(model.labels)
+    if len(model.checkpoints) > 1:
+        obj["checkpoints"] = dict(model.checkpoints)
+    if model.source != "huggingface":
+        obj["source"] = model.source
+    if model.image_defaults:
+        obj["image_defaults"] = dict(model.image_defaults)
+    if model.is_collection:
+        obj["components"] = list(model.components or [])
+        if with_components:
+            comps = [svc.catalog.find(c) for c in model.components or []]
+            obj["models"] = [model_object(svc, c) for c in comps if c is not None]
+    return obj
+
+
+@router.get("/models")
+async def list_models(request: Request, show_all: bool = Query(False, description="Include models that are not "
+                                                                                   "downloaded")) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    data = []
+    for model in svc.catalog.all():
+        obj = model_object(svc, model)
+        if show_all or obj["downloaded"]:
+            data.append(obj)
+    return {"object": "list", "data": data}
+
+
+@router.get("/models/{model_id}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    svc: Services = request.app.state.services
+    model = svc.resolve(model_id)
+    obj = model_object(svc, model, with_components=True)
+    saved = svc.options.saved(model.name)
+    if saved:
+        obj["recipe_options"] = saved
+    return obj

@@ -1,0 +1,92 @@
+"""Request schemas of the OpenAI-compatible endpoints.
+
+They validate what we rely on and document the API in /openapi.json; unknown fields are kept
+(`extra="allow"`) and passed through, so llama.cpp-specific parameters such as `min_p` or
+`grammar` keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Stop = str | list[str]
+
+
+class _Passthrough(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Sampling(_Passthrough):
+    model: str = Field(..., min_length=1, examples=["Qwen3-0.6B-GGUF"])
+    stream: bool = False
+    stop: Stop | None = Field(None, description="Up to 4 sequences where generation stops")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    repeat_penalty: float | None = Field(None, ge=0)
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _stop_count(self) -> Sampling:
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("'stop' takes at most 4 sequences")
+        return self
+
+
+class ChatMessage(_Passthrough):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class FunctionDef(_Passthrough):
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Passthrough):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> ChatCompletionRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("'max_tokens' and 'max_completion_tokens' are mutually exclusive; send only one")
+        return self
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int] = Field(..., examples=["Once upon a time"])
+    max_tokens: int | None = Field(None, ge=-1)
+    echo: bool | None = None
+    logprobs: int | bool | None = None
+
+
+class EmbeddingRequest(_Passthrough):
+    model: str = Field(..., min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> EmbeddingRequest:
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("'input' must not be an empty list")
+        return self
+
+
+class ResponsesRequest(Sampling):
+    input: str | list[dict[str, Any]]
+    max_output_tokens: int | None = Field(None, ge=1)
+    instructions: str | None = None

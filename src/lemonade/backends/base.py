@@ -1,0 +1,154 @@
+"""WrappedServer: one inference engine process serving one model on a private loopback port.
+
+The process runs in its own process group with PR_SET_PDEATHSIG, so stopping it kills anything
+it spawned and a server that dies (even by SIGKILL) takes its engines with it: no orphans. Its
+output goes line by line into the log pipeline, tagged with the model name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask the kernel to SIGKILL us when the server goes away."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class BackendStartError(RuntimeError):
+    """The engine did not come up; the message carries its last output lines."""
+
+
+class WrappedServer:
+    def __init__(self, name: str, argv: list[str], port: int, *, health_path: str = "/health",
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.health_path = health_path
+        self.env = env
+        self.cwd = cwd
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log = logging.getLogger(f"lemonade.{name}")
+        self.tail: deque[str] = deque(maxlen=40)
+        self.started_at = 0.0
+        self._pump: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.on_exit: Callable[[WrappedServer, int], None] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, timeout: float = 300.0) -> None:
+        self.log.info("Starting: %s", " ".join(self.argv))
+        self.started_at = time.time()
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True,
+            preexec_fn=_die_with_parent)
+        self._pump = asyncio.create_task(self._pump_output())
+        try:
+            await self._wait_ready(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        self.log.info("Ready on %s (pid %s) after %.1fs", self.base_url, self.pid, time.time() - self.started_at)
+
+    async def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive:
+                    await asyncio.sleep(0.05)  # let the pump drain the last lines
+                    raise BackendStartError(
+                        f"{self.name} exited with code {self.proc.returncode if self.proc else '?'} while "
+                        f"starting. Last output:\n" + "\n".join(self.tail))
+                try:
+                    resp = await client.get(self.base_url + self.health_path)
+                    if resp.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise BackendStartError(f"{self.name} did not become ready within {timeout:.0f}s. Last output:\n"
+                                + "\n".join(self.tail))
+
+    async def _pump_output(self) -> None:
+        assert self.proc and self.proc.stdout
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                break
+            text = line.decode("utf-8", errors="replace").rstrip()
+            if text:
+                self.tail.append(text)
+                self.log.debug("%s", text)
+        code = await self.proc.wait()
+        if not self._stopping:
+            self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,
+                           "\n".join(list(self.tail)[-10:]))
+            if self.on_exit:
+                self.on_exit(self, code)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace` seconds, and reap it."""
+        self._stopping = True
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            self.log.info("Stopping pid %s", proc.pid)
+            self._signal_group(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace)
+            except TimeoutError:
+                self._signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        # The group may hold helpers that outlived the leader.
+        self._signal_group(proc.pid, signal.SIGKILL)
+        if self._pump:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._pump, 2.0)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort at interpreter exit."""
+        self._stopping = True
+        if self.proc is not None:
+            self._signal_group(self.proc.pid, signal.SIGKILL)

@@ -1,0 +1,349 @@
+"""The model registry: built-in models, `user.*` registrations, the extra models dir and aliases.
+
+Every API that takes a model name resolves it here, so aliases and the `user.`/`extra.`
+namespaces behave the same on every route. State files (`user_models.json`, `aliases.json`) are
+written atomically and re-read only by this class.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lemonade.catalog.extra_dir import scan_extra_dir
+from lemonade.catalog.gguf_meta import GGUFError, gguf_info
+from lemonade.catalog.labels import COLLECTION_RECIPES, LabelError, deployment_mode
+from lemonade.catalog.models import ModelInfo
+from lemonade.downloads.local import hub_cache_dir, resolve_local
+from lemonade.downloads.variants import parse_checkpoint
+from lemonade.util.atomic import atomic_write_json, read_json
+
+log = logging.getLogger("lemonade.catalog")
+USER_PREFIX = "user."
+LEGACY_LABEL_FLAGS = {"reasoning": "reasoning", "vision": "vision", "embedding": "embeddings",
+                      "reranking": "reranking"}
+SOURCES = ("huggingface", "modelscope", "local")
+
+
+class RegistrationError(ValueError):
+    """An invalid model definition; the message is shown to the user as is."""
+
+
+class NotFound(KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _builtin_definitions() -> dict[str, dict[str, Any]]:
+    text = resources.files("lemonade.catalog").joinpath("resources/server_models.json").read_text()
+    return json.loads(text)
+
+
+def _checkpoints_of(name: str, definition: dict[str, Any]) -> dict[str, str]:
+    """Normalise `checkpoint` + `mmproj` + `checkpoints` into role -> checkpoint."""
+    out: dict[str, str] = {}
+    raw = definition.get("checkpoints") or {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise RegistrationError(f"Model '{name}': 'checkpoints' must be an object of role -> checkpoint strings")
+    out.update(raw)
+    if definition.get("checkpoint") is not None:
+        if not isinstance(definition["checkpoint"], str):
+            raise RegistrationError(f"Model '{name}': 'checkpoint' must be a string like 'owner/repo:Q4_K_M'")
+        out["main"] = definition["checkpoint"]
+    mmproj = definition.get("mmproj")
+    if mmproj:
+        if not isinstance(mmproj, str):
+            raise RegistrationError(f"Model '{name}': 'mmproj' must be a file name string")
+        if ":" in mmproj:
+            out["mmproj"] = mmproj
+        elif "main" in out:
+            out["mmproj"] = f"{parse_checkpoint(out['main']).repo}:{mmproj}"
+    return out
+
+
+def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo:
+    """Validate one stored or submitted definition and turn it into a ModelInfo."""
+    if not isinstance(definition, dict):
+        raise RegistrationError(f"Model '{name}': definition must be a JSON object")
+    recipe = definition.get("recipe")
+    if not isinstance(recipe, str) or not recipe:
+        raise RegistrationError(f"Model '{name}': 'recipe' is required (e.g. 'llamacpp')")
+    labels = definition.get("labels") or []
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise RegistrationError(f"Model '{name}': 'labels' must be an array of strings")
+    labels = list(dict.fromkeys(labels))
+    for flag, label in LEGACY_LABEL_FLAGS.items():
+        value = definition.get(flag)
+        if value is not None and not isinstance(value, bool):
+            raise RegistrationError(f"Model '{name}': '{flag}' must be true or false")
+        if value and label not in labels:
+            labels.append(label)
+    try:
+        mode = deployment_mode(name, recipe, labels)
+    except LabelError as exc:
+        raise RegistrationError(str(exc)) from None
+    source = definition.get("source") or "huggingface"
+    if source not in SOURCES:
+        raise RegistrationError(f"Model '{name}': 'source' must be 'huggingface' or 'modelscope', got '{source}'")
+    components = definition.get("components")
+    if recipe in COLLECTION_RECIPES:
+        if not isinstance(components, list) or not components or not all(isinstance(c, str) and c
+                                                                          for c in components):
+            raise RegistrationError(f"Model '{name}': a collection needs 'components', a non-empty array of "
+                                    "model names")
+        checkpoints: dict[str, str] = {}
+    else:
+        if components is not None:
+            raise RegistrationError(f"Model '{name}': only collection recipes take 'components'")
+        checkpoints = _checkpoints_of(name, definition)
+        if "main" not in checkpoints:
+            raise RegistrationError(f"Model '{name}': a 'checkpoint' (or a 'main' entry in 'checkpoints') is "
+                                    "required, e.g. 'owner/repo:Q4_K_M'")
+        for role, ckpt in checkpoints.items():
+            try:
+                parse_checkpoint(ckpt)
+            except ValueError as exc:
+                raise RegistrationError(f"Model '{name}': checkpoint '{role}': {exc}") from None
+    size = definition.get("size")
+    return ModelInfo(
+        name=name, recipe=recipe, mode=mode, checkpoints=checkpoints, labels=labels,
+        size=float(size) if isinstance(size, (int, float)) and not isinstance(size, bool) else None,
+        suggested=bool(definition.get("suggested", origin == "builtin")), source=source, origin=origin,
+        image_defaults=definition.get("image_defaults"), components=components,
+        definition=dict(definition),
+    )
+
+
+class Catalog:
+    def __init__(self, cache_dir: Path, extra_models_dir: str = "", models_dir: str = "") -> None:
+        self.cache_dir = Path(cache_dir)
+        self.user_file = self.cache_dir / "user_models.json"
+        self.alias_file = self.cache_dir / "aliases.json"
+        self.extra_models_dir = extra_models_dir
+        self.models_dir = models_dir
+        self._lock = threading.RLock()
+        self._builtin = {}
+        for name, definition in _builtin_definitions().items():
+            self._builtin[name] = build_model(name, definition, "builtin")
+        self._user: dict[str, ModelInfo] = {}
+        self._extra: dict[str, ModelInfo] = {}
+        self._aliases: dict[str, str] = {}
+        self._load_user()
+        self._load_aliases()
+        self.rescan_extra()
+
+    # ----- state files -------------------------------------------------------------------------
+    def _load_user(self) -> None:
+        try:
+            raw = read_json(self.user_file, {})
+        except (OSError, ValueError) as exc:
+            log.error("Cannot read %s (%s); user models are unavailable until it is fixed", self.user_file, exc)
+            raw = {}
+        self._user = {}
+        for key, definition in (raw.items() if isinstance(raw, dict) else []):
+            name = USER_PREFIX + key.removeprefix(USER_PREFIX)
+            try:
+                self._user[name] = build_model(name, definition, "user")
+            except RegistrationError as exc:
+                log.error("Skipping invalid entry in %s: %s (the file is left untouched; fix it by hand)",
+                          self.user_file, exc)
+
+    def _write_user(self, user: dict[str, ModelInfo]) -> None:
+        # Keep entries we could not parse exactly as they are on disk.
+        try:
+            on_disk = read_json(self.user_file, {})
+        except ValueError:
+            on_disk = {}
+        out = {k: v for k, v in on_disk.items() if USER_PREFIX + k.removeprefix(USER_PREFIX) not in self._user}
+        for name, model in user.items():
+            out[name.removeprefix(USER_PREFIX)] = model.definition
+        atomic_write_json(self.user_file, out)
+
+    def _load_aliases(self) -> None:
+        raw = read_json(self.alias_file, {})
+        self._aliases = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+    def rescan_extra(self) -> None:
+        root = Path(self.extra_models_dir).expanduser() if self.extra_models_dir else None
+        found = scan_extra_dir(root) if root else []
+        with self._lock:
+            self._extra = {m.name: m for m in found}
+
+    def set_dirs(self, extra_models_dir: str | None = None, models_dir: str | None = None) -> None:
+        if models_dir is not None:
+            self.models_dir = models_dir
+        if extra_models_dir is not None:
+            self.extra_models_dir = extra_models_dir
+            self.rescan_extra()
+
+    # ----- lookup ------------------------------------------------------------------------------
+    def all(self, rescan: bool = True) -> list[ModelInfo]:
+        if rescan:
+            self.rescan_extra()
+        with self._lock:
+            return list(self._builtin.values()) + list(self._user.values()) + list(self._extra.values())
+
+    def _lookup(self, name: str) -> ModelInfo | None:
+        with self._lock:
+            if name in self._builtin:
+                return self._builtin[name]
+            if name in self._user:
+                return self._user[name]
+            if name in self._extra:
+                return self._extra[name]
+            if USER_PREFIX + name in self._user:
+                return self._user[USER_PREFIX + name]
+            lowered = {k.lower(): v for k, v in self._builtin.items()}
+            return lowered.get(name.lower())
+
+    def find(self, name: str) -> ModelInfo | None:
+        """Resolve a name as any API receives it: alias, built-in, `user.`, `extra.`."""
+        if not isinstance(name, str) or not name:
+            return None
+        target = self._aliases.get(name, name)
+        model = self._lookup(target)
+        if model is None and target.startswith("extra."):
+            self.rescan_extra()
+            model = self._lookup(target)
+        return model
+
+    def resolve(self, name: str) -> ModelInfo:
+        model = self.find(name)
+        if model is None:
+            raise NotFound(name)
+        return model
+
+    # ----- registration ------------------------------------------------------------------------
+    def validate_registration(self, body: dict[str, Any]) -> ModelInfo:
+        name = body.get("model_name")
+        if not isinstance(name, str) or not name.strip():
+            raise RegistrationError("'model_name' is required, e.g. 'user.My-Model-GGUF'")
+        if not name.startswith(USER_PREFIX) or name == USER_PREFIX:
+            raise RegistrationError(f"Model '{name}': new models must use the 'user.' namespace, e.g. "
+                                    f"'user.{name}'")
+        if any(c in name for c in "/\\") or name.strip() != name:
+            raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
+        keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
+                "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested")
+        definition = {k: body[k] for k in keys if k in body and body[k] is not None}
+        return build_model(name, definition, "user")
+
+    def register(self, body: dict[str, Any]) -> ModelInfo:
+        """Validate and store a `user.*` definition (and a collection's embedded `models`)."""
+        model = self.validate_registration(body)
+        embedded = body.get("models")
+        new_components: dict[str, ModelInfo] = {}
+        if model.is_collection:
+            if embedded is not None and not isinstance(embedded, list):
+                raise RegistrationError(f"Model '{model.name}': 'models' must be an array of model definitions")
+            by_name: dict[str, dict[str, Any]] = {}
+            for item in embedded or []:
+                if not isinstance(item, dict) or not isinstance(item.get("model_name") or item.get("id"), str):
+                    raise RegistrationError(f"Model '{model.name}': each entry of 'models' needs a 'model_name'")
+                by_name[item.get("model_name") or item["id"]] = item
+            for comp in model.components or []:
+                if comp == model.name or comp == model.name.removeprefix(USER_PREFIX):
+                    raise RegistrationError(f"Model '{model.name}': a collection cannot contain itself")
+                existing = self.find(comp)
+                if existing is not None:
+                    if existing.is_collection:
+                        raise RegistrationError(f"Model '{model.name}': component '{comp}' is a collection; "
+                                                "collections cannot be nested")
+                    continue
+                if comp not in by_name:
+                    raise RegistrationError(f"Model '{model.name}': component '{comp}' is not registered and "
+                                            "no definition for it was given in 'models'")
+                definition = dict(by_name[comp])
+                definition["model_name"] = comp if comp.startswith(USER_PREFIX) else USER_PREFIX + comp
+                if definition.get("recipe") in COLLECTION_RECIPES:
+                    raise RegistrationError(f"Model '{model.name}': component '{comp}' is a collection; "
+                                            "collections cannot be nested")
+                comp_model = self.validate_registration(definition)
+                new_components[comp_model.name] = comp_model
+            model.components = [c if self.find(c) or c not in by_name or c.startswith(USER_PREFIX)
+                                else USER_PREFIX + c for c in model.components or []]
+            model.definition["components"] = model.components
+        with self._lock:
+            user = dict(self._user)
+            user.update(new_components)
+            user[model.name] = model
+            self._write_user(user)
+            self._user = user
+        return model
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            if name not in self._user:
+                return
+            user = {k: v for k, v in self._user.items() if k != name}
+            on_disk = read_json(self.user_file, {})
+            on_disk.pop(name.removeprefix(USER_PREFIX), None)
+            on_disk.pop(name, None)
+            atomic_write_json(self.user_file, {k: v for k, v in on_disk.items()})
+            self._user = user
+
+    # ----- aliases -----------------------------------------------------------------------------
+    def aliases(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+    def set_alias(self, alias: str, target: str) -> None:
+        if not alias or not isinstance(alias, str) or alias.strip() != alias or "/" in alias:
+            raise RegistrationError("'alias' must be a non-empty name without slashes or surrounding spaces")
+        if self._lookup(alias) is not None:
+            raise RegistrationError(f"'{alias}' is already a model name; choose another alias")
+        if self._lookup(self._aliases.get(target, target)) is None:
+            raise RegistrationError(f"Alias target '{target}' is not a known model. Run `lemonade list` to see "
+                                    "model names.")
+        target = self._aliases.get(target, target)
+        with self._lock:
+            aliases = dict(self._aliases)
+            aliases[alias] = target
+            atomic_write_json(self.alias_file, aliases)
+            self._aliases = aliases
+
+    def remove_alias(self, alias: str) -> bool:
+        with self._lock:
+            if alias not in self._aliases:
+                return False
+            aliases = {k: v for k, v in self._aliases.items() if k != alias}
+            atomic_write_json(self.alias_file, aliases)
+            self._aliases = aliases
+            return True
+
+    # ----- files on disk -----------------------------------------------------------------------
+    def hub_cache(self) -> Path:
+        return hub_cache_dir(self.models_dir)
+
+    def local_files(self, model: ModelInfo) -> dict[str, list[Path]] | None:
+        """role -> files for a fully downloaded model, None when anything is missing."""
+        if model.local_files is not None:
+            return model.local_files if all(f.exists() for fs in model.local_files.values() for f in fs) else None
+        if model.is_collection:
+            return None
+        cache = self.hub_cache()
+        out: dict[str, list[Path]] = {}
+        for role, ckpt in model.checkpoints.items():
+            found = resolve_local(cache, ckpt)
+            if found is None:
+                return None
+            out[role] = found[1]
+        return out
+
+    def is_downloaded(self, model: ModelInfo) -> bool:
+        if model.is_collection:
+            comps = [self.find(c) for c in model.components or []]
+            return all(c is not None and self.is_downloaded(c) for c in comps)
+        return self.local_files(model) is not None
+
+    def max_context_window(self, model: ModelInfo, files: dict[str, list[Path]] | None) -> int | None:
+        if model.recipe != "llamacpp" or not files or not files.get("main"):
+            return None
+        try:
+            return gguf_info(files["main"][0]).context_length
+        except (OSError, GGUFError):
+            return None

@@ -1,0 +1,55 @@
+"""`lemonade`: the command-line tool. Every command except `serve` is an HTTP client of the server."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(help="Lemonade: local AI server and its command-line client.", no_args_is_help=True,
+                  add_completion=False)
+
+
+@app.callback()
+def _root() -> None:
+    """Lemonade: local AI server and its command-line client."""
+
+
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="Address to listen on (env LEMONADE_HOST)"),
+    port: int | None = typer.Option(None, help="Port to listen on (env LEMONADE_PORT)"),
+    log_level: str | None = typer.Option(None, help="trace, debug, info, warning, error"),
+    ctx_size: int | None = typer.Option(None, help="Default context size; -1 = automatic"),
+    max_loaded_models: int | None = typer.Option(None, help="Models of each type kept loaded; -1 = unlimited"),
+    extra_models_dir: str | None = typer.Option(None, help="Folder scanned for your own .gguf files"),
+    offline: bool | None = typer.Option(None, "--offline/--online", help="Never touch the network"),
+    llamacpp: str | None = typer.Option(None, help="llama.cpp backend: cpu or system"),
+    llamacpp_args: str | None = typer.Option(None, help="Extra arguments for every llama-server"),
+) -> None:
+    """Start the server (foreground). Ctrl-C stops it and every engine it started."""
+    from lemonade.server import serve as run
+
+    overrides: dict = {}
+    for key, value in (("host", host), ("port", port), ("log_level", log_level), ("ctx_size", ctx_size),
+                       ("max_loaded_models", max_loaded_models), ("extra_models_dir", extra_models_dir),
+                       ("offline", offline)):
+        if value is not None:
+            overrides[key] = value
+    if llamacpp is not None or llamacpp_args is not None:
+        overrides["llamacpp"] = {k: v for k, v in (("backend", llamacpp), ("args", llamacpp_args)) if v is not None}
+    if overrides:
+        from lemonade.config import ConfigError, validate_tree
+
+        try:
+            validate_tree(overrides)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+    raise typer.Exit(run(overrides))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""Server settings: `config.json` in the cache dir, overridden by env vars, flags and requests.
+
+Layering (lowest first): built-in defaults < `config.json` < `LEMONADE_*` environment < `lemonade
+serve` flags. Per-request and per-model options layer on top of that in `runtime/options.py`.
+The key names are the ones Lemonade users already script against (`lemonade config set
+llamacpp.args=...`), so they must not be renamed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from lemonade.util.atomic import atomic_write_json, read_json
+
+# Every settable key with its default; the type of the default is the type a value must have
+# (ints accept -1 where documented, floats accept ints).
+DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 13305,
+    "log_level": "info",
+    "ctx_size": -1,
+    "max_loaded_models": 1,
+    "offline": False,
+    "extra_models_dir": "",
+    "models_dir": "",
+    "auto_check_model_updates": True,
+    "default_model_source": "huggingface",
+    "llamacpp": {"backend": "cpu", "args": "", "prefer_system": False},
+    "whispercpp": {"backend": "cpu", "args": ""},
+    "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
+}
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
+MODEL_SOURCES = ("huggingface", "modelscope")
+LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")
+
+
+class ConfigError(ValueError):
+    """A key or value that cannot be set; the message names it."""
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_DEFAULT_LEAVES = _flatten(DEFAULTS)
+
+
+def validate_value(key: str, value: Any) -> Any:
+    """Check one dotted key against the schema; returns the value, coerced where lossless."""
+    if key not in _DEFAULT_LEAVES:
+        raise ConfigError(f"Unknown config key '{key}'. Known keys: {', '.join(sorted(_DEFAULT_LEAVES))}")
+    default = _DEFAULT_LEAVES[key]
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"Config key '{key}' must be an integer, got {json.dumps(value)}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"Config key '{key}' must be a number, got {json.dumps(value)}")
+        value = float(value)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
+    _check_range(key, value)
+    return value
+
+
+def _check_range(key: str, value: Any) -> None:
+    if key == "port" and not 1 <= value <= 65535:
+        raise ConfigError(f"Config key 'port' must be between 1 and 65535, got {value}")
+    if key in ("ctx_size", "max_loaded_models") and value != -1 and value < 1:
+        raise ConfigError(f"Config key '{key}' must be a positive integer or -1, got {value}")
+    if key == "log_level" and value.lower() not in LOG_LEVELS:
+        raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
+    if key == "default_model_source" and value not in MODEL_SOURCES:
+        raise ConfigError(f"Config key 'default_model_source' must be one of {', '.join(MODEL_SOURCES)}")
+    if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
+        raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
+    if key.startswith("sdcpp.") and key != "sdcpp.backend" and key != "sdcpp.args" and value <= 0:
+        raise ConfigError(f"Config key '{key}' must be positive, got {value}")
+
+
+def validate_tree(updates: dict[str, Any]) -> dict[str, Any]:
+    """Validate a partial nested object (as `/internal/set` receives it) before anything is written."""
+    if not isinstance(updates, dict) or not updates:
+        raise ConfigError("Expected a non-empty JSON object of settings, e.g. {\"max_loaded_models\": 2}")
+    flat: dict[str, Any] = {}
+    for key, value in _flatten_updates(updates).items():
+        flat[key] = validate_value(key, value)
+    return flat
+
+
+def _flatten_updates(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Like `_flatten`, but a dict value under a leaf key is an error, not a subtree."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and path not in _DEFAULT_LEAVES:
+            if not value:
+                raise ConfigError(f"Config section '{path}' is empty")
+            out.update(_flatten_updates(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def parse_cli_value(key: str, raw: str) -> Any:
+    """Turn `KEY=VALUE` text from the command line into the schema's type for KEY."""
+    if key not in _DEFAULT_LEAVES:
+        validate_value(key, raw)  # raises the unknown-key error
+    default = _DEFAULT_LEAVES[key]
+    if isinstance(default, bool):
+        lowered = raw.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"Config key '{key}' must be true or false, got '{raw}'")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"Config key '{key}' must be an integer, got '{raw}'") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"Config key '{key}' must be a number, got '{raw}'") from None
+    return raw
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    """`LEMONADE_MAX_LOADED_MODELS=2`, `LEMONADE_LLAMACPP_ARGS=...`, `LEMONADE_LLAMACPP=cpu` (backend)."""
+    tree: dict[str, Any] = {}
+    for key in _DEFAULT_LEAVES:
+        names = ["LEMONADE_" + key.replace(".", "_").upper()]
+        if key.endswith(".backend"):
+            names.append("LEMONADE_" + key.split(".")[0].upper())
+        for name in names:
+            if name in environ and environ[name] != "":
+                _set_path(tree, key, validate_value(key, parse_cli_value(key, environ[name])))
+                break
+    return tree
+
+
+class Config:
+    """The server's settings with their layers kept apart, so `config set` persists only the file."""
+
+    def __init__(self, cache_dir: Path, cli_overrides: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        self.path = Path(cache_dir) / "config.json"
+        self._lock = threading.Lock()
+        self._file = self._load_file()
+        env = dict(os.environ if environ is None else environ)
+        self._overrides = deep_merge(_env_overrides(env), cli_overrides or {})
+        if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+            self._overrides["offline"] = True
+        self._listeners: list[Any] = []
+
+    def _load_file(self) -> dict[str, Any]:
+        raw = read_json(self.path, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{self.path} must hold a JSON object; fix or delete it")
+        # Unknown or invalid keys in a hand-edited file are ignored rather than fatal.
+        clean: dict[str, Any] = {}
+        for key, value in _flatten(raw).items():
+            try:
+                _set_path(clean, key, validate_value(key, value))
+            except ConfigError:
+                continue
+        return clean
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Effective settings, all layers merged."""
+        return deep_merge(deep_merge(DEFAULTS, self._file), self._overrides)
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.values
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"Unknown config key '{dotted}'")
+            node = node[part]
+        return node
+
+    def overridden_keys(self) -> list[str]:
+        """Keys whose file value is shadowed by an env var or flag (reported by `config set`)."""
+        return sorted(_flatten(self._overrides))
+
+    def set(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Validate all, then persist atomically and notify listeners. Nothing is written on error."""
+        flat = validate_tree(updates)
+        with self._lock:
+            new_file = copy.deepcopy(self._file)
+            for key, value in flat.items():
+                _set_path(new_file, key, value)
+            atomic_write_json(self.path, new_file)
+            self._file = new_file
+        for listener in self._listeners:
+            listener(flat)
+        return flat
+
+    def on_change(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+
+def set_on_disk(cache_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
+    """`lemonade config set` when no server runs: same validation, same atomic write."""
+    return Config(cache_dir, environ={}).set(updates)

@@ -1,0 +1,94 @@
+"""Checkpoint strings and GGUF variant selection, shared by listing (offline) and pulling (online).
+
+A checkpoint is `owner/repo`, `owner/repo:VARIANT` (a quantization such as `Q4_K_M`, matched
+against file names or a variant folder) or `owner/repo:path/file.ext` (one exact file).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    repo: str
+    variant: str | None
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.variant}" if self.variant else self.repo
+
+
+def parse_checkpoint(text: str) -> Checkpoint:
+    """Split `owner/repo[:variant]`; raises ValueError naming what is malformed."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("checkpoint must be a non-empty string like 'owner/repo:Q4_K_M'")
+    repo, _, variant = text.strip().partition(":")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts):
+        raise ValueError(f"checkpoint '{text}' must name a repository as 'owner/repo'")
+    return Checkpoint(repo, variant or None)
+
+
+def is_mmproj(path: str) -> bool:
+    return "mmproj" in path.rsplit("/", 1)[-1].lower()
+
+
+def shard_info(path: str) -> tuple[int, int] | None:
+    """(index, count) for `...-0000N-of-0000M.gguf`, else None."""
+    m = _SHARD_RE.search(path)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _strip_shard(name: str) -> str:
+    return _SHARD_RE.sub(".gguf", name)
+
+
+def is_exact_file_variant(variant: str) -> bool:
+    return "/" in variant or "." in variant.rsplit("/", 1)[-1]
+
+
+def match_variant(files: list[str], variant: str | None) -> list[str]:
+    """Repo-relative files that make up `variant`, main file first; [] when nothing matches.
+
+    `None` means the whole repository. A file variant matches that path (or a unique basename).
+    A quantization matches a variant folder (`Q8_0/...`) or files whose name, shard suffix
+    removed, ends in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj files never match.
+    """
+    if variant is None:
+        return sorted(files)
+    if is_exact_file_variant(variant):
+        if variant in files:
+            return [variant]
+        same_base = [f for f in files if f.rsplit("/", 1)[-1] == variant]
+        return same_base if len(same_base) == 1 else []
+    low = variant.lower()
+    ggufs = [f for f in files if f.lower().endswith(".gguf") and not is_mmproj(f)]
+    in_folder = [f for f in ggufs if "/" in f and f.rsplit("/", 1)[0].split("/")[-1].lower() == low]
+    if in_folder:
+        chosen = in_folder
+    else:
+        pattern = re.compile(r"(^|[-_./])" + re.escape(low) + r"\.gguf$")
+        chosen = [f for f in ggufs if pattern.search(_strip_shard(f.lower()))]
+    if not chosen:
+        return []
+    # Keep one group: a single file, or one complete-looking shard set.
+    singles = [f for f in chosen if shard_info(f) is None]
+    shards = sorted(f for f in chosen if shard_info(f) is not None)
+    if singles and not shards:
+        return [sorted(singles, key=len)[0]]
+    if shards:
+        first_prefix = _SHARD_RE.sub("", shards[0])
+        return [f for f in shards if _SHARD_RE.sub("", f) == first_prefix]
+    return sorted(chosen)
+
+
+def missing_shards(files: list[str]) -> bool:
+    """True when `files` is a shard set with gaps (e.g. 1 and 3 of 3 present)."""
+    infos = [shard_info(f) for f in files]
+    if not infos or any(i is None for i in infos):
+        return False
+    count = infos[0][1]  # type: ignore[index]
+    return sorted(i[0] for i in infos) != list(range(1, count + 1))  # type: ignore[index]

@@ -1,0 +1,105 @@
+"""The one logging pipeline: stdlib `logging` under the `lemonade` logger, fanned out to the
+console and to a ring buffer of the last 5000 entries that `/logs/stream` serves.
+
+Components log with `logging.getLogger("lemonade.<tag>")`; the tag is the part after the dot
+(`router`, `llama-server:Qwen3`, ...). Engine output is logged the same way by the backend
+wrappers, so there is only one place where log lines are numbered and stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RETAINED = 5000
+_SEVERITY = {
+    logging.DEBUG: "Debug",
+    logging.INFO: "Info",
+    logging.WARNING: "Warning",
+    logging.ERROR: "Error",
+    logging.CRITICAL: "Fatal",
+}
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
+
+
+@dataclass
+class LogEntry:
+    seq: int
+    timestamp: str
+    severity: str
+    tag: str
+    line: str
+
+
+def _format_ts(created: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) + f".{int(created % 1 * 1000):03d}"
+
+
+class LogBuffer(logging.Handler):
+    """Numbers every record, keeps the last `RETAINED` and pushes new ones to live subscribers."""
+
+    def __init__(self, capacity: int = RETAINED) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._entries: deque[LogEntry] = deque(maxlen=capacity)
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
+        self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[LogEntry]]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tag = record.name.split(".", 1)[1] if "." in record.name else record.name
+            severity = "Trace" if record.levelno <= TRACE else _SEVERITY.get(record.levelno, "Info")
+            ts = _format_ts(record.created)
+            message = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                message += f": {record.exc_info[1]!r}"
+            with self._lock:
+                entry = LogEntry(next(self._seq), ts, severity, tag, f"{ts} [{severity}] ({tag}) {message}")
+                self._entries.append(entry)
+                subscribers = list(self._subscribers)
+            for loop, queue in subscribers:
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, entry)
+                except RuntimeError:  # loop closed: the subscriber is gone
+                    pass
+        except Exception:  # a log handler must never raise into the code that logs
+            self.handleError(record)
+
+    def snapshot(self, after_seq: int | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            entries = list(self._entries)
+        return [asdict(e) for e in entries if after_seq is None or e.seq > after_seq]
+
+    def subscribe(self) -> asyncio.Queue[LogEntry]:
+        queue: asyncio.Queue[LogEntry] = asyncio.Queue(maxsize=10000)
+        with self._lock:
+            self._subscribers.add((asyncio.get_running_loop(), queue))
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[LogEntry]) -> None:
+        with self._lock:
+            self._subscribers = {s for s in self._subscribers if s[1] is not queue}
+
+
+def setup_logging(level: str = "info") -> LogBuffer:
+    """Attach the console and ring-buffer handlers to the `lemonade` logger (idempotent)."""
+    root = logging.getLogger("lemonade")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    numeric = TRACE if level.lower() == "trace" else getattr(logging, level.upper(), logging.INFO)
+    root.setLevel(numeric)
+    root.propagate = False
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] (%(name)s) %(message)s"))
+    root.addHandler(console)
+    buffer = LogBuffer()
+    root.addHandler(buffer)
+    return buffer

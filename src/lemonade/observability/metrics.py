@@ -1,0 +1,120 @@
+"""Prometheus metrics, built with prometheus_client on a registry owned by the app.
+
+Besides our own families, each loaded llama.cpp backend's `/metrics` is scraped at scrape time
+and re-exposed as `lemonade_llamacpp_*` with the model's labels; a backend that fails to answer
+is skipped, never failing the scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lemonade import __version__
+
+log = logging.getLogger("lemonade.metrics")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        Gauge("lemonade_server_up", "Whether the Lemonade server is running.", registry=r).set(1)
+        Gauge("lemonade_server_info", "Lemonade server build information.", ["version"],
+              registry=r).labels(version=__version__).set(1)
+        self.requests = Counter("lemonade_http_requests", "HTTP requests by route family, method and status.",
+                                ["family", "method", "status"], registry=r)
+        self.latency = Histogram("lemonade_http_request_duration_seconds",
+                                 "HTTP request latency by route family, to the end of the body.", ["family"],
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                          30, 60, 120),
+                                 registry=r)
+        self.loaded = Gauge("lemonade_models_loaded", "Models loaded, by model type.", ["type"], registry=r)
+        self.model_info = Gauge("lemonade_model_info", "Loaded models with their metadata.",
+                                ["model", "recipe", "type", "backend"], registry=r)
+        self.model_requests = Counter("lemonade_model_requests", "Inference requests per model.",
+                                      ["model", "endpoint"], registry=r)
+        self.model_tokens = Counter("lemonade_model_tokens", "Tokens processed per model.",
+                                    ["model", "kind"], registry=r)
+        self.model_loads = Counter("lemonade_model_loads", "Model loads, by outcome.", ["model", "outcome"],
+                                   registry=r)
+
+    def observe_request(self, family: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(family, method, str(status)).inc()
+        self.latency.labels(family).observe(seconds)
+
+    def record_inference(self, model: str, endpoint: str, input_tokens: int | None,
+                         output_tokens: int | None) -> None:
+        self.model_requests.labels(model, endpoint).inc()
+        if input_tokens:
+            self.model_tokens.labels(model, "input").inc(input_tokens)
+        if output_tokens:
+            self.model_tokens.labels(model, "output").inc(output_tokens)
+
+    def set_loaded(self, loaded: Iterable[dict[str, Any]]) -> None:
+        """Refresh the residency gauges from the router's view (called at scrape time)."""
+        self.loaded.clear()
+        self.model_info.clear()
+        counts: dict[str, int] = {}
+        for m in loaded:
+            counts[m["type"]] = counts.get(m["type"], 0) + 1
+            self.model_info.labels(m["model_name"], m["recipe"], m["type"], m.get("backend", "")).set(1)
+        for kind in ("llm", "embedding", "reranking", "transcription", "image", "tts"):
+            self.loaded.labels(kind).set(counts.get(kind, 0))
+
+    async def render(self, backends: list[tuple[dict[str, str], str]], client: httpx.AsyncClient) -> bytes:
+        """Our families plus each llama.cpp backend's, relabelled. `backends`: (labels, metrics url)."""
+        own = generate_latest(self.registry)
+        scraped = await asyncio.gather(*(self._scrape(client, url) for _labels, url in backends))
+        return own + relay_llamacpp(list(zip([b[0] for b in backends], scraped, strict=True)))
+
+    @staticmethod
+    async def _scrape(client: httpx.AsyncClient, url: str) -> str | None:
+        try:
+            resp = await client.get(url, timeout=2.0)
+            return resp.text if resp.status_code == 200 else None
+        except httpx.HTTPError as exc:
+            log.debug("Backend metrics scrape of %s failed: %s", url, exc)
+            return None
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def relay_llamacpp(scrapes: list[tuple[dict[str, str], str | None]]) -> bytes:
+    """Rename `llamacpp:prompt_tokens_total` to `lemonade_llamacpp_prompt_tokens_total` etc."""
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for labels, text in scrapes:
+        if not text:
+            continue
+        try:
+            parsed = list(text_string_to_metric_families(text))
+        except ValueError:
+            continue
+        for family in parsed:
+            base = "lemonade_llamacpp_" + _NAME_RE.sub("_", family.name.split(":", 1)[-1])
+            ftype = family.type if family.type in ("counter", "gauge", "histogram", "summary") else "untyped"
+            entry = families.setdefault(base, (ftype, family.documentation or family.name, []))
+            for sample in family.samples:
+                if sample.value != sample.value or sample.value in (float("inf"), float("-inf")):
+                    continue  # spec: NaN and infinity are omitted
+                suffix = sample.name[len(family.name):] if sample.name.startswith(family.name) else ""
+                all_labels = {**labels, **sample.labels}
+                label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in all_labels.items())
+                entry[2].append(f"{base}{suffix}{{{label_text}}} {sample.value}")
+    out = []
+    for name, (ftype, doc, lines) in families.items():
+        if ftype == "counter" and not name.endswith("_total"):
+            ftype = "untyped"  # keep the exposition valid for counters whose name lacks _total
+        out.append(f"# HELP {name} {_escape(doc)}\n# TYPE {name} {ftype}\n" + "\n".join(lines) + "\n")
+    return "".join(out).encode()

@@ -1,0 +1,179 @@
+"""Forwarding requests to a loaded engine: JSON round trips and chunk-by-chunk SSE relays.
+
+Streams are relayed as raw chunks the moment they arrive (never re-framed or buffered); only the
+last few KB are kept to read the engine's final `timings` for `/v1/stats`. A client that goes
+away closes the upstream connection, which makes llama-server stop generating. An engine that
+dies mid-stream produces an SSE `error` event instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from lemonade.api.errors import APIError
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.router import LoadedModel
+from lemonade.services import Services
+
+log = logging.getLogger("lemonade.proxy")
+TAIL_BYTES = 16384
+
+
+def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
+    """The engine's own status and message, in our error shape."""
+    message = text
+    try:
+        body = json.loads(text)
+        err = body.get("error", body)
+        message = err.get("message", text) if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        pass
+    status = resp_status if 400 <= resp_status < 600 else 500
+    return APIError(status, f"{lm.name}: {message}", code="backend_error")
+
+
+def crash_error(lm: LoadedModel, exc: Exception) -> APIError:
+    code = lm.server.proc.returncode if lm.server.proc else None
+    if code is not None:
+        return APIError(502, f"The engine for {lm.name} exited (code {code}) while answering; it is started "
+                        "again on the next request", type="server_error", code="backend_crashed")
+    return APIError(502, f"Lost the connection to the engine for {lm.name}: {exc}", type="server_error",
+                    code="backend_unreachable")
+
+
+def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
+    """The last SSE `data:` JSON object in `tail` that contains `needle`."""
+    for line in reversed(tail.split(b"\n")):
+        if needle in line and line.startswith(b"data:"):
+            with contextlib.suppress(ValueError):
+                return json.loads(line[5:].strip())
+    return None
+
+
+class Proxy:
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+
+    def _options(self, model: ModelInfo) -> Callable[[], dict[str, Any]]:
+        return lambda: self.svc.options.resolve(model.name, model.recipe)
+
+    def _account(self, model: ModelInfo, endpoint: str, body: dict[str, Any] | None) -> None:
+        if body is None:
+            return
+        tokens_in, tokens_out = self.svc.stats.record_llamacpp(body)
+        self.svc.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
+
+    async def post_json(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
+                        lm: LoadedModel | None = None) -> dict[str, Any]:
+        """One request/response round trip; returns the engine's JSON."""
+        async with contextlib.AsyncExitStack() as stack:
+            if lm is None:
+                lm = await stack.enter_async_context(self.svc.router.use(model, self._options(model)))
+            else:
+                await stack.enter_async_context(self.svc.router.hold(lm))
+            try:
+                resp = await self.svc.http.post(lm.base_url + path, json=body)
+            except httpx.HTTPError as exc:
+                raise crash_error(lm, exc) from None
+            if resp.status_code != 200:
+                raise upstream_error(lm, resp.status_code, resp.text)
+            data = resp.json()
+            self._account(model, endpoint, data)
+            return data
+
+    async def get_json(self, lm: LoadedModel, path: str) -> Any:
+        async with self.svc.router.hold(lm):
+            try:
+                resp = await self.svc.http.get(lm.base_url + path)
+            except httpx.HTTPError as exc:
+                raise crash_error(lm, exc) from None
+            if resp.status_code != 200:
+                raise upstream_error(lm, resp.status_code, resp.text)
+            return resp.json()
+
+    async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
+        """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
+        async with self.svc.router.use(model, self._options(model)) as lm:
+            try:
+                resp = await self.svc.http.post(lm.base_url + path, json=body)
+            except httpx.HTTPError as exc:
+                raise crash_error(lm, exc) from None
+            if resp.status_code != 200:
+                raise upstream_error(lm, resp.status_code, resp.text)
+            content = resp.content
+        with contextlib.suppress(ValueError):
+            self._account(model, endpoint, json.loads(content))
+        return Response(content, media_type="application/json")
+
+    async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
+                     transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
+                     media_type: str = "text/event-stream") -> Response:
+        """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream."""
+        use = self.svc.router.use(model, self._options(model))
+        lm = await use.__aenter__()
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await use.__aexit__(None, None, None)
+
+        try:
+            request = self.svc.http.build_request("POST", lm.base_url + path, json=body)
+            resp = await self.svc.http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            await release()
+            raise crash_error(lm, exc) from None
+        except BaseException:
+            await release()
+            raise
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            await resp.aclose()
+            await release()
+            raise upstream_error(lm, resp.status_code, text)
+
+        async def relay() -> AsyncIterator[bytes]:
+            tail = b""
+            started = False
+            t0 = time.perf_counter()
+            try:
+                async for chunk in resp.aiter_raw():
+                    if not started:
+                        started = True
+                        lm.streaming += 1
+                        log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - t0) * 1000)
+                    tail = (tail + chunk)[-TAIL_BYTES:]
+                    yield chunk
+            except httpx.HTTPError as exc:
+                err = crash_error(lm, exc)
+                log.error("%s", err.message)
+                payload = {"error": {"message": err.message, "type": err.type, "code": err.code}}
+                yield f"event: error\ndata: {json.dumps(payload)}\n\n".encode()
+            finally:
+                if started:
+                    lm.streaming -= 1
+                await resp.aclose()
+                await release()
+            self._account(model, endpoint, _last_event_with(tail, b'"timings"') or _last_event_with(tail, b'"usage"'))
+
+        source = relay()
+        return StreamingResponse(transform(source) if transform else source, media_type=media_type,
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                 background=BackgroundTask(_cleanup, resp, release))
+
+
+async def _cleanup(resp: httpx.Response, release: Callable[[], Any]) -> None:
+    """Runs after the response ends, however it ends (also when the stream never started)."""
+    await resp.aclose()
+    await release()

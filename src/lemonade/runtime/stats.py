@@ -1,0 +1,52 @@
+"""`/v1/stats`: figures from the engine's own timings for the last request, plus running totals."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_TOTALS = ("request_count_total", "input_tokens_total", "output_tokens_total", "prompt_tokens_total",
+           "cache_tokens_total", "routing_decisions_total", "routing_switches_total")
+
+
+class Stats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last: dict[str, Any] = {"time_to_first_token": None, "tokens_per_second": None, "input_tokens": None,
+                                     "output_tokens": None, "prompt_tokens": None, "cache_tokens": None}
+        self.totals = dict.fromkeys(_TOTALS, 0)
+
+    def record(self, *, ttft: float | None, tps: float | None, input_tokens: int | None,
+               output_tokens: int | None, cache_tokens: int | None) -> None:
+        prompt = (input_tokens or 0) + (cache_tokens or 0) if input_tokens is not None else None
+        with self._lock:
+            self.last = {"time_to_first_token": ttft, "tokens_per_second": tps, "input_tokens": input_tokens,
+                         "output_tokens": output_tokens, "prompt_tokens": prompt, "cache_tokens": cache_tokens}
+            self.totals["request_count_total"] += 1
+            self.totals["input_tokens_total"] += input_tokens or 0
+            self.totals["output_tokens_total"] += output_tokens or 0
+            self.totals["prompt_tokens_total"] += prompt or 0
+            self.totals["cache_tokens_total"] += cache_tokens or 0
+
+    def record_llamacpp(self, body: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Take llama-server's `timings` (or OpenAI `usage`) from a response; returns (in, out) tokens."""
+        timings = body.get("timings") if isinstance(body, dict) else None
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if isinstance(timings, dict):
+            prompt_n = timings.get("prompt_n")
+            predicted = timings.get("predicted_n")
+            prompt_ms = timings.get("prompt_ms")
+            self.record(ttft=round(prompt_ms / 1000, 4) if isinstance(prompt_ms, (int, float)) else None,
+                        tps=timings.get("predicted_per_second"), input_tokens=prompt_n,
+                        output_tokens=predicted, cache_tokens=timings.get("cache_n"))
+            return prompt_n, predicted
+        if isinstance(usage, dict):
+            prompt_n = usage.get("prompt_tokens", usage.get("input_tokens"))
+            out = usage.get("completion_tokens", usage.get("output_tokens"))
+            self.record(ttft=None, tps=None, input_tokens=prompt_n, output_tokens=out, cache_tokens=None)
+            return prompt_n, out
+        return None, None
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.last, **self.totals}

@@ -1,0 +1,76 @@
+"""Running the server process: settings layering, port check, uvicorn, clean shutdown."""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from lemonade.config import Config, ConfigError
+from lemonade.observability.logs import setup_logging
+from lemonade.paths import cache_dir as default_cache_dir
+
+log = logging.getLogger("lemonade.server")
+
+
+class PortInUse(RuntimeError):
+    pass
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail before starting anything when another process holds the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise PortInUse(f"Port {port} on {host} is already in use (another Lemonade server?). "
+                                f"Stop it, or start this one with --port <other port>.") from None
+            raise
+
+
+def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None):  # noqa: ANN201
+    """Config, logging and the app, without starting to listen (also used by tests and benchmarks)."""
+    from lemonade.api.app import create_app
+    from lemonade.services import Services
+
+    cache = Path(cache) if cache else default_cache_dir()
+    config = Config(cache, cli_overrides)
+    logs = setup_logging(config.get("log_level"))
+    services = Services(cache, config, logs, api_key=os.environ.get("LEMONADE_API_KEY") or None,
+                        admin_key=os.environ.get("LEMONADE_ADMIN_API_KEY") or None)
+    return config, services, create_app(services)
+
+
+def serve(cli_overrides: dict[str, Any] | None = None) -> int:
+    import uvicorn
+
+    try:
+        config, services, app = build(cli_overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    host, port = config.get("host"), config.get("port")
+    try:
+        check_port(host, port)
+    except PortInUse as exc:
+        log.error("%s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # Last resort if the interpreter exits without running the lifespan shutdown.
+    atexit.register(services.router.kill_all_now)
+    log.info("Starting Lemonade on http://%s:%d", host, port)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5, ws_ping_interval=20))
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind (a race with another server)
+        return int(exc.code or 1)
+    return 0 if server.started else 1
