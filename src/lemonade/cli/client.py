@@ -1,0 +1,104 @@
+"""The CLI's HTTP client: where the server is, how to authenticate, and friendly failures."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+DEFAULT_PORT = 13305
+
+
+def base_url(host: str | None = None, port: int | None = None) -> str:
+    """`--host/--port`, else `LEMONADE_BASE_URL`, else `LEMONADE_HOST/PORT`, else localhost:13305."""
+    if host is None and port is None and os.environ.get("LEMONADE_BASE_URL"):
+        return os.environ["LEMONADE_BASE_URL"].rstrip("/").removesuffix("/v1").removesuffix("/api/v1")
+    host = host or os.environ.get("LEMONADE_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    port = port or int(os.environ.get("LEMONADE_PORT") or DEFAULT_PORT)
+    return f"http://{host}:{port}"
+
+
+class ServerClient:
+    def __init__(self, host: str | None = None, port: int | None = None, timeout: float | None = 600.0) -> None:
+        self.url = base_url(host, port)
+        headers = {}
+        key = os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def not_running(self) -> typer.Exit:
+        err_console.print(f"[red]No Lemonade server is running at {self.url}.[/red] Start one with "
+                          "[bold]lemonade serve[/bold] (or pass --host/--port, or set LEMONADE_BASE_URL).")
+        return typer.Exit(3)
+
+    def is_running(self) -> bool:
+        try:
+            return self.http.get("/live", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """JSON of a successful response; prints the server's error message and exits otherwise."""
+        try:
+            resp = self.http.request(method, path, **kw)
+        except httpx.ConnectError:
+            raise self.not_running() from None
+        except httpx.HTTPError as exc:
+            err_console.print(f"[red]Request to {self.url}{path} failed:[/red] {exc}")
+            raise typer.Exit(1) from None
+        if resp.status_code >= 400:
+            err_console.print(f"[red]Error {resp.status_code}:[/red] {error_message(resp)}")
+            raise typer.Exit(1)
+        return resp.json() if resp.content else None
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.request("POST", path, json=body, **kw)
+
+    def sse(self, path: str, body: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(event, data) pairs of a Server-Sent Events response."""
+        try:
+            with self.http.stream("POST", path, json=body, timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    err_console.print(f"[red]Error {resp.status_code}:[/red] {error_message(resp)}")
+                    raise typer.Exit(1)
+                event = "message"
+                for line in resp.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            return
+                        try:
+                            yield event, json.loads(data)
+                        except ValueError:
+                            continue
+                    elif not line:
+                        event = "message"
+        except httpx.ConnectError:
+            raise self.not_running() from None
+
+
+def error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
