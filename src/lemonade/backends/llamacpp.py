@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,15 @@ from lemonade.runtime.options import FORBIDDEN_LLAMACPP_FLAGS, split_args
 
 AUTO_CTX_CAP = 8192       # automatic context: the model's trained length, capped to keep RAM modest
 FALLBACK_CTX = 4096       # when the GGUF does not say
-# llama.cpp's built-in templates, for GGUFs that carry none (base models).
-TEMPLATE_BY_ARCH = {"gemma3": "gemma", "gemma2": "gemma", "gemma": "gemma", "llama": "llama3",
-                    "phi3": "phi3", "mistral": "mistral-v7"}
+# Jinja templates we ship for GGUFs that carry none (base models), by architecture prefix.
+TEMPLATES = resources.files("lemonade.backends").joinpath("templates")
 MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"]
+
+
+def fallback_template(architecture: str) -> Path:
+    """A Jinja chat template file (Jinja keeps tool calling working, unlike llama.cpp's named ones)."""
+    name = "gemma.jinja" if architecture.startswith("gemma") else "chatml.jinja"
+    return Path(str(TEMPLATES.joinpath(name)))
 
 
 def resolved_ctx_size(ctx_size: int, main_file: Path | None) -> int:
@@ -41,16 +47,13 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     elif model.mode == "reranking":
         argv.append("--reranking")
     else:
+        argv.append("--jinja")
         try:
             info = gguf_info(main)
         except (OSError, GGUFError):
             info = None
-        if info is None or info.has_chat_template:
-            argv.append("--jinja")
-        else:
-            # A built-in template by name. Jinja is on by default and would read the name as the template
-            # itself, so it is switched off first (order matters to llama-server's parser).
-            argv += ["--no-jinja", "--chat-template", TEMPLATE_BY_ARCH.get(info.architecture, "chatml")]
+        if info is not None and not info.has_chat_template:
+            argv += ["--chat-template-file", str(fallback_template(info.architecture))]
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
     user_args = split_args(options.get("llamacpp_args", ""), FORBIDDEN_LLAMACPP_FLAGS)

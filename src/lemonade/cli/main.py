@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 import typer
 
 app = typer.Typer(help="Lemonade: local AI server and its command-line client.", no_args_is_help=True,
                   add_completion=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from lemonade import __version__
+
+        typer.echo(f"lemonade {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit")) -> None:
     """Lemonade: local AI server and its command-line client."""
 
 
@@ -45,6 +57,19 @@ def serve(
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
     raise typer.Exit(run(overrides))
+
+
+def _register_commands() -> None:
+    """Client commands live in their own modules; `models_cmd` (pull, delete, ...) is optional."""
+    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, residency
+
+    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background):
+        module.register(app)
+    if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
+        importlib.import_module("lemonade.cli.models_cmd").register(app)
+
+
+_register_commands()
 
 
 def main() -> None:

@@ -1,16 +1,25 @@
 """What is on disk: model files in the Hugging Face cache layout.
 
-`models--owner--repo/snapshots/<commit>/<file>` is only created by huggingface_hub once a file
-is complete (partial data lives in `blobs/*.incomplete`), so a snapshot file's presence means the
-file finished downloading. Integrity beyond that is checked when pulling (downloads/pull.py).
+`models--owner--repo/snapshots/<commit>/<file>` (ModelScope: `modelscope--models--owner--repo`,
+so the two registries never collide) is only created once a file is complete and verified
+(partial data lives in `blobs/<etag>.incomplete`), so a snapshot file's presence means the file
+finished downloading.
+
+A multi-file download (a whole repository, a shard set) can be interrupted between two files, so
+while a pull is under way it lists the files it still has to fetch in a pending marker,
+`<repo folder>/.lemonade-pending/<commit>.<id>.json`. A snapshot with a pending file of the
+requested set does not count as downloaded; the marker is removed once every file is verified.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from lemonade.downloads.variants import match_variant, missing_shards, parse_checkpoint
+
+PENDING_DIR = ".lemonade-pending"
 
 
 def hub_cache_dir(models_dir: str = "") -> Path:
@@ -22,13 +31,14 @@ def hub_cache_dir(models_dir: str = "") -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def repo_folder(cache: Path, repo: str) -> Path:
-    return cache / ("models--" + repo.replace("/", "--"))
+def repo_folder(cache: Path, repo: str, source: str = "huggingface") -> Path:
+    prefix = "modelscope--models--" if source == "modelscope" else "models--"
+    return cache / (prefix + repo.replace("/", "--"))
 
 
-def snapshot_dirs(cache: Path, repo: str) -> list[Path]:
+def snapshot_dirs(cache: Path, repo: str, source: str = "huggingface") -> list[Path]:
     """Snapshots of a repo, the one `refs/main` points at first, then newest first."""
-    folder = repo_folder(cache, repo)
+    folder = repo_folder(cache, repo, source)
     snaps = folder / "snapshots"
     if not snaps.is_dir():
         return []
@@ -50,17 +60,41 @@ def list_snapshot_files(snapshot: Path) -> list[str]:
     return out
 
 
-def resolve_local(cache: Path, checkpoint: str) -> tuple[Path, list[Path]] | None:
+def pending_files(folder: Path) -> dict[str, set[str]]:
+    """commit -> repo-relative files that a pull (running or interrupted) has not verified yet."""
+    pending_dir = folder / PENDING_DIR
+    out: dict[str, set[str]] = {}
+    if not pending_dir.is_dir():
+        return out
+    for marker in pending_dir.glob("*.json"):
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue  # being written (atomic rename) or damaged: ignore rather than guess
+        if isinstance(data, dict) and isinstance(data.get("commit"), str):
+            out.setdefault(data["commit"], set()).update(str(f) for f in data.get("files") or [])
+    return out
+
+
+def resolve_local(cache: Path, checkpoint: str, source: str = "huggingface") -> tuple[Path, list[Path]] | None:
     """(snapshot dir, files) of a fully present checkpoint, main file first; None if incomplete."""
     try:
         ckpt = parse_checkpoint(checkpoint)
     except ValueError:
         return None
-    for snap in snapshot_dirs(cache, ckpt.repo):
+    snaps = snapshot_dirs(cache, ckpt.repo, source)
+    if not snaps:
+        return None
+    pending = pending_files(repo_folder(cache, ckpt.repo, source))
+    for snap in snaps:
         files = list_snapshot_files(snap)
         chosen = match_variant(files, ckpt.variant)
-        if chosen and not missing_shards(chosen):
-            return snap, [snap / f for f in chosen]
+        if not chosen or missing_shards(chosen):
+            continue
+        unfinished = pending.get(snap.name, set())
+        if unfinished and unfinished.intersection(match_variant(sorted(set(files) | unfinished), ckpt.variant)):
+            continue
+        return snap, [snap / f for f in chosen]
     return None
 
 

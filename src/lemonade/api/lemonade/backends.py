@@ -48,7 +48,7 @@ async def install(request: Request, body: InstallRequest) -> Any:
     _refuse_cloud(body.backend)
     installer = svc.installer
     try:
-        installer.check_request(body.recipe, body.backend, force=body.force)
+        installer.check_request(body.recipe, body.backend)
     except InstallError as exc:
         raise APIError(400, str(exc), code="unsupported_backend") from None
     if not body.stream:
@@ -91,7 +91,7 @@ async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
     _refuse_cloud(body.backend)
     try:
-        svc.installer.check_request(body.recipe, body.backend, force=True, uninstall=True)
+        svc.installer.check_request(body.recipe, body.backend)
     except InstallError as exc:
         raise APIError(400, str(exc), code="unsupported_backend") from None
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)

@@ -1,0 +1,567 @@
+"""Installing engine backends into the cache dir, and reporting their states truthfully.
+
+Only llama.cpp is installable in this build. Its layout under `<cache>/backends/llamacpp/`:
+
+    cpu/                     the installed backend (appears only when complete)
+      llama-server           executable (a static build, or a release archive's binary + libs)
+      llama-gguf-split       (source builds)
+      install.json           {"version", "source": "release"|"source-build", "llama_cpp_python", ...}
+    cpu-build.log            full log of the last install attempt (kept after failures)
+    _downloads/              llama-cpp-python sdist / release archive, reused by retries
+    _src/llama.cpp-<ver>/    extracted llama.cpp sources (convert_hf_to_gguf.py, gguf-py)
+    _build/cpu-<ver>/        CMake build folder, kept so a retried build is incremental
+    .install.lock            serialises installs across threads and processes
+
+An install is built in a temp sibling folder (`.cpu.tmp-*`) and renamed into place at the end, so
+a failed or interrupted install never leaves something that looks installed.
+
+Two ways to get the pinned llama.cpp (see `llamacpp_build`): the official GitHub release archive
+(tried first, with a short connect timeout) and a source build of the `llama-cpp-python` sdist's
+`vendor/llama.cpp`. Environment knobs:
+
+- `LEMONADE_LLAMACPP_SDIST=<path>`: use this local sdist tarball instead of `pip download`; the
+  release archive is then skipped (you asked for a build from that source).
+- `LEMONADE_LLAMACPP_RELEASE_BASE_URL=<url>`: mirror of `.../releases/download` (folder per tag).
+- `LEMONADE_LLAMACPP_NO_RELEASE=1`: never try the release archive.
+
+The `system` backend is whatever `llama-server` is on PATH; Lemonade never installs or removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from lemonade.backends.llamacpp_build import (
+    ENV_NO_RELEASE,
+    ENV_SDIST,
+    LLAMA_CPP_COMMIT,
+    LLAMA_CPP_PYTHON_VERSION,
+    LLAMA_CPP_VERSION,
+    BuildLog,
+    InstallError,
+    check_toolchain,
+    cmake_build,
+    emit,
+    extract_llama_cpp,
+    fetch_release,
+    fetch_sdist,
+    probe_version,
+    release_asset_name,
+)
+from lemonade.paths import backends_dir
+from lemonade.util.atomic import atomic_write_json, read_json
+
+__all__ = [
+    "LLAMACPP_BACKENDS",
+    "LLAMACPP_ALL_BACKENDS",
+    "OTHER_RECIPES",
+    "PINNED_VERSION",
+    "LLAMA_CPP_PYTHON_VERSION",
+    "BackendInstaller",
+    "BackendState",
+    "InstallError",
+]
+
+log = logging.getLogger("lemonade.install")
+
+PINNED_VERSION = LLAMA_CPP_VERSION
+LLAMACPP_BACKENDS = ("cpu", "system")  # the ones that can work on this machine
+LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")  # what system-info lists
+# Engines of the original Lemonade that this build does not ship (backend names as upstream).
+OTHER_RECIPES: dict[str, tuple[str, ...]] = {
+    "whispercpp": ("default",),
+    "sd-cpp": ("default",),
+    "kokoro": ("default",),
+    "flm": ("default",),
+    "ryzenai-llm": ("default",),
+    "onnxruntime": ("default",),
+}
+
+INSTALL_JSON = "install.json"
+_EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
+
+
+@dataclass
+class BackendState:
+    recipe: str
+    backend: str
+    state: str  # "installed" | "installable" | "update_required" | "unsupported"
+    message: str = ""
+    action: str = ""
+    version: str | None = None
+    devices: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-backend object of `/v1/system-info` `recipes.<recipe>.backends.<backend>`."""
+        out: dict[str, Any] = {
+            "devices": list(self.devices),
+            "state": self.state,
+            "message": self.message,
+            "action": self.action,
+        }
+        if self.version is not None:
+            out["version"] = self.version
+        return out
+
+
+def _install_action(recipe: str, backend: str) -> str:
+    return f"lemonade backends install {recipe}:{backend}"
+
+
+class BackendInstaller:
+    """Installs, removes and describes engine backends under one cache dir.
+
+    Cheap to construct; holds no state besides a small cache of `llama-server --version` results.
+    `install()` blocks (the server runs it in a worker thread) and is safe to call concurrently
+    from threads or processes: a second caller waits for the first and then finds it installed.
+    """
+
+    def __init__(self, cache_dir: Path):
+        self.cache_dir = Path(cache_dir)
+        self.root = backends_dir(self.cache_dir) / "llamacpp"
+        self._version_cache: dict[tuple[str, float], str | None] = {}
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def backend_dir(self, backend: str) -> Path:
+        return self.root / backend
+
+    def log_path(self, backend: str) -> Path:
+        return self.root / f"{backend}-build.log"
+
+    @property
+    def downloads_dir(self) -> Path:
+        return self.root / "_downloads"
+
+    @property
+    def src_root(self) -> Path:
+        return self.root / "_src"
+
+    def build_dir(self, backend: str) -> Path:
+        return self.root / "_build" / f"{backend}-{PINNED_VERSION}"
+
+    def _lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".install.lock"))
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def read_install_info(self, backend: str) -> dict | None:
+        """install.json of an installed backend, None when absent or unreadable."""
+        try:
+            info = read_json(self.backend_dir(backend) / INSTALL_JSON, None)
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
+    def llama_server_path(self, backend: str) -> Path | None:
+        if backend == "system":
+            found = shutil.which("llama-server")
+            return Path(found) if found else None
+        if backend not in LLAMACPP_BACKENDS:
+            return None
+        exe = self.backend_dir(backend) / _EXE
+        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
+            return exe
+        return None
+
+    def source_dir(self) -> Path | None:
+        """Extracted llama.cpp sources (convert_hf_to_gguf.py, gguf-py), if present."""
+        candidates: list[Path] = []
+        info = self.read_install_info("cpu")
+        if info and info.get("source_dir"):
+            candidates.append(Path(info["source_dir"]))
+        candidates.append(self.src_root / f"llama.cpp-{PINNED_VERSION}")
+        for path in candidates:
+            if (path / ".lemonade-extracted").is_file() and (path / "convert_hf_to_gguf.py").is_file():
+                return path
+        return None
+
+    def ensure_source_dir(self, progress: Callable[[dict], None] | None = None) -> Path:
+        """Make the llama.cpp sources available without building (e.g. after a release install)."""
+        existing = self.source_dir()
+        if existing:
+            return existing
+        with self._lock():
+            blog = BuildLog(self.root / "source-extract.log")
+            try:
+                sdist = fetch_sdist(self.downloads_dir, blog, progress)
+                return extract_llama_cpp(sdist, self.src_root, blog, progress)
+            except InstallError as exc:
+                raise InstallError(_with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
+            finally:
+                blog.close()
+
+    def _system_version(self, exe: Path) -> str | None:
+        try:
+            key = (str(exe.resolve()), exe.stat().st_mtime)
+        except OSError:
+            return None
+        if key not in self._version_cache:
+            try:
+                version, _raw = probe_version(exe)
+            except Exception:  # any failure to run it: version unknown, still installed
+                version = None
+            self._version_cache[key] = version
+        return self._version_cache[key]
+
+    def state(self, recipe: str, backend: str) -> BackendState:
+        if recipe in OTHER_RECIPES:
+            return BackendState(
+                recipe, backend, "unsupported",
+                message=f"The {recipe} engine is not available in this build of Lemonade.",
+            )  # fmt: skip
+        if recipe != "llamacpp":
+            return BackendState(recipe, backend, "unsupported", message=f"Unknown recipe '{recipe}'.")
+        if backend == "system":
+            exe = self.llama_server_path("system")
+            if exe is None:
+                return BackendState(
+                    recipe, backend, "unsupported",
+                    message="llama-server not found on PATH",
+                    action="install llama.cpp and put llama-server on PATH",
+                )  # fmt: skip
+            return BackendState(recipe, backend, "installed", version=self._system_version(exe), devices=["cpu"])
+        if backend == "cpu":
+            return self._cpu_state()
+        return BackendState(recipe, backend, "unsupported", message=_unsupported_message(backend))
+
+    def _cpu_state(self) -> BackendState:
+        action = _install_action("llamacpp", "cpu")
+        exe = self.backend_dir("cpu") / _EXE
+        if not exe.is_file():
+            how = (
+                "downloads the official llama.cpp release archive, or builds it from source "
+                "when that is unreachable (about 10 minutes on 2 cores)"
+                if release_asset_name()
+                else "builds llama.cpp from source (about 10 minutes on 2 cores)"
+            )
+            return BackendState(
+                "llamacpp", "cpu", "installable",
+                message=f"Backend is supported but not installed. Installing it {how}.",
+                action=action, version=PINNED_VERSION, devices=["cpu"],
+            )  # fmt: skip
+        info = self.read_install_info("cpu")
+        if info is None:
+            return BackendState(
+                "llamacpp", "cpu", "update_required",
+                message="The installed backend has no readable install.json; reinstall it.",
+                action=action, devices=["cpu"],
+            )  # fmt: skip
+        version = info.get("version")
+        if version != PINNED_VERSION or info.get("llama_cpp_python") != LLAMA_CPP_PYTHON_VERSION:
+            return BackendState(
+                "llamacpp", "cpu", "update_required",
+                message=f"Backend update is required before use (installed {version}, "
+                f"this Lemonade uses {PINNED_VERSION}).",
+                action=action, version=version, devices=["cpu"],
+            )  # fmt: skip
+        return BackendState("llamacpp", "cpu", "installed", version=version, devices=["cpu"])
+
+    def default_backend(self) -> str:
+        """`cpu`, unless only a system llama-server is ready (then no build is needed to serve)."""
+        cpu = self.state("llamacpp", "cpu").state
+        if cpu != "installed" and self.state("llamacpp", "system").state == "installed":
+            return "system"
+        return "cpu"
+
+    def recipes_info(self) -> dict:
+        """The `recipes` object of `/v1/system-info`."""
+        llamacpp = {b: self.state("llamacpp", b).to_dict() for b in LLAMACPP_ALL_BACKENDS}
+        out: dict[str, Any] = {"llamacpp": {"default_backend": self.default_backend(), "backends": llamacpp}}
+        for recipe, backends in OTHER_RECIPES.items():
+            out[recipe] = {"backends": {b: self.state(recipe, b).to_dict() for b in backends}}
+        return out
+
+    # --- install / uninstall -------------------------------------------------------------------
+
+    def check_request(self, recipe: str, backend: str) -> None:
+        """Refuse unknown or unsupported recipe/backend pairs before any work starts."""
+        if recipe in OTHER_RECIPES:
+            raise InstallError(
+                f"The {recipe} engine is not available in this build of Lemonade.", code="unsupported_backend"
+            )
+        if recipe != "llamacpp":
+            raise InstallError(f"Unknown recipe '{recipe}'.", code="unknown_recipe")
+        if backend not in LLAMACPP_ALL_BACKENDS:
+            raise InstallError(
+                f"Unknown llamacpp backend '{backend}' (known: {', '.join(LLAMACPP_ALL_BACKENDS)}).",
+                code="unknown_backend",
+            )
+        if backend not in LLAMACPP_BACKENDS:
+            raise InstallError(
+                f"llamacpp:{backend} cannot be installed: {_unsupported_message(backend)}",
+                code="unsupported_backend",
+            )
+
+    def install(
+        self,
+        recipe: str,
+        backend: str,
+        progress: Callable[[dict], None] | None = None,
+        force: bool = False,
+    ) -> dict:
+        """Install (or update) a backend; blocking. `force=True` reinstalls an up-to-date one.
+
+        Returns {"status": "success", "recipe", "backend", "version"}; raises InstallError.
+        """
+        self.check_request(recipe, backend)
+        result = {"status": "success", "recipe": recipe, "backend": backend}
+        if backend == "system":
+            st = self.state(recipe, backend)
+            if st.state != "installed":
+                raise InstallError(f"{st.message}: {st.action}.", code="not_found")
+            emit(progress, "done", f"Using {self.llama_server_path('system')}", 100.0)
+            return {**result, "version": st.version}
+
+        current = self.state(recipe, backend)
+        if current.state == "installed" and not force:
+            emit(progress, "done", f"llamacpp:{backend} {current.version} is already installed", 100.0)
+            return {**result, "version": current.version}
+
+        with self._lock():
+            # Someone else may have finished the same install while we waited for the lock.
+            current = self.state(recipe, backend)
+            if current.state == "installed" and not force:
+                emit(progress, "done", f"llamacpp:{backend} {current.version} is already installed", 100.0)
+                return {**result, "version": current.version}
+            self._sweep_leftovers(backend)
+            started = time.monotonic()
+            info = self._install_locked(backend, progress)
+            log.info(
+                "installed llamacpp:%s %s (%s) in %.0f s",
+                backend, info["version"], info["source"], time.monotonic() - started,
+            )  # fmt: skip
+        emit(progress, "done", f"Installed llamacpp:{backend} {info['version']}", 100.0)
+        return {**result, "version": info["version"]}
+
+    def _install_locked(self, backend: str, progress: Callable[[dict], None] | None) -> dict:
+        final = self.backend_dir(backend)
+        staging = Path(tempfile.mkdtemp(prefix=f".{backend}.tmp-", dir=self.root))
+        work = Path(tempfile.mkdtemp(prefix=f".{backend}.work-", dir=self.root))
+        blog = BuildLog(self.log_path(backend))
+        blog.write(
+            f"Lemonade install of llamacpp:{backend} {PINNED_VERSION} (llama.cpp {LLAMA_CPP_COMMIT}, "
+            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}) at {_now()} on {platform.platform()}"
+        )
+        log.info("installing llamacpp:%s %s; log: %s", backend, PINNED_VERSION, blog.path)
+        try:
+            info = self._produce(backend, staging, work, blog, progress)
+            emit(progress, "install", "Checking the new llama-server", None)
+            try:
+                version, raw = probe_version(staging / _EXE)
+            except Exception as exc:
+                version, raw = None, f"{type(exc).__name__}: {exc}"
+            blog.write(f"$ llama-server --version\n{raw}")
+            if version != PINNED_VERSION:
+                raise InstallError(
+                    f"The new llama-server does not run as expected (reported {version!r}, expected {PINNED_VERSION}).",
+                    code="verify_failed",
+                    log_path=blog.path,
+                )
+            info.update(
+                {
+                    "version": version,
+                    "commit": LLAMA_CPP_COMMIT,
+                    "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
+                    "recipe": "llamacpp",
+                    "backend": backend,
+                    "installed_at": _now(),
+                    "log": str(blog.path),
+                }
+            )
+            atomic_write_json(staging / INSTALL_JSON, info)
+            (staging / INSTALL_JSON).chmod(0o644)  # temp files are created 0600
+            staging.chmod(0o755)  # mkdtemp makes 0700; the install should be readable like any program
+            self._swap_into_place(staging, final)
+            blog.write(f"== installed into {final}")
+            return info
+        except InstallError as exc:
+            blog.write(f"== FAILED: {exc}")
+            raise InstallError(_with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
+        except BaseException as exc:
+            blog.write(f"== FAILED: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt / SystemExit: clean up below, don't wrap
+            raise InstallError(
+                _with_tail(f"Installing llamacpp:{backend} failed: {type(exc).__name__}: {exc}", blog),
+                log_path=blog.path,
+            ) from exc
+        finally:
+            blog.close()
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _produce(
+        self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Callable[[dict], None] | None
+    ) -> dict:
+        """Fill `staging` with the binaries; return the install.json fields known so far."""
+        release_error: str | None = None
+        if self._release_allowed():
+            try:
+                folder = fetch_release(self.downloads_dir, work, blog, progress)
+                _copy_tree_contents(folder, staging)
+                blog.write(f"== release archive unpacked from {folder}")
+                src = self.source_dir()
+                return {"source": "release", "source_dir": str(src) if src else None}
+            except InstallError:
+                raise
+            except Exception as exc:  # any failure here means: build from source
+                release_error = f"{type(exc).__name__}: {exc}"
+                blog.write(f"== release archive unavailable ({release_error}); building from source")
+                log.info("llama.cpp release archive unavailable (%s); building from source", release_error)
+                emit(progress, "download", "Release archive unavailable; building llama.cpp from source", None)
+
+        try:
+            tools = check_toolchain()
+        except InstallError as exc:
+            if release_error:
+                raise InstallError(
+                    f"Could not download the llama.cpp release archive ({release_error}), and {exc}",
+                    code=exc.code,
+                ) from exc
+            raise
+        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
+        sdist = fetch_sdist(self.downloads_dir, blog, progress)
+        src = extract_llama_cpp(sdist, self.src_root, blog, progress)
+        bin_dir = cmake_build(src, self.build_dir(backend), tools, blog, progress)
+        emit(progress, "install", f"Copying binaries into {self.backend_dir(backend)}", None)
+        for name in ("llama-server", "llama-gguf-split"):
+            if (bin_dir / name).is_file():
+                shutil.copy2(bin_dir / name, staging / name)
+        return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend))}
+
+    @staticmethod
+    def _release_allowed() -> bool:
+        if os.environ.get(ENV_SDIST):
+            return False
+        if os.environ.get(ENV_NO_RELEASE, "").strip().lower() in ("1", "true", "yes", "on"):
+            return False
+        return release_asset_name() is not None
+
+    def _swap_into_place(self, staging: Path, final: Path) -> None:
+        """Replace `final` with `staging`; the old install disappears only after the new one is in."""
+        old: Path | None = None
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=self.root))
+            os.replace(final, old / final.name)
+        os.replace(staging, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _sweep_leftovers(self, backend: str) -> None:
+        """Temp folders from an install that crashed or was killed (we hold the lock)."""
+        for pattern in (f".{backend}.tmp-*", f".{backend}.work-*", f".{backend}.old-*"):
+            for path in self.root.glob(pattern):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def uninstall(self, recipe: str, backend: str) -> dict:
+        """Remove an installed backend (binaries and its build folder).
+
+        The shared `_downloads/` and `_src/` stay: they hold the converter scripts and let a
+        reinstall work offline. Uninstalling something that is not installed succeeds.
+        """
+        self.check_request(recipe, backend)
+        if backend == "system":
+            raise InstallError(
+                "The system backend is the llama-server on PATH; Lemonade does not manage it. "
+                "Remove it with the tool that installed it.",
+                code="unsupported_backend",
+            )
+        result = {"status": "success", "recipe": recipe, "backend": backend}
+        with self._lock():
+            final = self.backend_dir(backend)
+            was_installed = final.exists()
+            if was_installed:
+                trash = Path(tempfile.mkdtemp(prefix=f".{backend}.old-", dir=self.root))
+                os.replace(final, trash / final.name)  # atomic: gone from the layout at once
+                shutil.rmtree(trash, ignore_errors=True)
+            shutil.rmtree(self.build_dir(backend), ignore_errors=True)
+            self.log_path(backend).unlink(missing_ok=True)
+            self.log_path(backend).with_name(self.log_path(backend).name + ".1").unlink(missing_ok=True)
+            self._sweep_leftovers(backend)
+        log.info("uninstalled llamacpp:%s (was installed: %s)", backend, was_installed)
+        if not was_installed:
+            result["message"] = f"llamacpp:{backend} was not installed"
+        return result
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _unsupported_message(backend: str) -> str:
+    if backend == "metal" and sys.platform != "darwin":
+        return "Requires macOS"
+    names = {"vulkan": "Vulkan", "rocm": "ROCm", "metal": "Metal"}
+    return (
+        f"The {names.get(backend, backend)} backend is not available in this build of Lemonade; "
+        "use llamacpp:cpu or llamacpp:system."
+    )
+
+
+_HINTS = (
+    (
+        ("No CMAKE_CXX_COMPILER could be found", "No CMAKE_C_COMPILER could be found",
+         "is not able to compile a simple test program"),
+        "The C/C++ compiler is missing or broken. Debian/Ubuntu: sudo apt-get install build-essential cmake",
+    ),
+    (
+        ("Killed signal terminated program", "virtual memory exhausted", "out of memory"),
+        "The compiler ran out of memory. Close other programs (or add swap) and run the install again.",
+    ),
+    (
+        ("No space left on device",),
+        "The disk is full. Free some space under the cache dir and run the install again.",
+    ),
+)  # fmt: skip
+
+
+_ERROR_RE = re.compile(r"(\berror:|CMake Error|\*\*\* .*Error \d)")
+
+
+def _with_tail(message: str, blog: BuildLog, lines: int = 40) -> str:
+    """The error message, a next step, the last lines of the build log and where the full log is."""
+    try:
+        tail = blog.tail(lines)
+        with open(blog.path, encoding="utf-8", errors="replace") as fh:
+            whole = fh.read()
+    except OSError:
+        tail = whole = ""
+    hint = next((h for needles, h in _HINTS if any(n in whole for n in needles)), "")
+    if not hint and "failed (exit" in message and ("CMake" in message or "Compiling" in message):
+        hint = "Fix the problem shown below and run the install again; the build resumes where it stopped."
+    out = message + (f"\n{hint}" if hint else "") + f"\nFull log: {blog.path}"
+    # With parallel jobs and noisy compiler warnings the first error is often not in the tail.
+    errors = [ln for ln in whole.splitlines() if _ERROR_RE.search(ln) and ln not in tail][:10]
+    if errors:
+        out += "\n--- first errors in the log ---\n" + "\n".join(errors)
+    if tail:
+        out += f"\n--- last {lines} lines of the log ---\n{tail}"
+    return out
+
+
+def _copy_tree_contents(src: Path, dest: Path) -> None:
+    for item in src.iterdir():
+        target = dest / item.name
+        if item.is_dir() and not item.is_symlink():
+            shutil.copytree(item, target, symlinks=True)
+        else:
+            shutil.copy2(item, target, follow_symlinks=False)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,120 @@
+"""`lemonade backends [install|uninstall RECIPE:BACKEND]`: engines on this machine.
+
+With a server running everything goes through it (`/v1/system-info`, `/v1/install` with SSE
+progress, `/v1/uninstall`, which unloads the models using the backend first). Without one, the
+same `BackendInstaller` runs in this process: a fresh machine must be able to install llama.cpp
+before the server is ever started, and see the same progress.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from lemonade.cli.common import EXIT_ERROR, EXIT_USAGE, HostOpt, JsonOpt, PortOpt, client, err, fail, out, print_json
+from lemonade.cli.progress import ProgressView
+from lemonade.cli.tables import backend_rows, backends_table
+
+backends_app = typer.Typer(help="Engine backends: list their states, install or uninstall them.")
+SpecArg = Annotated[str, typer.Argument(metavar="RECIPE:BACKEND", help="e.g. llamacpp:cpu")]
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    recipe, sep, backend = spec.partition(":")
+    if not sep or not recipe.strip() or not backend.strip():
+        raise fail(f"Expected RECIPE:BACKEND (e.g. llamacpp:cpu), got '{spec}'", EXIT_USAGE)
+    return recipe.strip(), backend.strip()
+
+
+def _local_installer() -> Any:
+    from lemonade.backends.install import BackendInstaller
+    from lemonade.paths import cache_dir
+
+    return BackendInstaller(cache_dir())
+
+
+@backends_app.callback(invoke_without_command=True)
+def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False) -> None:
+    """Recipes and backends with their state on this machine (installed, installable, ...)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    c = client(host, port)
+    if c.is_running():
+        recipes = (c.get("/v1/system-info") or {}).get("recipes") or {}
+    else:
+        installer = _local_installer()
+        err.print(f"[dim]No server running at {escape(c.url)}; showing the backends in "
+                  f"{escape(str(installer.cache_dir))}.[/dim]", highlight=False)
+        recipes = installer.recipes_info()
+    if as_json:
+        print_json(backend_rows(recipes))
+        return
+    out.print(backends_table(recipes))
+
+
+@backends_app.command("install")
+def install(spec: SpecArg,
+            force: Annotated[bool, typer.Option("--force", help="Reinstall even when up to date")] = False,
+            host: HostOpt = None, port: PortOpt = None) -> None:
+    """Install a backend (llamacpp:cpu downloads or builds llama.cpp; a no-op when installed)."""
+    recipe, backend = parse_spec(spec)
+    c = client(host, port)
+    title = f"Installing {recipe}:{backend}"
+    if c.is_running():
+        done: dict[str, Any] | None = None
+        error: dict[str, Any] | None = None
+        with ProgressView(title + f" through the server at {c.url}") as view:
+            for event, data in c.sse("/v1/install", {"recipe": recipe, "backend": backend, "stream": True,
+                                                     "force": force}):
+                if event == "progress":
+                    view.update(data)
+                elif event == "complete":
+                    done = data
+                elif event == "error":
+                    error = data
+                    break
+        if error is not None:  # the message carries the build log's tail and where the full log is
+            raise fail(f"Installing {recipe}:{backend} failed:\n{error.get('error', error)}")
+        if done is None:
+            raise fail(f"The server closed the install stream for {recipe}:{backend} without a result; "
+                       "see `lemonade backends` and the server log.")
+        version = done.get("version")
+    else:
+        from lemonade.backends.install import InstallError
+
+        installer = _local_installer()
+        try:
+            with ProgressView(f"{title} into {installer.root} (no server running)") as view:
+                result = installer.install(recipe, backend, view.update, force)
+        except InstallError as exc:
+            raise fail(f"Installing {recipe}:{backend} failed:\n{exc}") from None
+        except KeyboardInterrupt:
+            raise fail("Interrupted; nothing was installed. Run the same command again to resume the build.",
+                       EXIT_ERROR) from None
+        version = result.get("version")
+    out.print(f"[green]{escape(recipe)}:{escape(backend)} is installed[/green]"
+              + (f" (version {escape(str(version))})" if version else ""), highlight=False)
+
+
+@backends_app.command("uninstall")
+def uninstall(spec: SpecArg, host: HostOpt = None, port: PortOpt = None) -> None:
+    """Remove an installed backend (models using it are unloaded first)."""
+    recipe, backend = parse_spec(spec)
+    c = client(host, port)
+    if c.is_running():
+        result = c.post("/v1/uninstall", {"recipe": recipe, "backend": backend}) or {}
+    else:
+        from lemonade.backends.install import InstallError
+
+        try:
+            result = _local_installer().uninstall(recipe, backend)
+        except InstallError as exc:
+            raise fail(str(exc)) from None
+    message = result.get("message") or f"Uninstalled {recipe}:{backend}"
+    out.print(escape(message), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(backends_app, name="backends")

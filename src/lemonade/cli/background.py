@@ -1,0 +1,158 @@
+"""A server started by the CLI itself (`lemonade run` with no server up), and `lemonade stop`.
+
+The server runs detached in its own session, so closing the chat (or Ctrl-C in it) leaves it
+serving; its output goes to `<cache>/server.log` and its pid to `<cache>/server.pid`, which is
+how `lemonade stop` finds it again. Only a process whose command line is `lemonade ... serve` is
+ever signalled, so a stale pid file can never kill something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import psutil
+import typer
+from rich.markup import escape
+
+from lemonade.cli.client import ServerClient
+from lemonade.cli.common import HostOpt, PortOpt, client, err, fail, out, spinner
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]")
+LIVE_TIMEOUT = 60.0
+
+
+def pid_file(cache: Path) -> Path:
+    return cache / "server.pid"
+
+
+def log_file(cache: Path) -> Path:
+    return cache / "server.log"
+
+
+def _is_lemonade_server(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        cmd = " ".join(proc.cmdline())
+        return "lemonade" in cmd and "serve" in cmd
+    return False
+
+
+def start_background(c: ServerClient) -> int:
+    """Start `lemonade serve` for the address `c` targets, wait for `/live`; returns its pid."""
+    from lemonade.paths import cache_dir
+
+    parts = urlsplit(c.url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 13305
+    if host not in LOCAL_HOSTS:
+        raise fail(f"No server answers at {c.url}, and it is not on this machine, so it cannot be started "
+                   "from here.", 3)
+    cache = cache_dir()
+    log_path = log_file(cache)
+    cmd = [sys.executable, "-m", "lemonade.cli.main", "serve", "--host", host, "--port", str(port)]
+    detach: dict[str, Any] = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.DETACHED_PROCESS}
+                              if sys.platform == "win32" else {"start_new_session": True})
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                close_fds=True, **detach)
+    pid_file(cache).write_text(json.dumps({"pid": proc.pid, "url": c.url}))
+    with spinner(f"Starting a Lemonade server at {c.url} (log: {log_path})..."):
+        deadline = time.monotonic() + LIVE_TIMEOUT
+        while not c.is_running():
+            if proc.poll() is not None:
+                pid_file(cache).unlink(missing_ok=True)
+                tail = log_path.read_text(errors="replace").splitlines()[-15:]
+                raise fail(f"The server exited with code {proc.returncode}. Last lines of {log_path}:\n"
+                           + "\n".join(tail))
+            if time.monotonic() > deadline:
+                raise fail(f"The server (pid {proc.pid}) did not answer at {c.url} within {LIVE_TIMEOUT:.0f} s; "
+                           f"see {log_path}.")
+            time.sleep(0.1)
+    err.print(f"Started a Lemonade server in the background (pid {proc.pid}, log {escape(str(log_path))}). "
+              "It keeps running after this chat; stop it with [bold]lemonade stop[/bold].", highlight=False)
+    return proc.pid
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 13305
+
+
+def _same_cache(proc: psutil.Process, cache: Path) -> bool:
+    """Whether `proc` keeps its state in `cache` (so it is "our" server, not a test's or a colleague's)."""
+    try:
+        env = proc.environ()
+    except psutil.Error:
+        return False
+    raw = env.get("LEMONADE_CACHE_DIR") or os.path.join(env.get("HOME") or str(Path.home()), ".cache", "lemonade")
+    try:
+        return Path(raw).expanduser().resolve() == cache.resolve()
+    except OSError:
+        return False
+
+
+def _find_by_port(port: int, cache: Path) -> psutil.Process | None:
+    """The `lemonade serve` process on `port` that uses our cache dir, when the OS lets us see it."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(conn.pid)
+                if _is_lemonade_server(proc) and _same_cache(proc, cache):
+                    return proc
+    return None
+
+
+def stop(host: HostOpt = None, port: PortOpt = None,
+         timeout: Annotated[float, typer.Option(help="Seconds to wait before killing it")] = 30.0) -> None:
+    """Stop the local Lemonade server (and every engine it started)."""
+    from lemonade.paths import cache_dir
+
+    c = client(host, port)
+    path = pid_file(cache_dir())
+    proc: psutil.Process | None = None
+    with contextlib.suppress(OSError, ValueError, psutil.Error):
+        info = json.loads(path.read_text())
+        candidate = psutil.Process(int(info["pid"]))
+        explicit = host is not None or port is not None or bool(os.environ.get("LEMONADE_BASE_URL"))
+        if _is_lemonade_server(candidate) and _same_cache(candidate, path.parent) and \
+                (info.get("url") == c.url or not explicit):
+            proc, c = candidate, ServerClient(*_host_port(info["url"]))
+    if proc is None:
+        proc = _find_by_port(urlsplit(c.url).port or 13305, cache_dir())
+    if proc is None:
+        path.unlink(missing_ok=True)
+        if c.is_running():
+            raise fail(f"A server answers at {c.url}, but it was not started from this cache dir "
+                       f"({cache_dir()}); stop it where it runs (Ctrl-C).")
+        out.print(f"No Lemonade server is running at {escape(c.url)}.", highlight=False)
+        return
+    pid = proc.pid
+    with spinner(f"Stopping the Lemonade server (pid {pid})..."):
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(psutil.Error):
+                proc.wait(10)
+        except psutil.Error:
+            pass
+    path.unlink(missing_ok=True)
+    out.print(f"Stopped the Lemonade server (pid {pid}).", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stop")(stop)
+

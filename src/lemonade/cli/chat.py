@@ -1,0 +1,183 @@
+"""`lemonade run MODEL`: make sure a server runs, load the model, chat in the terminal.
+
+The chat goes through the official `openai` client against our own `/v1/chat/completions`, the
+same path every other app takes, so what works here works for them. Tokens are printed as they
+arrive; the conversation is kept and sent back each turn.
+
+Interactive on a terminal (`/exit` or Ctrl-D leaves, `/clear` forgets the conversation, Ctrl-C
+stops a reply). With stdin not a terminal, every input line is one user message and only the
+replies go to stdout (one per line block), so `echo "hi" | lemonade run MODEL` and tests work.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from lemonade.cli.background import start_background
+from lemonade.cli.client import ServerClient
+from lemonade.cli.common import HostOpt, PortOpt, client, err, fail
+from lemonade.cli.residency import ArgsOpt, BackendOpt, CtxOpt, do_load, load_body
+
+HELP = "Commands: /clear forgets the conversation, /exit (or Ctrl-D) leaves, /help shows this."
+
+
+class Chat:
+    """One conversation with one model; `send()` streams the reply and keeps the history."""
+
+    def __init__(self, c: ServerClient, model: str, system: str | None = None,
+                 max_tokens: int | None = None, temperature: float | None = None) -> None:
+        from openai import OpenAI
+
+        key = os.environ.get("LEMONADE_API_KEY") or os.environ.get("LEMONADE_ADMIN_API_KEY") or "lemonade"
+        self.openai = OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0, timeout=None)
+        self.model = model
+        self.system = system
+        self.params: dict[str, Any] = {}
+        if max_tokens is not None:
+            self.params["max_tokens"] = max_tokens
+        if temperature is not None:
+            self.params["temperature"] = temperature
+        self.history: list[dict[str, str]] = []
+        self.clear()
+
+    def clear(self) -> None:
+        self.history = [{"role": "system", "content": self.system}] if self.system else []
+
+    def send(self, text: str) -> Iterator[tuple[str, str]]:
+        """Yields ("content" | "reasoning", piece); the reply joins the history when done or stopped."""
+        self.history.append({"role": "user", "content": text})
+        reply: list[str] = []
+        stream: Any = None
+        try:
+            stream = self.openai.chat.completions.create(model=self.model, messages=self.history,  # type: ignore
+                                                         stream=True, **self.params)
+            for chunk in stream:
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                reasoning = getattr(delta, "reasoning_content", None)
+                if reasoning:
+                    yield "reasoning", reasoning
+                if delta.content:
+                    reply.append(delta.content)
+                    yield "content", delta.content
+        finally:
+            if stream is not None:
+                stream.close()
+            if reply:
+                self.history.append({"role": "assistant", "content": "".join(reply)})
+            else:  # nothing came back: forget the question too, so the turns stay paired
+                self.history.pop()
+
+
+def _print_reply(chat: Chat, text: str, interactive: bool) -> None:
+    import openai
+
+    pieces = chat.send(text)
+    try:
+        for kind, piece in pieces:
+            if kind == "reasoning":
+                if interactive:
+                    err.print(escape(piece), end="", style="dim", highlight=False)
+                continue
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        err.print("[dim](stopped)[/dim]")
+        return
+    except openai.APIStatusError as exc:
+        sys.stdout.write("\n")
+        err.print(f"[red]Error {exc.status_code}:[/red] {escape(_message(exc))}", highlight=False)
+        return
+    except openai.APIConnectionError as exc:
+        sys.stdout.write("\n")
+        raise fail(f"Lost the connection to the server: {exc}") from None
+    finally:
+        pieces.close()  # ends the HTTP stream now (Ctrl-C) and files the reply in the history
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(exc)
+
+
+def _lines(interactive: bool) -> Iterator[str]:
+    """User input: prompts on a terminal, plain lines from a pipe. Ends on EOF."""
+    if not interactive:
+        for line in sys.stdin:
+            yield line.rstrip("\r\n")
+        return
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    while True:
+        try:
+            yield input(">>> ")
+        except EOFError:
+            sys.stdout.write("\n")
+            return
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            err.print("[dim]Use /exit or Ctrl-D to leave.[/dim]")
+
+
+def repl(chat: Chat, interactive: bool) -> None:
+    if interactive:
+        err.print(f"Chatting with [bold]{escape(chat.model)}[/bold]. {HELP}", highlight=False)
+    for line in _lines(interactive):
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit", "/bye"):
+            break
+        if text == "/clear":
+            chat.clear()
+            if interactive:
+                err.print("[dim]Conversation cleared.[/dim]")
+            continue
+        if text in ("/help", "/?"):
+            err.print(HELP)
+            continue
+        _print_reply(chat, text, interactive)
+
+
+def run(
+    model: Annotated[str, typer.Argument(help="Model name (or alias), e.g. extra.gemma-3-270m-q4_k_m.gguf")],
+    ctx_size: CtxOpt = None, llamacpp_args: ArgsOpt = None, llamacpp_backend: BackendOpt = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt for the conversation")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Longest reply, in tokens")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature")] = None,
+    no_start: Annotated[bool, typer.Option("--no-start", help="Fail instead of starting a server")] = False,
+    host: HostOpt = None, port: PortOpt = None,
+) -> None:
+    """Chat with a model: starts a server in the background if none runs, loads the model, opens a chat."""
+    c = client(host, port)
+    if not c.is_running():
+        if no_start:
+            raise c.not_running()
+        start_background(c)
+    message = do_load(c, load_body(model, ctx_size, llamacpp_args, llamacpp_backend))
+    err.print(f"[green]{escape(message)}[/green]", highlight=False)
+    try:
+        repl(Chat(c, model, system, max_tokens, temperature), interactive=sys.stdin.isatty())
+    except BrokenPipeError:  # `... | lemonade run M | head -1`: the reader is gone, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

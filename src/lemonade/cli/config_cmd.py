@@ -1,0 +1,113 @@
+"""`lemonade config get [KEY]` / `lemonade config set KEY=VALUE ...`.
+
+With a server running, both go through it (`GET /internal/config`, `POST /internal/set`), so a
+change is validated, persisted and applied live by the process that owns the file. Without one
+they read and write `config.json` in the cache dir directly, with the same validation
+(`lemonade.config`), so a fresh machine can be configured before the first `lemonade serve`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail, out
+from lemonade.config import Config, ConfigError, parse_cli_value, validate_tree
+
+config_app = typer.Typer(help="Read and change server settings (config.json), through the running server or on "
+                              "disk when none runs.", no_args_is_help=True)
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, Any]:
+    """`["llamacpp.args=--x 1", "max_loaded_models=2"]` -> validated nested partial object."""
+    tree: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"Expected KEY=VALUE, got '{pair}' (e.g. max_loaded_models=2)")
+        value = parse_cli_value(key, raw)
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"Config key '{key}' conflicts with '{part}' given as a value")
+            node = child
+        node[parts[-1]] = value
+    validate_tree(tree)  # the same checks the server and set_on_disk run, before anything is sent
+    return tree
+
+
+def lookup(values: dict[str, Any], key: str) -> Any:
+    node: Any = values
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"Unknown config key '{key}'")
+        node = node[part]
+    return node
+
+
+def show(value: Any) -> None:
+    """Strings raw (easy to use in shell scripts), everything else as JSON."""
+    if isinstance(value, str):
+        typer.echo(value)
+    else:
+        typer.echo(json.dumps(value, indent=2 if isinstance(value, dict) else None))
+
+
+@config_app.command("get")
+def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.args; omit for everything")] = None,
+        host: HostOpt = None, port: PortOpt = None) -> None:
+    """Print one setting, or all of them as JSON."""
+    c = client(host, port)
+    if c.is_running():
+        values = c.get("/internal/config")
+    else:
+        from lemonade.paths import cache_dir
+
+        config = Config(cache_dir(), environ={})
+        err.print(f"[dim]No server running at {escape(c.url)}; showing {escape(str(config.path))} "
+                  "(with defaults).[/dim]", highlight=False)
+        values = config.values
+    try:
+        show(lookup(values, key) if key else values)
+    except ConfigError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+
+@config_app.command("set", no_args_is_help=True)
+def set_(assignments: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs, e.g. max_loaded_models=2 "
+                                                               "llamacpp.args=\"--no-mmap\"")],
+         host: HostOpt = None, port: PortOpt = None) -> None:
+    """Change settings; all are validated first, and nothing is written if one is refused."""
+    try:
+        tree = parse_assignments(assignments)
+    except ConfigError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    c = client(host, port)
+    if c.is_running():
+        body = c.post("/internal/set", tree) or {}
+        for k, v in (body.get("updated") or {}).items():
+            out.print(f"{escape(k)} = {escape(json.dumps(v))}", highlight=False)
+        if body.get("warning"):
+            err.print(f"[yellow]Warning:[/yellow] {escape(body['warning'])}", highlight=False)
+        return
+    from lemonade.config import set_on_disk
+    from lemonade.paths import cache_dir
+
+    try:
+        changed = set_on_disk(cache_dir(), tree)
+    except ConfigError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    for k, v in changed.items():
+        out.print(f"{escape(k)} = {escape(json.dumps(v))}", highlight=False)
+    err.print(f"[dim]No server running; saved to {escape(str(cache_dir() / 'config.json'))}. "
+              "It applies when the server starts.[/dim]", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

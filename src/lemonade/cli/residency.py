@@ -1,0 +1,68 @@
+"""`lemonade load` and `lemonade unload`: explicit control of what stays in memory."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from lemonade.cli.client import ServerClient
+from lemonade.cli.common import HostOpt, PortOpt, out, require_server, spinner
+
+CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic")]
+ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
+                                                                     "\"--no-mmap --threads 2\"")]
+BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend", help="llama.cpp backend: cpu or system")]
+
+
+def load_body(model: str, ctx_size: int | None = None, llamacpp_args: str | None = None,
+              llamacpp_backend: str | None = None, pinned: bool | None = None,
+              save_options: bool = False) -> dict[str, Any]:
+    """The `/v1/load` body; options left out stay out, so saved per-model options still apply."""
+    body: dict[str, Any] = {"model_name": model}
+    for key, value in (("ctx_size", ctx_size), ("llamacpp_args", llamacpp_args),
+                       ("llamacpp_backend", llamacpp_backend), ("pinned", pinned)):
+        if value is not None:
+            body[key] = value
+    if save_options:
+        body["save_options"] = True
+    return body
+
+
+def do_load(c: ServerClient, body: dict[str, Any]) -> str:
+    """POST /v1/load behind a spinner (starting llama-server can take a while for big models)."""
+    with spinner(f"Loading {body['model_name']}..."):
+        result = c.post("/v1/load", body) or {}
+    return str(result.get("message") or f"Loaded model: {body['model_name']}")
+
+
+def load(
+    model: Annotated[str, typer.Argument(help="Model name (or alias)")],
+    ctx_size: CtxOpt = None, llamacpp_args: ArgsOpt = None, llamacpp_backend: BackendOpt = None,
+    pinned: Annotated[bool | None, typer.Option("--pinned/--unpinned", help="Never evict this model to make "
+                                                                            "room for another")] = None,
+    save_options: Annotated[bool, typer.Option("--save-options", help="Remember these options for this "
+                                                                      "model")] = False,
+    host: HostOpt = None, port: PortOpt = None,
+) -> None:
+    """Load a model into memory (starts its llama-server)."""
+    c = require_server(host, port)
+    message = do_load(c, load_body(model, ctx_size, llamacpp_args, llamacpp_backend, pinned, save_options))
+    out.print(f"[green]{escape(message)}[/green]", highlight=False)
+
+
+def unload(
+    model: Annotated[str | None, typer.Argument(help="Model to unload; omit to unload every model")] = None,
+    host: HostOpt = None, port: PortOpt = None,
+) -> None:
+    """Unload one model, or all of them (stops their llama-server processes)."""
+    c = require_server(host, port)
+    result = c.post("/v1/unload", {"model_name": model} if model else None) or {}
+    what = model or "all models"
+    out.print(f"{escape(str(result.get('message') or 'Unloaded'))} ({escape(what)})", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("load")(load)
+    app.command("unload")(unload)

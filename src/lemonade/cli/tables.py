@@ -1,0 +1,100 @@
+"""Rich tables for the server's JSON: models, loaded models, aliases, backends.
+
+Kept apart from the commands so that what a column shows is decided in one place, and so the
+commands read as "ask the server, render the answer".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from lemonade.cli.common import fmt_age, fmt_size, yes_no
+
+STATE_STYLES = {"installed": "green", "installable": "yellow", "update_required": "yellow",
+                "unsupported": "dim"}
+
+
+def _t(value: Any) -> str:
+    """Cell text: escaped so names like `[foo]` are not taken for rich markup."""
+    if value is None or value == "":
+        return "-"
+    return escape(str(value))
+
+
+def models_table(models: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("Name", no_wrap=True, style="bold")
+    table.add_column("Downloaded")
+    table.add_column("Recipe")
+    table.add_column("Labels")
+    table.add_column("Size", justify="right")
+    for m in models:
+        downloaded = m.get("downloaded")
+        table.add_row(_t(m.get("id")), "[green]yes[/green]" if downloaded else "[dim]no[/dim]", _t(m.get("recipe")),
+                      _t(", ".join(m.get("labels") or [])), fmt_size(m.get("size")))
+    return table
+
+
+def loaded_table(loaded: list[dict[str, Any]]) -> Table:
+    table = Table(title="Loaded models", title_justify="left")
+    for col in ("Model", "Type", "Recipe", "Backend", "Device", "PID", "Pinned", "Busy", "Last use"):
+        table.add_column(col, no_wrap=col == "Model", style="bold" if col == "Model" else None)
+    for m in loaded:
+        busy = "streaming" if m.get("is_streaming") else yes_no(m.get("is_busy"))
+        table.add_row(_t(m.get("model_name")), _t(m.get("type")), _t(m.get("recipe")), _t(m.get("backend")),
+                      _t(m.get("device")), _t(m.get("pid")), yes_no(m.get("pinned")), busy,
+                      fmt_age(m.get("last_use")))
+    return table
+
+
+def crashed_table(crashed: list[dict[str, Any]]) -> Table:
+    table = Table(title="Crashed models", title_justify="left", title_style="red")
+    for col in ("Model", "PID", "Exit code", "When", "Message"):
+        table.add_column(col, no_wrap=col == "Model")
+    for m in crashed:
+        table.add_row(_t(m.get("model_name")), _t(m.get("pid")), _t(m.get("exit_code")), fmt_age(m.get("time")),
+                      _t(m.get("message")))
+    return table
+
+
+def aliases_table(aliases: list[dict[str, Any]]) -> Table:
+    table = Table(title="Aliases", title_justify="left")
+    table.add_column("Alias", no_wrap=True, style="bold")
+    table.add_column("Target", no_wrap=True)
+    table.add_column("Recipe")
+    table.add_column("Downloaded")
+    for a in aliases:
+        table.add_row(_t(a.get("alias")), _t(a.get("target")), _t(a.get("recipe")), yes_no(a.get("downloaded")))
+    return table
+
+
+def backend_rows(recipes: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flatten `/v1/system-info` `recipes` into one row per (recipe, backend)."""
+    rows = []
+    for recipe, info in recipes.items():
+        if not isinstance(info, dict):
+            continue
+        default = info.get("default_backend")
+        for backend, b in (info.get("backends") or {}).items():
+            rows.append({"recipe": recipe, "backend": backend, "default": backend == default, **(b or {})})
+    return rows
+
+
+def backends_table(recipes: dict[str, Any]) -> Table:
+    table = Table(title="Backends", title_justify="left")
+    table.add_column("Recipe", no_wrap=True, style="bold")
+    table.add_column("Backend", no_wrap=True)
+    table.add_column("State", no_wrap=True)
+    table.add_column("Version", no_wrap=True)
+    table.add_column("Message")
+    table.add_column("Action")
+    for row in backend_rows(recipes):
+        state = row.get("state") or "-"
+        style = STATE_STYLES.get(state, "")
+        backend = _t(row["backend"]) + (" (default)" if row["default"] else "")
+        table.add_row(_t(row["recipe"]), backend, f"[{style}]{escape(state)}[/{style}]" if style else escape(state),
+                      _t(row.get("version")), _t(row.get("message")), _t(row.get("action")))
+    return table

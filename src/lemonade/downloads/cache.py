@@ -1,0 +1,188 @@
+"""Writing the Hugging Face cache layout: blobs, snapshot links, refs, pending markers, deletion.
+
+Layout of one repository folder (see local.py for the reading side)::
+
+    blobs/<etag>                    verified file content
+    blobs/<etag>.incomplete         a partial download, resumed with an HTTP Range request
+    snapshots/<commit>/<path>       relative symlink to ../../blobs/<etag>, created after verification
+    refs/main                       the commit of the last complete pull
+    .lemonade-pending/<commit>.<key>.json   files a pull still has to verify (and their etags)
+
+Deleting a model removes its snapshot links, then every blob (complete or partial) that no
+snapshot link and no pending marker still refers to, so files shared with another model survive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from lemonade.downloads.local import PENDING_DIR, list_snapshot_files, pending_files, repo_folder
+from lemonade.downloads.variants import match_variant, parse_checkpoint
+from lemonade.util.atomic import atomic_write_bytes, atomic_write_json
+
+log = logging.getLogger("lemonade.downloads")
+
+
+def blob_path(folder: Path, etag: str) -> Path:
+    return folder / "blobs" / etag
+
+
+def partial_path(folder: Path, etag: str) -> Path:
+    return folder / "blobs" / f"{etag}.incomplete"
+
+
+def snapshot_path(folder: Path, commit: str, relpath: str) -> Path:
+    return folder / "snapshots" / commit / relpath
+
+
+def link_into_snapshot(folder: Path, commit: str, relpath: str, etag: str) -> Path:
+    """Point `snapshots/<commit>/<relpath>` at the blob (relative link, like huggingface_hub)."""
+    link = snapshot_path(folder, commit, relpath)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob_path(folder, etag), link.parent)
+    tmp = link.with_name(f".{link.name}.lemonade-link")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.symlink(target, tmp)
+    except OSError:  # no symlinks on this filesystem: a copy is what huggingface_hub falls back to
+        shutil.copyfile(blob_path(folder, etag), tmp)
+    os.replace(tmp, link)
+    return link
+
+
+def write_ref(folder: Path, commit: str) -> None:
+    atomic_write_bytes(folder / "refs" / "main", commit.encode())
+
+
+def pending_key(model_name: str) -> str:
+    return hashlib.sha1(model_name.encode()).hexdigest()[:12]
+
+
+def write_pending(folder: Path, commit: str, key: str, model_name: str, etags: dict[str, str]) -> None:
+    """Record the files (path -> etag) a pull of `model_name` has yet to verify in this repo."""
+    marker = folder / PENDING_DIR / f"{commit}.{key}.json"
+    if not etags:
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        return
+    atomic_write_json(marker, {"commit": commit, "model": model_name, "files": sorted(etags), "etags": etags})
+
+
+def clear_pending(folder: Path, key: str) -> None:
+    pending_dir = folder / PENDING_DIR
+    if pending_dir.is_dir():
+        for marker in pending_dir.glob(f"*.{key}.json"):
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
+
+
+def _pending_markers(folder: Path) -> list[dict]:
+    out = []
+    pending_dir = folder / PENDING_DIR
+    if pending_dir.is_dir():
+        for marker in pending_dir.glob("*.json"):
+            try:
+                data = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                data["_path"] = marker
+                out.append(data)
+    return out
+
+
+def _linked_etags(folder: Path) -> set[str]:
+    """Blob names that some snapshot link still points to."""
+    out: set[str] = set()
+    snaps = folder / "snapshots"
+    if not snaps.is_dir():
+        return out
+    for root, _dirs, names in os.walk(snaps):
+        for name in names:
+            path = Path(root) / name
+            if path.is_symlink():
+                out.add(os.path.basename(os.readlink(path)))
+    return out
+
+
+def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str) -> int:
+    """Remove one checkpoint's files (every snapshot, partial downloads included); bytes freed."""
+    ckpt = parse_checkpoint(checkpoint)
+    folder = repo_folder(cache, ckpt.repo, source)
+    if not folder.is_dir():
+        return 0
+    freed = 0
+    snaps = folder / "snapshots"
+    for snap in (p for p in snaps.iterdir() if p.is_dir()) if snaps.is_dir() else []:
+        names = [n for n in list_snapshot_files(snap)]
+        dangling = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_symlink() and not p.exists()]
+        for rel in match_variant(sorted(set(names) | set(dangling)), ckpt.variant):
+            path = snap / rel
+            if not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    freed += path.stat().st_size
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        _prune_empty_dirs(snap)
+    # Pending markers of this checkpoint's files: ours (by key) and any others naming the same files.
+    for marker in _pending_markers(folder):
+        files = [str(f) for f in marker.get("files") or []]
+        doomed = set(match_variant(files, ckpt.variant)) if files else set()
+        if marker["_path"].name.endswith(f".{key}.json") or (doomed and doomed == set(files)):
+            with contextlib.suppress(FileNotFoundError):
+                marker["_path"].unlink()
+    freed += gc_repo(folder)
+    return freed
+
+
+def gc_repo(folder: Path) -> int:
+    """Delete blobs nothing refers to any more; remove the repo folder when nothing is left."""
+    keep = _linked_etags(folder)
+    for marker in _pending_markers(folder):
+        keep.update(str(e) for e in (marker.get("etags") or {}).values())
+    freed = 0
+    blobs = folder / "blobs"
+    if blobs.is_dir():
+        for blob in blobs.iterdir():
+            etag = blob.name.split(".", 1)[0]
+            if etag in keep:
+                continue
+            with contextlib.suppress(OSError):
+                freed += blob.stat().st_size
+                blob.unlink()
+    snaps = folder / "snapshots"
+    if snaps.is_dir():
+        for snap in list(snaps.iterdir()):
+            _prune_empty_dirs(snap)
+    has_snapshots = snaps.is_dir() and any(snaps.iterdir())
+    has_blobs = blobs.is_dir() and any(blobs.iterdir())
+    if not has_snapshots and not has_blobs and not pending_files(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+    return freed
+
+
+def _prune_empty_dirs(root: Path) -> None:
+    if not root.is_dir() or root.is_symlink():
+        return
+    for path in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()),
+                       key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+
+
+def disk_free(path: Path) -> int | None:
+    for candidate in [path, *path.parents]:
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None

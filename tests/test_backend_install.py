@@ -1,0 +1,360 @@
+"""The llama.cpp installer: states, no-op reinstall, failures, uninstall, release-archive path.
+
+None of these tests compiles llama.cpp. Tests that need a real build use the one installed in the
+persistent test cache (`LEMONADE_TEST_CACHE`, default `~/.cache/lemonade-test`), made once with
+`BackendInstaller(cache).install("llamacpp", "cpu")`; they are skipped when it is not there.
+Everything that changes state works on a copy in a temp cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lemonade.backends.install import (
+    LLAMA_CPP_PYTHON_VERSION,
+    PINNED_VERSION,
+    BackendInstaller,
+    InstallError,
+)
+
+TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE") or Path.home() / ".cache" / "lemonade-test")
+STATES = {"installed", "installable", "update_required", "unsupported"}
+
+
+@pytest.fixture(autouse=True)
+def _no_env_overrides(monkeypatch):
+    for var in (
+        "LEMONADE_LLAMACPP_SDIST",
+        "LEMONADE_LLAMACPP_RELEASE_BASE_URL",
+        "LEMONADE_LLAMACPP_NO_RELEASE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="module")
+def installed() -> BackendInstaller:
+    inst = BackendInstaller(TEST_CACHE)
+    if inst.llama_server_path("cpu") is None:
+        pytest.skip(
+            f"no llama.cpp cpu build in {TEST_CACHE}; run "
+            "BackendInstaller(Path(cache)).install('llamacpp', 'cpu') once (about 10 minutes)"
+        )
+    return inst
+
+
+def _copy_install(installed: BackendInstaller, cache: Path) -> BackendInstaller:
+    """A temp cache holding a copy of the installed cpu backend."""
+    inst = BackendInstaller(cache)
+    shutil.copytree(installed.backend_dir("cpu"), inst.backend_dir("cpu"), symlinks=True)
+    return inst
+
+
+def _leftovers(inst: BackendInstaller) -> list[str]:
+    if not inst.root.exists():
+        return []
+    return sorted(p.name for p in inst.root.iterdir() if p.name.startswith(".cpu."))
+
+
+# --- state truthfulness ------------------------------------------------------------------------
+
+
+def test_installed_state_matches_disk(installed: BackendInstaller):
+    st = installed.state("llamacpp", "cpu")
+    assert st.state == "installed"
+    assert st.version == PINNED_VERSION
+    assert st.message == "" and st.action == ""
+    assert st.devices == ["cpu"]
+
+    exe = installed.llama_server_path("cpu")
+    assert exe == installed.backend_dir("cpu") / "llama-server"
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    assert f"build {PINNED_VERSION[1:]}, commit 0c1e5709" in out.stdout + out.stderr
+
+    info = json.loads((installed.backend_dir("cpu") / "install.json").read_text())
+    assert info["version"] == PINNED_VERSION
+    assert info["source"] in ("release", "source-build")
+    assert info["llama_cpp_python"] == LLAMA_CPP_PYTHON_VERSION
+    assert info["installed_at"]
+
+
+def test_source_dir_has_converter(installed: BackendInstaller):
+    src = installed.source_dir()
+    assert src is not None, "source builds keep the llama.cpp sources (convert_hf_to_gguf.py)"
+    assert (src / "convert_hf_to_gguf.py").is_file()
+    assert (src / "gguf-py" / "gguf").is_dir()
+
+
+def test_recipes_info_shape(installed: BackendInstaller):
+    info = installed.recipes_info()
+    llama = info["llamacpp"]
+    assert llama["default_backend"] == "cpu"
+    assert set(llama["backends"]) == {"cpu", "system", "vulkan", "rocm", "metal"}
+    for name, b in llama["backends"].items():
+        assert b["state"] in STATES, name
+        assert isinstance(b["devices"], list) and isinstance(b["action"], str)
+        # the spec: a message is required for every state but "installed", where it is empty
+        assert (b["message"] == "") == (b["state"] == "installed"), name
+    assert llama["backends"]["cpu"]["state"] == "installed"
+    assert llama["backends"]["cpu"]["version"] == PINNED_VERSION
+    for name in ("vulkan", "rocm", "metal"):
+        assert llama["backends"][name]["state"] == "unsupported"
+        assert llama["backends"][name]["devices"] == []
+    for recipe in ("whispercpp", "sd-cpp", "kokoro", "flm", "ryzenai-llm", "onnxruntime"):
+        assert "default_backend" not in info[recipe], "all of its backends are unsupported"
+        for b in info[recipe]["backends"].values():
+            assert b["state"] == "unsupported"
+            assert "not available in this build" in b["message"]
+
+
+def test_empty_cache_is_installable(tmp_path):
+    inst = BackendInstaller(tmp_path)
+    st = inst.state("llamacpp", "cpu")
+    assert st.state == "installable"
+    assert st.action == "lemonade backends install llamacpp:cpu"
+    assert st.message
+    assert inst.llama_server_path("cpu") is None
+    assert inst.source_dir() is None
+
+
+def test_version_mismatch_is_update_required(installed, tmp_path):
+    inst = _copy_install(installed, tmp_path)
+    path = inst.backend_dir("cpu") / "install.json"
+    info = json.loads(path.read_text())
+    info["version"] = "b1"
+    path.write_text(json.dumps(info))
+    st = inst.state("llamacpp", "cpu")
+    assert st.state == "update_required"
+    assert st.version == "b1"
+    assert "b1" in st.message and PINNED_VERSION in st.message
+    assert st.action == "lemonade backends install llamacpp:cpu"
+
+
+def test_system_backend_follows_path(installed, tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    inst = BackendInstaller(tmp_path / "cache")
+    st = inst.state("llamacpp", "system")
+    assert st.state == "unsupported"
+    assert st.message == "llama-server not found on PATH"
+    assert st.action == "install llama.cpp and put llama-server on PATH"
+    with pytest.raises(InstallError, match="llama-server not found on PATH") as err:
+        inst.install("llamacpp", "system")
+    assert err.value.code == "not_found"
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "llama-server").symlink_to(installed.llama_server_path("cpu"))
+    monkeypatch.setenv("PATH", str(bindir))
+    st = inst.state("llamacpp", "system")
+    assert st.state == "installed"
+    assert st.version == PINNED_VERSION  # from `llama-server --version`
+    assert inst.llama_server_path("system") == bindir / "llama-server"
+    assert inst.install("llamacpp", "system")["status"] == "success"
+    # a ready system llama-server is the default while cpu is not installed
+    assert inst.recipes_info()["llamacpp"]["default_backend"] == "system"
+
+
+# --- install -----------------------------------------------------------------------------------
+
+
+def test_reinstall_is_fast_noop(installed: BackendInstaller):
+    exe = installed.llama_server_path("cpu")
+    before = exe.stat().st_mtime_ns
+    events: list[dict] = []
+    started = time.monotonic()
+    result = installed.install("llamacpp", "cpu", progress=events.append)
+    elapsed = time.monotonic() - started
+    assert result == {"status": "success", "recipe": "llamacpp", "backend": "cpu", "version": PINNED_VERSION}
+    assert elapsed < 5, elapsed  # a sanity bound for "did not rebuild", not a benchmark
+    assert exe.stat().st_mtime_ns == before
+    assert events and events[-1]["phase"] == "done"
+    assert set(events[-1]) == {"phase", "message", "percent"}
+
+
+def test_broken_sdist_fails_with_log_tail(tmp_path, monkeypatch):
+    # a tarball that looks like the sdist but carries no vendor/llama.cpp
+    top = tmp_path / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    top.mkdir(parents=True)
+    (top / "PKG-INFO").write_text(
+        f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {LLAMA_CPP_PYTHON_VERSION}\n"
+    )
+    sdist = tmp_path / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(top, arcname=top.name)
+    monkeypatch.setenv("LEMONADE_LLAMACPP_SDIST", str(sdist))
+
+    inst = BackendInstaller(tmp_path / "cache")
+    events: list[dict] = []
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu", progress=events.append)
+    message = str(err.value)
+    assert err.value.code == "sdist_invalid"
+    assert "no vendor/llama.cpp sources" in message
+    assert "--- last 40 lines of the log ---" in message
+    assert f"Full log: {inst.log_path('cpu')}" in message
+    assert inst.log_path("cpu").is_file()  # the log survives the failure
+    assert "FAILED" in inst.log_path("cpu").read_text()
+    # nothing that looks installed, nothing left behind
+    assert inst.state("llamacpp", "cpu").state == "installable"
+    assert not inst.backend_dir("cpu").exists()
+    assert _leftovers(inst) == []
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_failing_cmake_reports_errors_and_keeps_build_dir(tmp_path, monkeypatch):
+    """An sdist whose vendored llama.cpp fails to configure (a one-line CMakeLists, not a compile)."""
+    top = tmp_path / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    vendor = top / "vendor" / "llama.cpp"
+    (vendor / "tools" / "server").mkdir(parents=True)
+    (vendor / "gguf-py").mkdir()
+    (vendor / "convert_hf_to_gguf.py").write_text("")
+    (vendor / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(broken NONE)\n"
+        'message(FATAL_ERROR "deliberately broken for the test")\n'
+    )
+    sdist = tmp_path / "broken.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(top, arcname=top.name)
+    monkeypatch.setenv("LEMONADE_LLAMACPP_SDIST", str(sdist))
+
+    inst = BackendInstaller(tmp_path / "cache")
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu")
+    message = str(err.value)
+    assert err.value.code == "build_failed"
+    assert message.startswith("Configuring llama.cpp with CMake failed")
+    assert "run the install again" in message  # what to do next
+    assert "deliberately broken for the test" in message  # the log tail
+    assert "CMake Error" in message
+    assert err.value.log_path == inst.log_path("cpu")
+    assert inst.state("llamacpp", "cpu").state == "installable"
+    assert inst.build_dir("cpu").is_dir(), "kept so that a retry is incremental"
+    assert _leftovers(inst) == []
+
+
+def test_missing_sdist_path_is_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEMONADE_LLAMACPP_SDIST", str(tmp_path / "nope.tar.gz"))
+    inst = BackendInstaller(tmp_path / "cache")
+    with pytest.raises(InstallError, match="LEMONADE_LLAMACPP_SDIST points to .*nope.tar.gz") as err:
+        inst.install("llamacpp", "cpu")
+    assert err.value.code == "sdist_invalid"
+    assert not inst.backend_dir("cpu").exists()
+
+
+def test_unreachable_release_and_no_toolchain(tmp_path, monkeypatch):
+    """The release path falls back to a source build, which fails fast without cmake/compilers."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", f"http://127.0.0.1:{port}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    inst = BackendInstaller(tmp_path / "cache")
+    started = time.monotonic()
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu")
+    assert time.monotonic() - started < 30
+    message = str(err.value)
+    assert err.value.code == "toolchain_missing"
+    assert "Could not download the llama.cpp release archive" in message
+    assert "cmake" in message and "apt-get install" in message
+    assert inst.state("llamacpp", "cpu").state == "installable"
+
+
+def test_unsupported_and_unknown_requests(tmp_path):
+    inst = BackendInstaller(tmp_path)
+    for recipe, backend, code in [
+        ("llamacpp", "vulkan", "unsupported_backend"),
+        ("llamacpp", "rocm", "unsupported_backend"),
+        ("llamacpp", "metal", "unsupported_backend"),
+        ("llamacpp", "cuda-99", "unknown_backend"),
+        ("whispercpp", "default", "unsupported_backend"),
+        ("no-such-recipe", "cpu", "unknown_recipe"),
+    ]:
+        with pytest.raises(InstallError) as err:
+            inst.install(recipe, backend)
+        assert err.value.code == code, (recipe, backend)
+        assert str(err.value)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def release_mirror(installed, tmp_path):
+    """A local folder laid out like GitHub's release downloads, holding an archive packed the way
+    llama.cpp's release workflow packs it (`llama-<tag>/` + binaries), built from our own binary."""
+    from lemonade.backends.llamacpp_build import release_asset_name
+
+    asset = release_asset_name()
+    if asset is None or not asset.endswith(".tar.gz"):
+        pytest.skip("no tar.gz release archive for this platform")
+    root = tmp_path / "mirror"
+    (root / PINNED_VERSION).mkdir(parents=True)
+    with tarfile.open(root / PINNED_VERSION / asset, "w:gz") as tf:
+        tf.add(installed.llama_server_path("cpu"), arcname=f"llama-{PINNED_VERSION}/llama-server")
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_release_archive_path(release_mirror, tmp_path, monkeypatch):
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", release_mirror)
+    inst = BackendInstaller(tmp_path / "cache")
+    events: list[dict] = []
+    result = inst.install("llamacpp", "cpu", progress=events.append)
+    assert result["version"] == PINNED_VERSION
+    info = inst.read_install_info("cpu")
+    assert info["source"] == "release"
+    assert inst.state("llamacpp", "cpu").state == "installed"
+    assert any(e["phase"] == "download" and e["percent"] == 100.0 for e in events)
+    assert events[-1]["phase"] == "done"
+    assert _leftovers(inst) == []
+
+
+# --- uninstall ---------------------------------------------------------------------------------
+
+
+def test_uninstall_copy(installed, tmp_path):
+    inst = _copy_install(installed, tmp_path)
+    assert inst.state("llamacpp", "cpu").state == "installed"
+    assert inst.uninstall("llamacpp", "cpu") == {"status": "success", "recipe": "llamacpp", "backend": "cpu"}
+    st = inst.state("llamacpp", "cpu")
+    assert st.state == "installable"
+    assert inst.llama_server_path("cpu") is None
+    assert not inst.backend_dir("cpu").exists()
+    assert _leftovers(inst) == []
+    # the original is untouched, and a second uninstall is harmless
+    assert installed.state("llamacpp", "cpu").state == "installed"
+    assert inst.uninstall("llamacpp", "cpu")["status"] == "success"
+
+
+def test_uninstall_system_is_refused(tmp_path):
+    with pytest.raises(InstallError) as err:
+        BackendInstaller(tmp_path).uninstall("llamacpp", "system")
+    assert err.value.code == "unsupported_backend"

@@ -1,0 +1,278 @@
+"""Issue 2: the server process, route conventions, configuration, status endpoints, security,
+logs and metrics, all over real HTTP against the real server process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import websockets.exceptions
+import websockets.sync.client as ws_client
+
+PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")
+
+
+@pytest.fixture(scope="module")
+def server(module_servers):
+    return module_servers()
+
+
+# ----- process ---------------------------------------------------------------------------------
+
+def test_live_get_and_head(server):
+    with server.client() as c:
+        assert c.get("/live").json() == {"status": "ok"}
+        head = c.head("/live")
+        assert head.status_code == 200 and head.content == b""
+
+
+def test_second_server_on_busy_port_exits_naming_the_port(server, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(server.port)],
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert str(server.port) in proc.stderr and "in use" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_shuts_down_cleanly(make_server, sig):
+    srv = make_server()
+    assert srv.stop(sig) == 0
+
+
+# ----- routes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_api_routes_under_every_prefix(server, prefix):
+    with server.client() as c:
+        for path in ("/health", "/stats", "/system-stats", "/models"):
+            assert c.get(prefix + path).status_code == 200, prefix + path
+
+
+def test_root_only_routes(server):
+    with server.client() as c:
+        assert c.get("/metrics").status_code == 200
+        assert c.head("/metrics").status_code == 200
+        for prefix in PREFIXES:
+            assert c.get(prefix + "/live").status_code == 404
+            assert c.get(prefix + "/metrics").status_code == 404
+            assert c.get(prefix + "/internal/config").status_code == 404
+        assert c.get("/internal/config").status_code == 200
+
+
+def test_unknown_route_is_json_404(server):
+    with server.client() as c:
+        resp = c.get("/v1/no-such-thing")
+    assert resp.status_code == 404
+    assert "/v1/no-such-thing" in resp.json()["error"]["message"]
+
+
+def test_openapi_describes_routes(server):
+    with server.client() as c:
+        spec = c.get("/openapi.json").json()
+    for path in ("/v1/chat/completions", "/v1/models", "/v1/load", "/api/v1/health", "/live", "/metrics",
+                 "/internal/set", "/v1/rerank", "/v1/models/{model_id}/options"):
+        assert path in spec["paths"], path
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/load", "/v1/models/register", "/internal/set",
+                                  "/v1/embeddings", "/v1/install"])
+def test_malformed_json_is_400(server, path):
+    with server.client() as c:
+        resp = c.post(path, content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert "JSON" in resp.json()["error"]["message"]
+
+
+def test_wrong_types_and_missing_fields_name_the_field(server):
+    with server.client() as c:
+        resp = c.post("/v1/chat/completions", json={"model": "x", "messages": "hello"})
+        assert resp.status_code == 400 and "messages" in resp.json()["error"]["message"]
+        resp = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["message"] == "Missing required field 'model'"
+        assert resp.json()["error"]["code"] == "missing_argument"
+        resp = c.post("/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "h"}],
+                                                    "temperature": "hot"})
+        assert resp.status_code == 400 and "temperature" in resp.json()["error"]["message"]
+
+
+# ----- configuration ---------------------------------------------------------------------------
+
+def test_config_get_set_persists_and_applies(make_server):
+    srv = make_server()
+    with srv.client() as c:
+        cfg = c.get("/internal/config").json()
+        assert cfg["port"] == srv.port and cfg["max_loaded_models"] == 1 and cfg["ctx_size"] == -1
+        assert set(cfg["llamacpp"]) >= {"backend", "args", "prefer_system"}
+        assert set(cfg["sdcpp"]) >= {"backend", "args", "steps", "cfg_scale", "width", "height"}
+        resp = c.post("/internal/set", json={"max_loaded_models": 3, "llamacpp": {"args": "--no-mmap"}})
+        assert resp.status_code == 200, resp.text
+        on_disk = json.loads((srv.cache / "config.json").read_text())
+        assert on_disk == {"max_loaded_models": 3, "llamacpp": {"args": "--no-mmap"}}
+        assert c.get("/v1/health").json()["max_models"]["llm"] == 3  # applied live
+        assert c.get("/internal/config").json()["llamacpp"]["args"] == "--no-mmap"
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"max_loaded_models": "two"}, "max_loaded_models"),
+    ({"no_such_key": 1}, "no_such_key"),
+    ({"llamacpp": {"nope": 1}}, "llamacpp.nope"),
+    ({"port": 70000}, "port"),
+    ({"ctx_size": 0}, "ctx_size"),
+    ({"offline": "yes"}, "offline"),
+    ({"max_loaded_models": 2, "log_level": "loud"}, "log_level"),
+])
+def test_invalid_config_refused_and_file_untouched(server, body, needle):
+    path = server.cache / "config.json"
+    before = path.read_bytes() if path.exists() else None
+    with server.client() as c:
+        resp = c.post("/internal/set", json=body)
+    assert resp.status_code == 400 and needle in resp.json()["error"]["message"]
+    assert (path.read_bytes() if path.exists() else None) == before
+
+
+def test_env_and_flags_override_file(make_server):
+    srv = make_server(config={"max_loaded_models": 2, "ctx_size": 1024},
+                      env={"LEMONADE_MAX_LOADED_MODELS": "4", "LEMONADE_LLAMACPP_ARGS": "--threads 1"},
+                      args=["--ctx-size", "2048"])
+    with srv.client() as c:
+        cfg = c.get("/internal/config").json()
+    assert cfg["max_loaded_models"] == 4 and cfg["llamacpp"]["args"] == "--threads 1" and cfg["ctx_size"] == 2048
+
+
+# ----- status ----------------------------------------------------------------------------------
+
+def test_health_before_anything_loaded(server):
+    with server.client() as c:
+        health = c.get("/v1/health").json()
+    assert health["status"] == "ok" and health["version"]
+    assert health["all_models_loaded"] == [] and health["model_loaded"] is None
+    kinds = {"llm", "embedding", "reranking", "transcription", "image", "tts"}
+    assert set(health["max_models"]) == kinds and set(health["pinned_models"]) == kinds
+    assert all(v == 1 for v in health["max_models"].values())
+    assert health["telemetry"] == {"enabled": False} and isinstance(health["update_check_done"], bool)
+
+
+def test_stats_before_any_request(make_server):
+    srv = make_server()
+    with srv.client() as c:
+        stats = c.get("/v1/stats").json()
+    for key in ("time_to_first_token", "tokens_per_second", "input_tokens", "output_tokens", "prompt_tokens",
+                "cache_tokens"):
+        assert stats[key] is None
+    for key in ("request_count_total", "input_tokens_total", "output_tokens_total", "prompt_tokens_total",
+                "cache_tokens_total"):
+        assert stats[key] == 0
+
+
+def test_system_stats_and_info(server):
+    with server.client() as c:
+        stats = c.get("/v1/system-stats").json()
+        info = c.get("/v1/system-info").json()
+    assert isinstance(stats["cpu_percent"], (int, float)) and stats["memory_gb"] > 0
+    assert stats["gpu_percent"] is None and stats["vram_gb"] is None and stats["npu_percent"] is None
+    assert info["OS Version"] and info["Processor"] and info["Physical Memory"]
+    storage = info["model_storage"]
+    assert storage["total_bytes"] >= storage["used_bytes"] > 0 and storage["free_bytes"] > 0
+    assert info["devices"]["cpu"]["cores"] >= 1
+    llama = info["recipes"]["llamacpp"]["backends"]
+    assert llama["cpu"]["state"] == "installed" and llama["cpu"]["version"]
+    for backend in llama.values():
+        assert backend["state"] in ("installed", "installable", "update_required", "unsupported")
+        if backend["state"] != "installed":
+            assert backend["message"]
+    assert info["recipes"]["whispercpp"]["backends"]
+
+
+# ----- security --------------------------------------------------------------------------------
+
+def test_api_key_guards_every_api_route(make_server):
+    srv = make_server(env={"LEMONADE_API_KEY": "sekret", "LEMONADE_ADMIN_API_KEY": "admin"})
+    good = {"Authorization": "Bearer sekret"}
+    admin = {"Authorization": "Bearer admin"}
+    with srv.client() as c:
+        assert c.get("/live").status_code == 200  # liveness probes stay open
+        for path in ("/v1/models", "/api/v1/health", "/v0/stats", "/api/tags", "/metrics"):
+            resp = c.get(path)
+            assert resp.status_code == 401, path
+        assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/v1/models", headers=good).status_code == 200
+        assert c.get("/metrics", headers=good).status_code == 200
+        assert c.get("/metrics", headers=admin).status_code == 200
+        # /internal needs the admin key; the API key is not enough, and nothing changes on refusal
+        assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=good).status_code == 401
+        assert not (srv.cache / "config.json").exists()
+        assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=admin).status_code == 200
+        body = c.get("/v1/models").json()
+        assert body["error"]["type"] == "authentication_error"
+    url = srv.url.replace("http", "ws") + "/logs/stream"
+    with pytest.raises((websockets.exceptions.ConnectionClosed, websockets.exceptions.InvalidStatus)):
+        with ws_client.connect(url) as ws:
+            ws.send(json.dumps({"type": "logs.subscribe"}))
+            ws.recv(timeout=5)
+    with ws_client.connect(url + "?api_key=sekret") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "logs.snapshot"
+
+
+def test_admin_key_alone_leaves_api_open_and_metrics_open(make_server):
+    srv = make_server(env={"LEMONADE_ADMIN_API_KEY": "admin"})
+    with srv.client() as c:
+        assert c.get("/v1/models").status_code == 200
+        assert c.get("/metrics").status_code == 200
+        assert c.get("/internal/config").status_code == 401
+        assert c.get("/internal/config", headers={"Authorization": "Bearer admin"}).status_code == 200
+
+
+def test_cors_allows_browser_apps(server):
+    with server.client() as c:
+        resp = c.options("/v1/models", headers={"Origin": "http://localhost:5173",
+                                                "Access-Control-Request-Method": "GET"})
+    assert resp.status_code == 200
+    assert resp.headers["access-control-allow-origin"] in ("*", "http://localhost:5173")
+
+
+# ----- logs ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prefix", ["", "/api/v1", "/v1"])
+def test_log_stream_snapshot_live_and_errors(server, prefix):
+    url = server.url.replace("http", "ws") + prefix + "/logs/stream"
+    with ws_client.connect(url) as ws:
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=5))["type"] == "error"
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": "x"}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "error"
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        snap = json.loads(ws.recv(timeout=5))
+        assert snap["type"] == "logs.snapshot" and snap["entries"]
+        entry = snap["entries"][0]
+        assert set(entry) == {"seq", "timestamp", "severity", "tag", "line"}
+        last = snap["entries"][-1]["seq"]
+        # cause a new log line: a configuration change is logged
+        with server.client() as c:
+            c.post("/internal/set", json={"auto_check_model_updates": False})
+        live = json.loads(ws.recv(timeout=5))
+        assert live["type"] == "logs.entry" and live["entry"]["seq"] > last
+    with ws_client.connect(url) as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": last}))
+        resumed = json.loads(ws.recv(timeout=5))
+        assert all(e["seq"] > last for e in resumed["entries"])
+
+
+# ----- metrics ---------------------------------------------------------------------------------
+
+def test_metrics_exposition(server):
+    with server.client() as c:
+        c.get("/v1/models")
+        resp = c.get("/metrics")
+    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = resp.text
+    assert "lemonade_server_up 1.0" in text
+    assert 'lemonade_server_info{version="' in text
+    assert 'lemonade_http_requests_total{family="openai",method="GET",status="200"}' in text
+    assert "lemonade_http_request_duration_seconds_bucket" in text
+    assert 'lemonade_models_loaded{type="llm"} 0.0' in text
