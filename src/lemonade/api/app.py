@@ -18,7 +18,7 @@ from lemonade import __version__
 from lemonade.api import internal
 from lemonade.api.errors import install_error_handlers
 from lemonade.api.lemonade import backends, load, logs, models, status
-from lemonade.api.middleware import AuthMiddleware, MetricsMiddleware
+from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.openai import models as openai_models
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
@@ -102,6 +102,7 @@ def create_app(services: Services) -> FastAPI:
         body = await services.metrics.render(targets, services.http)
         return Response(body, media_type=CONTENT_TYPE)
 
+    app.add_middleware(DefaultJSONContentType)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
     app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)
     # CORS outermost, so browser apps get the headers even on a 401.

@@ -95,7 +95,10 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
         return "Invalid request", "invalid_argument"
     first = errors[0]
     kind = first.get("type", "")
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+    loc = [str(p) for p in first.get("loc", ())]
+    # Only the first element says where the value came from; a field may itself be named "query".
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
     field = ".".join(loc)
     if kind in ("json_invalid", "json_type") or (kind == "model_attributes_type" and not loc):
         return ("Request body is not valid JSON: " + str(first.get("ctx", {}).get("error", first.get("msg", "")))

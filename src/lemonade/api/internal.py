@@ -40,7 +40,7 @@ async def set_config(request: Request, body: dict[str, Any] = Body(..., examples
 
 
 class AliasRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     alias: str = Field(..., min_length=1)
     target: str | None = None
     model: str | None = None

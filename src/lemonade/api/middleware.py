@@ -138,3 +138,22 @@ class MetricsMiddleware:
         finally:
             self.observe(route_family(scope["path"]), scope.get("method", ""), status,
                          time.perf_counter() - start)
+
+
+class DefaultJSONContentType:
+    """Treat a POST body without a JSON content type (e.g. `curl -d '{...}'`) as JSON.
+
+    llama-server and Lemonade accept such requests, and the spec's curl examples rely on it;
+    multipart uploads keep their own content type.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
+            ctype = _header(scope, b"content-type")
+            if ctype is None or ctype.startswith(("application/x-www-form-urlencoded", "text/plain")):
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)

@@ -19,7 +19,7 @@ router = APIRouter(tags=["backends"])
 
 
 class InstallRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     recipe: str = Field(..., examples=["llamacpp"])
     backend: str = Field(..., examples=["cpu"])
     stream: bool = False
@@ -27,7 +27,7 @@ class InstallRequest(BaseModel):
 
 
 class UninstallRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     recipe: str
     backend: str
 

@@ -22,7 +22,7 @@ router = APIRouter(tags=["llama.cpp"])
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str = Field(..., min_length=1, examples=["bge-reranker-v2-m3-GGUF"])
     query: str
     documents: list[str] = Field(..., min_length=1)
@@ -32,7 +32,7 @@ class RerankRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     content: str
     model: str | None = None
     add_special: bool = False
@@ -41,7 +41,7 @@ class TokenizeRequest(BaseModel):
 
 
 class SlotActionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     filename: str | None = None
 
 

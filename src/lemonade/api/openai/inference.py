@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.errors import APIError
 from lemonade.api.openai.protocol import (
@@ -75,6 +75,15 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     if body.stream and body.logprobs:
         raise APIError(400, "'logprobs' is only available with stream=false", code="invalid_argument")
     payload = body.model_dump(exclude_unset=True)
+    if payload.pop("echo", False) and not body.stream:
+        # llama-server does not echo; the prompt is put in front of each choice's text here.
+        data = await proxy(request).post_json(model, "/v1/completions", payload, "completions")
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        for choice in data.get("choices", []):
+            prompt = prompts[choice.get("index", 0)] if choice.get("index", 0) < len(prompts) else ""
+            if isinstance(prompt, str):
+                choice["text"] = prompt + choice.get("text", "")
+        return JSONResponse(data)
     return await relay(request, model, "/v1/completions", payload, body.stream, "completions")
 
 

@@ -15,7 +15,7 @@ Stop = str | list[str]
 
 
 class _Passthrough(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class Sampling(_Passthrough):

@@ -1,0 +1,506 @@
+"""Issue 3: serving a real model (Gemma 3 270M) through llama-server, with the official openai client.
+
+Gemma 3 270M is a base model, so assertions are about structure and behaviour, not wording.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import GEMMA_NAME
+from tests.gguf_factory import write_gguf
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def server(gemma_server):
+    return gemma_server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def wait_for(predicate, timeout=30.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+# ----- OpenAI endpoints ------------------------------------------------------------------------
+
+def test_chat_non_stream(client):
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=8, temperature=0.7,
+                                          top_p=0.9, extra_body={"top_k": 40, "repeat_penalty": 1.1})
+    assert resp.object == "chat.completion" and resp.model == GEMMA_NAME
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    assert resp.usage.completion_tokens <= 8 and resp.usage.prompt_tokens > 5
+
+
+def test_chat_stream(client):
+    stream = client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=12, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 3 and text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length") or chunks[-2].choices[0].finish_reason
+
+
+def test_chat_async_concurrent(server):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        results = await asyncio.gather(*(client.chat.completions.create(
+            model=GEMMA_NAME, messages=CHAT, max_tokens=6) for _ in range(3)))
+        await client.close()
+        return results
+    for resp in asyncio.run(run()):
+        assert resp.choices[0].message.content is not None
+
+
+def test_stop_and_max_completion_tokens(client):
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=[{"role": "user", "content": "Count: 1 2 3"}],
+                                          max_completion_tokens=20, stop=["5"], temperature=0)
+    assert "5" not in resp.choices[0].message.content
+    assert resp.usage.completion_tokens <= 20
+
+
+def test_max_tokens_exclusive(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=5, max_completion_tokens=5)
+    assert "mutually exclusive" in str(err.value)
+
+
+def test_chat_logprobs(client):
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=4, logprobs=True,
+                                          top_logprobs=2)
+    content = resp.choices[0].logprobs.content
+    assert content and all(tok.logprob <= 0 for tok in content) and len(content[0].top_logprobs) == 2
+
+
+def test_tools_passed_through_and_tool_calls_returned(client):
+    """Few-shot history makes even this small base model call the tool; the grammar keeps it valid."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                               "parameters": {"type": "object", "required": ["city"],
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    history = []
+    for i, (city, sky) in enumerate((("Paris", "sunny"), ("Berlin", "rainy"))):
+        history += [{"role": "user", "content": f"What is the weather in {city}?"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",
+                     "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+                    {"role": "tool", "tool_call_id": f"c{i}", "content": sky},
+                    {"role": "assistant", "content": f"It is {sky} in {city}."}]
+    history.append({"role": "user", "content": "What is the weather in Rome?"})
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=history, tools=tools, tool_choice="required",
+                                          max_tokens=40, temperature=0)
+    calls = resp.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    assert "city" in json.loads(calls[0].function.arguments)
+
+
+def test_completions_echo_and_logprobs(client):
+    resp = client.completions.create(model=GEMMA_NAME, prompt="The sky is", max_tokens=5, echo=True, logprobs=2,
+                                     temperature=0)
+    assert resp.object == "text_completion"
+    assert resp.choices[0].text.startswith("The sky is")
+    assert resp.choices[0].logprobs is not None
+    stream = client.completions.create(model=GEMMA_NAME, prompt="Once upon a time", max_tokens=6, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices)
+
+
+def test_responses_api(client):
+    resp = client.responses.create(model=GEMMA_NAME, input="Say hello", max_output_tokens=16)
+    assert resp.object == "response" and resp.output_text is not None
+    resp = client.responses.create(model=GEMMA_NAME, max_output_tokens=16,
+                                   input=[{"role": "user", "content": "Say hello"}])
+    assert resp.output
+    events = [e.type for e in client.responses.create(model=GEMMA_NAME, input="Hi", max_output_tokens=16,
+                                                      stream=True)]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert "response.output_text.delta" in events
+
+
+def test_unknown_model_and_wrong_mode(server, client, tmp_path):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="No-Such-Model", messages=CHAT)
+    assert err.value.body["code"] == "model_not_found"
+    with httpx.Client(base_url=server.url) as c:
+        resp = c.post("/v1/embeddings", json={"model": GEMMA_NAME, "input": "x"})
+        assert resp.status_code == 400 and "/chat/completions" in resp.json()["error"]["message"]
+        resp = c.post("/v1/chat/completions", json={"model": "Whisper-Tiny", "messages": CHAT})
+        assert resp.status_code == 400 and "transcription" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"model": GEMMA_NAME, "messages": []}, "messages"),
+    ({"model": GEMMA_NAME, "messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"model": GEMMA_NAME, "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": GEMMA_NAME, "messages": CHAT, "top_p": 3}, "top_p"),
+    ({"model": GEMMA_NAME, "messages": CHAT, "stream": "yes"}, "stream"),
+    ({"model": GEMMA_NAME, "messages": CHAT, "tools": [{"type": "function"}]}, "function"),
+    ({"model": 5, "messages": CHAT}, "model"),
+])
+def test_chat_bad_inputs(server, body, field):
+    with httpx.Client(base_url=server.url) as c:
+        resp = c.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400 and field in resp.json()["error"]["message"]
+
+
+def test_other_endpoints_bad_inputs(server):
+    with httpx.Client(base_url=server.url) as c:
+        assert c.post("/v1/completions", json={"model": GEMMA_NAME}).status_code == 400
+        assert c.post("/v1/completions", json={"model": GEMMA_NAME, "prompt": "x", "stream": True,
+                                               "logprobs": 1}).status_code == 400
+        assert c.post("/v1/embeddings", json={"model": GEMMA_NAME, "input": []}).status_code == 400
+        assert c.post("/v1/embeddings", json={"model": GEMMA_NAME, "input": "x",
+                                              "encoding_format": "hex"}).status_code == 400
+        assert c.post("/v1/responses", json={"model": GEMMA_NAME}).status_code == 400
+
+
+def test_stats_and_metrics_after_requests(server, client):
+    client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=5)
+    with httpx.Client(base_url=server.url) as c:
+        stats = c.get("/v1/stats").json()
+        assert stats["output_tokens"] >= 1 and stats["input_tokens"] >= 1
+        assert stats["tokens_per_second"] > 0 and stats["time_to_first_token"] > 0
+        assert stats["request_count_total"] >= 1 and stats["output_tokens_total"] >= stats["output_tokens"]
+        metrics = c.get("/metrics").text
+    assert f'lemonade_model_requests_total{{endpoint="chat/completions",model="{GEMMA_NAME}"}}' in metrics
+    assert f'lemonade_model_tokens_total{{kind="output",model="{GEMMA_NAME}"}}' in metrics
+    assert "lemonade_llamacpp_prompt_tokens_total" in metrics
+    assert f'model="{GEMMA_NAME}"' in metrics.split("lemonade_llamacpp_prompt_tokens_total", 1)[1][:400]
+    assert 'lemonade_models_loaded{type="llm"} 1.0' in metrics
+
+
+def test_streaming_stats_recorded(server, client):
+    with httpx.Client(base_url=server.url) as c:
+        before = c.get("/v1/stats").json()["request_count_total"]
+        list(client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=5, stream=True))
+        assert c.get("/v1/stats").json()["request_count_total"] == before + 1
+
+
+# ----- llama.cpp endpoints ---------------------------------------------------------------------
+
+def test_tokenize_and_slots(server, client):
+    client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=2)
+    with httpx.Client(base_url=server.url) as c:
+        toks = c.post("/v1/tokenize", json={"content": "Hello world"}).json()["tokens"]
+        assert toks and all(isinstance(t, int) for t in toks)
+        pieces = c.post("/v1/tokenize", json={"content": "Hello", "with_pieces": True}).json()["tokens"]
+        assert {"id", "piece"} <= set(pieces[0])
+        assert c.post("/v1/tokenize", json={"content": 5}).status_code == 400
+        assert c.post("/v1/tokenize", json={}).status_code == 400
+        slots = c.get("/v1/slots").json()
+        assert isinstance(slots, list) and "n_ctx" in slots[0]
+        resp = c.post("/v1/slots/0?action=erase")  # llama-server needs --slot-save-path; its status is relayed
+        assert resp.status_code == 501 and "--slot-save-path" in resp.json()["error"]["message"]
+        assert c.post("/v1/slots/0?action=nope").status_code == 400
+        assert c.post("/v1/slots/0").status_code == 400
+        assert c.post("/v1/slots/99999999999?action=erase").status_code == 400
+        assert c.post("/v1/slots/0?action=save", json={}).status_code == 400
+
+
+def test_slot_save_restore(make_server, gemma_dir, tmp_path):
+    saves = tmp_path / "slots"
+    saves.mkdir()
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        assert c.post("/v1/slots/0?action=erase").status_code == 400  # no model loaded yet
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME,
+                                        "llamacpp_args": f"--slot-save-path {saves} -np 1"}).status_code == 200
+        c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 2})
+        saved = c.post("/v1/slots/0?action=save", json={"filename": "conv.bin"})
+        assert saved.status_code == 200, saved.text
+        assert saved.json()["n_saved"] > 0 and (saves / "conv.bin").exists()
+        restored = c.post("/v1/slots/0?action=restore", json={"filename": "conv.bin"}).json()
+        assert restored["n_restored"] == saved.json()["n_saved"]
+        assert c.post("/v1/slots/0?action=erase").json()["id_slot"] == 0
+
+
+def test_tokenize_without_model_is_400(make_server):
+    srv = make_server()
+    with srv.client() as c:
+        resp = c.post("/v1/tokenize", json={"content": "x"})
+        assert resp.status_code == 400 and "No model is loaded" in resp.json()["error"]["message"]
+        assert c.get("/v1/slots").status_code == 400
+
+
+# ----- load, unload, options -------------------------------------------------------------------
+
+def test_load_options_and_health_fields(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1024, "pinned": True})
+        assert resp.json() == {"status": "success", "message": f"Loaded model: {GEMMA_NAME}"}
+        health = c.get("/v1/health").json()
+        assert health["model_loaded"] == GEMMA_NAME and health["pinned_models"]["llm"] == 1
+        (m,) = health["all_models_loaded"]
+        for key in ("model_name", "checkpoint", "last_use", "type", "device", "pinned", "is_busy", "is_streaming",
+                    "recipe", "pid", "recipe_options", "backend_url"):
+            assert key in m, key
+        assert m["pinned"] and m["type"] == "llm" and m["recipe_options"]["ctx_size"] == 1024
+        assert psutil.pid_exists(m["pid"]) and m["backend_url"].startswith("http://127.0.0.1:")
+        slots = c.get("/v1/slots").json()
+        assert slots[0]["n_ctx"] <= 1024  # the context size reached llama-server
+        assert c.post("/v1/unload", json={"model_name": "nope"}).status_code == 404
+        assert c.post("/v1/unload", json={"model_name": GEMMA_NAME}).json()["status"] == "success"
+        wait_for(lambda: not psutil.pid_exists(m["pid"]) or psutil.Process(m["pid"]).status() == "zombie")
+        assert c.get("/v1/health").json()["all_models_loaded"] == []
+        c.post("/v1/load", json={"model_name": GEMMA_NAME})
+        assert c.post("/v1/unload").json()["status"] == "success"  # no body: unload all
+        assert c.get("/v1/health").json()["all_models_loaded"] == []
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"model_name": GEMMA_NAME, "llamacpp_args": "--port 1"}, "--port"),
+    ({"model_name": GEMMA_NAME, "llamacpp_args": "-m other.gguf"}, "-m"),
+    ({"model_name": GEMMA_NAME, "llamacpp_args": "--mmproj x"}, "--mmproj"),
+    ({"model_name": GEMMA_NAME, "ctx_size": "big"}, "ctx_size"),
+    ({"model_name": GEMMA_NAME, "ctx_size": 0}, "ctx_size"),
+    ({"model_name": GEMMA_NAME, "steps": 3}, "steps"),
+    ({"model_name": GEMMA_NAME, "bogus": 1}, "bogus"),
+    ({"model_name": GEMMA_NAME, "pinned": "yes"}, "pinned"),
+    ({"model_name": "No-Such-Model"}, "No-Such-Model"),
+    ({}, "model_name"),
+])
+def test_load_bad_inputs(server, body, needle):
+    with httpx.Client(base_url=server.url) as c:
+        resp = c.post("/v1/load", json=body)
+    assert resp.status_code in (400, 404) and needle in resp.json()["error"]["message"]
+
+
+def test_options_endpoints(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)}, config={"llamacpp": {"args": "--threads 2"}})
+    path = srv.cache / "recipe_options.json"
+    url = f"/v1/models/{GEMMA_NAME}/options"
+    with srv.client() as c:
+        view = c.get(url).json()
+        assert view["saved"] == {} and view["recipe"] == "llamacpp" and view["model_name"] == GEMMA_NAME
+        assert view["effective"]["ctx_size"] == -1 and view["resolved_ctx_size"] == 8192
+        assert view["effective"]["llamacpp_args"] == "--threads 2" and view["effective"]["model_name"] == GEMMA_NAME
+        assert view["load_command"].startswith("curl -X POST $LEMONADE_BASE_URL/v1/load")
+        dry = c.post(url, json={"ctx_size": 2048, "dry_run": True}).json()
+        assert dry["effective"]["ctx_size"] == 2048 and dry["saved"] == {} and not path.exists()
+        saved = c.post(url, json={"ctx_size": 2048, "llamacpp_args": "-b 256"}).json()
+        assert saved["saved"] == {"ctx_size": 2048, "llamacpp_args": "-b 256"}
+        assert saved["effective"]["llamacpp_args"] == "--threads 2 -b 256"  # merge_args
+        assert json.loads(path.read_text())[GEMMA_NAME] == saved["saved"]
+        assert c.post(url, json={"ctx_size": None}).json()["saved"] == {"llamacpp_args": "-b 256"}
+        before = path.read_bytes()
+        for bad in ({"ctx_size": -5}, {"whispercpp_args": "x"}, {"nope": 1}, {"llamacpp_args": "--jinja"}):
+            resp = c.post(url, json=bad)
+            assert resp.status_code == 400, bad
+        assert path.read_bytes() == before
+        # a load uses the saved options; an explicit null skips the saved value for that load only
+        c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": None})
+        opts = c.get("/v1/health").json()["all_models_loaded"][0]["recipe_options"]
+        assert opts["llamacpp_args"] == "--threads 2"
+        assert json.loads(path.read_text())[GEMMA_NAME] == {"llamacpp_args": "-b 256"}
+        c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1536, "save_options": True})
+        assert json.loads(path.read_text())[GEMMA_NAME] == {"ctx_size": 1536}
+        reset = c.delete(url).json()
+        assert reset["saved"] == {} and GEMMA_NAME not in json.loads(path.read_text())
+        assert c.get("/v1/models/nope/options").status_code == 404
+
+
+# ----- residency -------------------------------------------------------------------------------
+
+@pytest.fixture
+def two_models(tmp_path, gemma_dir):
+    root = tmp_path / "extra"
+    for name in ("g1", "g2"):
+        (root / name).mkdir(parents=True)
+        (root / name / "model.gguf").symlink_to(gemma_dir / "gemma-3-270m-q4_k_m.gguf")
+    return root
+
+
+def chat(c, model, n=3):
+    resp = c.post("/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": n})
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def loaded(c):
+    return [m["model_name"] for m in c.get("/v1/health").json()["all_models_loaded"]]
+
+
+def test_lru_eviction_and_pinning(make_server, two_models, tmp_path):
+    write_gguf(two_models / "g3" / "model.gguf")  # never loaded: only its name is used
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
+    with srv.client() as c:
+        chat(c, "extra.g1")
+        chat(c, "extra.g2")
+        assert loaded(c) == ["extra.g2"]  # limit 1: g1 was evicted
+        c.post("/internal/set", json={"max_loaded_models": 2})
+        chat(c, "extra.g1")
+        assert sorted(loaded(c)) == ["extra.g1", "extra.g2"]
+        c.post("/internal/set", json={"max_loaded_models": 1})
+        c.post("/v1/load", json={"model_name": "extra.g2", "pinned": True})
+        c.post("/v1/unload", json={"model_name": "extra.g1"})
+        resp = c.post("/v1/chat/completions", json={"model": "extra.g1", "messages": CHAT, "max_tokens": 2})
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "slots_pinned_error"
+        assert loaded(c) == ["extra.g2"]
+        resp = c.post("/v1/load", json={"model_name": "extra.g1"})
+        assert resp.status_code == 409
+
+
+def test_alias_switches_traffic(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"max_loaded_models": 2})
+    with srv.client() as c:
+        c.post("/internal/aliases", json={"alias": "prod", "target": "extra.g1"})
+        assert chat(c, "prod").json()["model"] == "extra.g1"
+        c.post("/internal/aliases", json={"alias": "prod", "target": "extra.g2"})
+        assert chat(c, "prod").json()["model"] == "extra.g2"
+
+
+def test_concurrent_first_requests_cause_one_load(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    results = []
+
+    def worker():
+        with srv.client() as c:
+            results.append(c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT,
+                                                                "max_tokens": 3}).status_code)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [200] * 4
+    assert srv.log().count("Starting: ") == 1
+
+
+def test_busy_model_is_not_evicted_mid_stream(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
+    with srv.client() as c:
+        chat(c, "extra.g1")
+        with c.stream("POST", "/v1/chat/completions", json={"model": "extra.g1", "messages": CHAT,
+                                                           "max_tokens": 60, "stream": True,
+                                                           "ignore_eos": True}) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            box = {}
+            loader = threading.Thread(target=lambda: box.setdefault("r", chat(srv.client(), "extra.g2")))
+            loader.start()
+            time.sleep(0.5)
+            assert loaded(c) == [] or "extra.g2" not in loaded(c)  # still waiting for g1's stream
+            rest = list(lines)
+        assert any(line.startswith("data: [DONE]") for line in rest)  # the stream finished, uncut
+        loader.join(60)
+        assert box["r"].status_code == 200 and loaded(c) == ["extra.g2"]
+
+
+def test_engine_crash_is_reported_and_recovered(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        health = wait_for(lambda: (h := c.get("/v1/health").json())["crashed_models"] and h)
+        assert health["crashed_models"][0]["model_name"] == GEMMA_NAME
+        assert health["crashed_models"][0]["exit_code"] == -9
+        chat(c, GEMMA_NAME)  # the next request starts it again
+        health = c.get("/v1/health").json()
+        assert health["crashed_models"] == [] and health["all_models_loaded"][0]["pid"] != pid
+
+
+def test_engine_death_mid_stream_gives_sse_error(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
+        with c.stream("POST", "/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT,
+                                                           "max_tokens": 500, "stream": True,
+                                                           "ignore_eos": True}) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            os.kill(pid, signal.SIGKILL)
+            rest = list(lines)
+        assert "event: error" in rest
+        err = json.loads(next(line for line in rest if line.startswith("data:") and "error" in line)[5:])
+        assert "exited" in err["error"]["message"] or "connection" in err["error"]["message"]
+
+
+def test_client_disconnect_cancels_generation(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        with c.stream("POST", "/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT,
+                                                           "max_tokens": 2000, "stream": True,
+                                                           "ignore_eos": True}) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            next(lines)
+        # the engine stops generating: its slot goes idle long before 2000 tokens could be produced
+        wait_for(lambda: not any(s["is_processing"] for s in c.get("/v1/slots").json()), timeout=20)
+        health = c.get("/v1/health").json()["all_models_loaded"][0]
+        assert not health["is_busy"] and not health["is_streaming"]
+
+
+def test_shutdown_stops_engines(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        pids = srv.engine_pids()
+    assert pids
+    assert srv.stop(signal.SIGTERM) == 0
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_server_killed_hard_takes_engines_with_it(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+    pids = srv.engine_pids()
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(10)
+    wait_for(lambda: all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+                         for p in pids), timeout=10)
+
+
+# ----- backends --------------------------------------------------------------------------------
+
+def test_install_endpoint_is_noop_when_installed_and_validates(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cpu"})
+        assert resp.status_code == 200 and resp.json()["status"] == "success"
+        with c.stream("POST", "/v1/install", json={"recipe": "llamacpp", "backend": "cpu", "stream": True}) as s:
+            events = [line for line in s.iter_lines() if line.startswith("event:")]
+        assert events[-1] == "event: complete"
+        for body in ({"recipe": "llamacpp", "backend": "vulkan"}, {"recipe": "nope", "backend": "cpu"},
+                     {"recipe": "llamacpp"}, {"recipe": "llamacpp", "backend": "cpu", "stream": "x"}):
+            assert c.post("/v1/install", json=body).status_code == 400, body
+
+
+def test_uninstall_unloads_models_first(make_server, gemma_dir, llama_backend, tmp_path):
+    import shutil
+
+    cache = tmp_path / "cache"
+    shutil.copytree(llama_backend, cache / "backends" / "llamacpp" / "cpu")
+    srv = make_server(cache=cache, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        resp = c.post("/v1/uninstall", json={"recipe": "llamacpp", "backend": "cpu"})
+        assert resp.json()["status"] == "success"
+        assert loaded(c) == []
+        assert not (cache / "backends" / "llamacpp" / "cpu").exists()
+        info = c.get("/v1/system-info").json()["recipes"]["llamacpp"]["backends"]["cpu"]
+        assert info["state"] == "installable" and "lemonade backends install" in info["action"]
+        resp = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT})
+        assert resp.status_code == 400 and "not installed" in resp.json()["error"]["message"]
