@@ -504,3 +504,14 @@ def test_uninstall_unloads_models_first(make_server, gemma_dir, llama_backend, t
         assert info["state"] == "installable" and "lemonade backends install" in info["action"]
         resp = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT})
         assert resp.status_code == 400 and "not installed" in resp.json()["error"]["message"]
+
+
+def test_engine_output_reaches_log_stream(server, client):
+    import websockets.sync.client as ws_client
+
+    client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=2)
+    with ws_client.connect(server.url.replace("http", "ws") + "/logs/stream") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        entries = json.loads(ws.recv(timeout=5))["entries"]
+    tags = {e["tag"] for e in entries}
+    assert f"engine.llama-server:{GEMMA_NAME}" in tags and f"llama-server:{GEMMA_NAME}" in tags

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 _PR_SET_PDEATHSIG = 1
+ENGINE_TAG_PREFIX = "engine."  # engine output: kept in the log buffer, shown on the console only at debug
 
 
 def _die_with_parent() -> None:
@@ -52,7 +53,8 @@ class WrappedServer:
         self.env = env
         self.cwd = cwd
         self.proc: asyncio.subprocess.Process | None = None
-        self.log = logging.getLogger(f"lemonade.{name}")
+        self.log = logging.getLogger(f"lemonade.{name}")  # lifecycle: starting, ready, crashed
+        self.output_log = logging.getLogger(f"lemonade.{ENGINE_TAG_PREFIX}{name}")
         self.tail: deque[str] = deque(maxlen=40)
         self.started_at = 0.0
         self._pump: asyncio.Task[None] | None = None
@@ -107,14 +109,20 @@ class WrappedServer:
 
     async def _pump_output(self) -> None:
         assert self.proc and self.proc.stdout
+        pending = b""
         while True:
-            line = await self.proc.stdout.readline()
-            if not line:
+            # Chunks, not readline(): a very long line must never stall the pipe (and so the engine).
+            chunk = await self.proc.stdout.read(65536)
+            if not chunk:
                 break
-            text = line.decode("utf-8", errors="replace").rstrip()
-            if text:
-                self.tail.append(text)
-                self.log.debug("%s", text)
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > 65536:
+                lines, pending = lines + [pending], b""
+            for line in lines:
+                text = line.decode("utf-8", errors="replace").rstrip()
+                if text:
+                    self.tail.append(text)
+                    self.output_log.info("%s", text)
         code = await self.proc.wait()
         if not self._stopping:
             self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,

@@ -99,6 +99,9 @@ def setup_logging(level: str = "info") -> LogBuffer:
     root.propagate = False
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] (%(name)s) %(message)s"))
+    if numeric > logging.DEBUG:
+        # Engines are chatty: their output goes to /logs/stream, and to the console only when debugging.
+        console.addFilter(lambda record: not record.name.startswith("lemonade.engine."))
     root.addHandler(console)
     buffer = LogBuffer()
     root.addHandler(buffer)
