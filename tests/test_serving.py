@@ -515,3 +515,11 @@ def test_engine_output_reaches_log_stream(server, client):
         entries = json.loads(ws.recv(timeout=5))["entries"]
     tags = {e["tag"] for e in entries}
     assert f"engine.llama-server:{GEMMA_NAME}" in tags and f"llama-server:{GEMMA_NAME}" in tags
+
+
+def test_image_parts_need_a_vision_model(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=GEMMA_NAME, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    assert "does not accept images" in str(err.value)

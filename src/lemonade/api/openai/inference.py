@@ -58,10 +58,19 @@ async def relay(request: Request, model: ModelInfo, path: str, body: dict[str, A
     return await p.forward(model, path, body, endpoint)
 
 
+def has_image_parts(body: ChatCompletionRequest) -> bool:
+    return any(isinstance(m.content, list) and any(p.get("type") in ("image_url", "input_image") for p in m.content)
+               for m in body.messages)
+
+
 @router.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     svc: Services = request.app.state.services
     model = chat_model(svc, body.model, "/chat/completions")
+    if has_image_parts(body) and "mmproj" not in model.checkpoints and "vision" not in model.labels \
+            and not (model.local_files and model.local_files.get("mmproj")):
+        raise APIError(400, f"Model {model.name} does not accept images (it has no vision projector). Use a "
+                       "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
     payload = body.model_dump(exclude_unset=True)
     if "max_completion_tokens" in payload:
         payload["max_tokens"] = payload.pop("max_completion_tokens")

@@ -1,0 +1,67 @@
+"""How a model and its options become a llama-server command line (pure function, no process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lemonade.backends.llamacpp import build_argv
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.options import OptionsError
+from tests.gguf_factory import write_gguf
+
+
+def argv_for(tmp_path: Path, mode: str = "chat", *, template: str | None = None, mmproj: bool = False,
+             labels: list[str] | None = None, args: str = "", ctx: int = -1) -> list[str]:
+    main = write_gguf(tmp_path / "m.gguf", "gemma3" if mode == "chat" else "bert", context_length=4096,
+                      pooling_type={"chat": None, "embeddings": 1, "reranking": 4}[mode], chat_template=template)
+    files = {"main": [main]}
+    if mmproj:
+        files["mmproj"] = [write_gguf(tmp_path / "mmproj.gguf", clip=True)]
+    model = ModelInfo(name="user.M", recipe="llamacpp", mode=mode, labels=labels or [])
+    return build_argv(Path("/bin/llama-server"), model, files, {"ctx_size": ctx, "llamacpp_args": args}, 4242)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_chat_model_with_template(tmp_path):
+    argv = argv_for(tmp_path, template="{{ messages }}")
+    assert "--jinja" in argv and "--chat-template-file" not in argv
+    assert flag(argv, "--port") == "4242" and flag(argv, "--host") == "127.0.0.1"
+    assert flag(argv, "--ctx-size") == "4096"  # automatic: the trained length (capped)
+    assert "--metrics" in argv and flag(argv, "--alias") == "user.M"
+
+
+def test_base_model_gets_a_fallback_template(tmp_path):
+    argv = argv_for(tmp_path)
+    assert flag(argv, "--chat-template-file").endswith("gemma.jinja") and Path(flag(argv, "--chat-template-file")).exists()
+
+
+@pytest.mark.parametrize("mode,expected", [("embeddings", "--embeddings"), ("reranking", "--reranking")])
+def test_mode_flags(tmp_path, mode, expected):
+    argv = argv_for(tmp_path, mode)
+    assert expected in argv and "--jinja" not in argv
+
+
+def test_mmproj_ctx_and_user_args_last(tmp_path):
+    argv = argv_for(tmp_path, mmproj=True, ctx=1024, args="--threads 3 -np 2")
+    assert flag(argv, "--mmproj").endswith("mmproj.gguf")
+    assert flag(argv, "--ctx-size") == "1024"
+    assert argv[-4:] == ["--threads", "3", "-np", "2"]
+
+
+def test_mtp_label_adds_draft_defaults_unless_overridden(tmp_path):
+    assert "--spec-type" in argv_for(tmp_path, labels=["mtp"])
+    argv = argv_for(tmp_path, labels=["mtp"], args="--spec-type none")
+    assert argv.count("--spec-type") == 1
+
+
+@pytest.mark.parametrize("bad", ["-m x", "--port 1", "--ctx-size 5", "-ngl 99", "--jinja", "--mmproj a",
+                                 "--embeddings", "--reranking", "--model=x"])
+def test_forbidden_user_args(tmp_path, bad):
+    with pytest.raises(OptionsError) as err:
+        argv_for(tmp_path, args=bad)
+    assert bad.split()[0].split("=")[0] in str(err.value)
