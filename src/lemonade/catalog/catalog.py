@@ -328,7 +328,7 @@ class Catalog:
         cache = self.hub_cache()
         out: dict[str, list[Path]] = {}
         for role, ckpt in model.checkpoints.items():
-            found = resolve_local(cache, ckpt)
+            found = resolve_local(cache, ckpt, model.source)
             if found is None:
                 return None
             out[role] = found[1]

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from lemonade.cli.background import start_background
 from lemonade.cli.client import ServerClient
-from lemonade.cli.common import HostOpt, PortOpt, client, err, fail
+from lemonade.cli.common import EXIT_ERROR, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.residency import ArgsOpt, BackendOpt, CtxOpt, do_load, load_body
 
 HELP = "Commands: /clear forgets the conversation, /exit (or Ctrl-D) leaves, /help shows this."
@@ -32,7 +32,10 @@ class Chat:
 
     def __init__(self, c: ServerClient, model: str, system: str | None = None,
                  max_tokens: int | None = None, temperature: float | None = None) -> None:
-        from openai import OpenAI
+        try:
+            from openai import OpenAI
+        except ImportError:
+            raise fail("`lemonade run` needs the openai package: pip install 'openai>=1.40'") from None
 
         key = os.environ.get("LEMONADE_API_KEY") or os.environ.get("LEMONADE_ADMIN_API_KEY") or "lemonade"
         self.openai = OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0, timeout=None)
@@ -76,7 +79,8 @@ class Chat:
                 self.history.pop()
 
 
-def _print_reply(chat: Chat, text: str, interactive: bool) -> None:
+def _print_reply(chat: Chat, text: str, interactive: bool) -> bool:
+    """Stream one reply to stdout; False when the server refused or failed the turn."""
     import openai
 
     pieces = chat.send(text)
@@ -91,18 +95,23 @@ def _print_reply(chat: Chat, text: str, interactive: bool) -> None:
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         err.print("[dim](stopped)[/dim]")
-        return
+        return True
     except openai.APIStatusError as exc:
         sys.stdout.write("\n")
         err.print(f"[red]Error {exc.status_code}:[/red] {escape(_message(exc))}", highlight=False)
-        return
+        return False
     except openai.APIConnectionError as exc:
         sys.stdout.write("\n")
         raise fail(f"Lost the connection to the server: {exc}") from None
+    except openai.APIError as exc:  # an error event in the middle of a stream
+        sys.stdout.write("\n")
+        err.print(f"[red]Error:[/red] {escape(_message(exc))}", highlight=False)
+        return False
     finally:
         pieces.close()  # ends the HTTP stream now (Ctrl-C) and files the reply in the history
     sys.stdout.write("\n")
     sys.stdout.flush()
+    return True
 
 
 def _message(exc: Any) -> str:
@@ -135,7 +144,9 @@ def _lines(interactive: bool) -> Iterator[str]:
             err.print("[dim]Use /exit or Ctrl-D to leave.[/dim]")
 
 
-def repl(chat: Chat, interactive: bool) -> None:
+def repl(chat: Chat, interactive: bool) -> int:
+    """Runs the conversation; returns how many turns failed."""
+    failed = 0
     if interactive:
         err.print(f"Chatting with [bold]{escape(chat.model)}[/bold]. {HELP}", highlight=False)
     for line in _lines(interactive):
@@ -152,7 +163,18 @@ def repl(chat: Chat, interactive: bool) -> None:
         if text in ("/help", "/?"):
             err.print(HELP)
             continue
-        _print_reply(chat, text, interactive)
+        failed += not _print_reply(chat, text, interactive)
+    return failed
+
+
+def _is_loaded(c: ServerClient, model: str) -> bool:
+    """Whether `model` (an alias resolves to its target) is loaded; unknown models fail here with the
+    server's 404 message, before anything starts."""
+    from urllib.parse import quote
+
+    name = (c.get(f"/v1/models/{quote(model, safe='')}") or {}).get("id", model)
+    loaded = (c.get("/v1/health") or {}).get("all_models_loaded") or []
+    return any(m.get("model_name") == name for m in loaded)
 
 
 def run(
@@ -170,13 +192,17 @@ def run(
         if no_start:
             raise c.not_running()
         start_background(c)
-    message = do_load(c, load_body(model, ctx_size, llamacpp_args, llamacpp_backend))
-    err.print(f"[green]{escape(message)}[/green]", highlight=False)
+    body = load_body(model, ctx_size, llamacpp_args, llamacpp_backend)
+    if len(body) > 1 or not _is_loaded(c, model):  # a loaded model with no new options is used as it is
+        err.print(f"[green]{escape(do_load(c, body))}[/green]", highlight=False)
+    interactive = sys.stdin.isatty()
     try:
-        repl(Chat(c, model, system, max_tokens, temperature), interactive=sys.stdin.isatty())
+        failed = repl(Chat(c, model, system, max_tokens, temperature), interactive)
     except BrokenPipeError:  # `... | lemonade run M | head -1`: the reader is gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+    if failed and not interactive:  # scripts must see that a turn failed
+        raise typer.Exit(EXIT_ERROR)
 
 
 def register(app: typer.Typer) -> None:

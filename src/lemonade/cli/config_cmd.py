@@ -69,7 +69,10 @@ def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.
     else:
         from lemonade.paths import cache_dir
 
-        config = Config(cache_dir(), environ={})
+        try:
+            config = Config(cache_dir(), environ={})
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
         err.print(f"[dim]No server running at {escape(c.url)}; showing {escape(str(config.path))} "
                   "(with defaults).[/dim]", highlight=False)
         values = config.values

@@ -38,14 +38,13 @@ class ProgressView:
         self._last_line = 0.0
 
     def __enter__(self) -> ProgressView:
+        err.print(escape(self.title), highlight=False)
         if self.live:
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("[bold]{task.fields[phase]:<9}"), BarColumn(), TaskProgressColumn(),
-                TimeElapsedColumn(), TextColumn("{task.description}"), console=err, transient=False)
+                SpinnerColumn(), TextColumn("[bold]{task.fields[phase]:<9}"), BarColumn(bar_width=30),
+                TaskProgressColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=err)
             self._progress.start()
-            self._task = self._progress.add_task(escape(self.title), total=None, phase="start")
-        else:
-            err.print(escape(self.title), highlight=False)
+            self._task = self._progress.add_task("", total=None, phase="starting")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -58,7 +57,8 @@ class ProgressView:
         pct = event.get("percent")
         pct = float(pct) if isinstance(pct, (int, float)) else None
         if self._progress is not None:
-            short = message if len(message) <= 70 else message[:67] + "..."
+            room = max(20, err.width - 65)
+            short = message if len(message) <= room else message[: room - 3] + "..."
             self._progress.update(self._task, description=escape(short), phase=phase or "working",
                                   total=100 if pct is not None else None,
                                   completed=pct if pct is not None else 0)

@@ -71,8 +71,14 @@ def write_pending(folder: Path, commit: str, key: str, model_name: str, etags: d
     if not etags:
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()
+        with contextlib.suppress(OSError):
+            marker.parent.rmdir()  # only when empty
         return
-    atomic_write_json(marker, {"commit": commit, "model": model_name, "files": sorted(etags), "etags": etags})
+    data = {"commit": commit, "model": model_name, "files": sorted(etags), "etags": etags}
+    try:
+        atomic_write_json(marker, data)
+    except FileNotFoundError:  # another pull removed the (then empty) folder in between: once more
+        atomic_write_json(marker, data)
 
 
 def clear_pending(folder: Path, key: str) -> None:
@@ -81,6 +87,8 @@ def clear_pending(folder: Path, key: str) -> None:
         for marker in pending_dir.glob(f"*.{key}.json"):
             with contextlib.suppress(FileNotFoundError):
                 marker.unlink()
+        with contextlib.suppress(OSError):
+            pending_dir.rmdir()  # only when empty
 
 
 def _pending_markers(folder: Path) -> list[dict]:
@@ -112,18 +120,14 @@ def _linked_etags(folder: Path) -> set[str]:
     return out
 
 
-def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str) -> int:
-    """Remove one checkpoint's files (every snapshot, partial downloads included); bytes freed."""
-    ckpt = parse_checkpoint(checkpoint)
-    folder = repo_folder(cache, ckpt.repo, source)
-    if not folder.is_dir():
-        return 0
+def _unlink_checkpoint(folder: Path, variant: str | None, keep_commit: str | None = None) -> int:
+    """Remove the snapshot entries a checkpoint selects, in every snapshot but `keep_commit`."""
     freed = 0
     snaps = folder / "snapshots"
-    for snap in (p for p in snaps.iterdir() if p.is_dir()) if snaps.is_dir() else []:
-        names = [n for n in list_snapshot_files(snap)]
+    for snap in (p for p in snaps.iterdir() if p.is_dir() and p.name != keep_commit) if snaps.is_dir() else []:
+        names = list_snapshot_files(snap)
         dangling = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_symlink() and not p.exists()]
-        for rel in match_variant(sorted(set(names) | set(dangling)), ckpt.variant):
+        for rel in match_variant(sorted(set(names) | set(dangling)), variant):
             path = snap / rel
             if not path.is_symlink():
                 with contextlib.suppress(OSError):
@@ -131,15 +135,30 @@ def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str) -> in
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         _prune_empty_dirs(snap)
-    # Pending markers of this checkpoint's files: ours (by key) and any others naming the same files.
-    for marker in _pending_markers(folder):
-        files = [str(f) for f in marker.get("files") or []]
-        doomed = set(match_variant(files, ckpt.variant)) if files else set()
-        if marker["_path"].name.endswith(f".{key}.json") or (doomed and doomed == set(files)):
-            with contextlib.suppress(FileNotFoundError):
-                marker["_path"].unlink()
+    return freed
+
+
+def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str) -> int:
+    """Remove one checkpoint's files (every snapshot, partial downloads included); bytes freed."""
+    ckpt = parse_checkpoint(checkpoint)
+    folder = repo_folder(cache, ckpt.repo, source)
+    if not folder.is_dir():
+        return 0
+    freed = _unlink_checkpoint(folder, ckpt.variant)
+    # Our own pending markers go; another model's marker keeps the partial files it is still fetching.
+    clear_pending(folder, key)
     freed += gc_repo(folder)
     return freed
+
+
+def prune_old_snapshots(cache: Path, checkpoint: str, source: str, keep_commit: str) -> int:
+    """After an update: drop the checkpoint's files from older snapshots, and blobs left unused."""
+    ckpt = parse_checkpoint(checkpoint)
+    folder = repo_folder(cache, ckpt.repo, source)
+    snaps = folder / "snapshots"
+    if not snaps.is_dir() or not any(p.name != keep_commit for p in snaps.iterdir()):
+        return 0
+    return _unlink_checkpoint(folder, ckpt.variant, keep_commit) + gc_repo(folder)
 
 
 def gc_repo(folder: Path) -> int:

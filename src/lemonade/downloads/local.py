@@ -91,7 +91,7 @@ def resolve_local(cache: Path, checkpoint: str, source: str = "huggingface") -> 
         chosen = match_variant(files, ckpt.variant)
         if not chosen or missing_shards(chosen):
             continue
-        unfinished = pending.get(snap.name, set())
+        unfinished = pending.get(snap.name, set()) - set(files)  # links only appear once verified
         if unfinished and unfinished.intersection(match_variant(sorted(set(files) | unfinished), ckpt.variant)):
             continue
         return snap, [snap / f for f in chosen]

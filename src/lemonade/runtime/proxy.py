@@ -163,9 +163,12 @@ class Proxy:
             finally:
                 if started:
                     lm.streaming -= 1
+                # In the finally: clients (the openai SDK) hang up right after [DONE], which cancels this
+                # generator before the engine's EOF; the figures are in `tail` already and must count.
+                self._account(model, endpoint,
+                              _last_event_with(tail, b'"timings"') or _last_event_with(tail, b'"usage"'))
                 await resp.aclose()
                 await release()
-            self._account(model, endpoint, _last_event_with(tail, b'"timings"') or _last_event_with(tail, b'"usage"'))
 
         source = relay()
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
