@@ -72,6 +72,16 @@ class Proxy:
         tokens_in, tokens_out = self.svc.stats.record_llamacpp(body)
         self.svc.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
+    async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        """One round trip to the engine; its failures become client-facing errors."""
+        try:
+            resp = await self.svc.http.request(method, lm.base_url + path, json=body)
+        except httpx.HTTPError as exc:
+            raise crash_error(lm, exc) from None
+        if resp.status_code != 200:
+            raise upstream_error(lm, resp.status_code, resp.text)
+        return resp
+
     async def post_json(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                         lm: LoadedModel | None = None) -> dict[str, Any]:
         """One request/response round trip; returns the engine's JSON."""
@@ -80,36 +90,18 @@ class Proxy:
                 lm = await stack.enter_async_context(self.svc.router.use(model, self._options(model)))
             else:
                 await stack.enter_async_context(self.svc.router.hold(lm))
-            try:
-                resp = await self.svc.http.post(lm.base_url + path, json=body)
-            except httpx.HTTPError as exc:
-                raise crash_error(lm, exc) from None
-            if resp.status_code != 200:
-                raise upstream_error(lm, resp.status_code, resp.text)
-            data = resp.json()
-            self._account(model, endpoint, data)
-            return data
+            data = (await self._call(lm, "POST", path, body)).json()
+        self._account(model, endpoint, data)
+        return data
 
     async def get_json(self, lm: LoadedModel, path: str) -> Any:
         async with self.svc.router.hold(lm):
-            try:
-                resp = await self.svc.http.get(lm.base_url + path)
-            except httpx.HTTPError as exc:
-                raise crash_error(lm, exc) from None
-            if resp.status_code != 200:
-                raise upstream_error(lm, resp.status_code, resp.text)
-            return resp.json()
+            return (await self._call(lm, "GET", path, None)).json()
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
         """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
         async with self.svc.router.use(model, self._options(model)) as lm:
-            try:
-                resp = await self.svc.http.post(lm.base_url + path, json=body)
-            except httpx.HTTPError as exc:
-                raise crash_error(lm, exc) from None
-            if resp.status_code != 200:
-                raise upstream_error(lm, resp.status_code, resp.text)
-            content = resp.content
+            content = (await self._call(lm, "POST", path, body)).content
         with contextlib.suppress(ValueError):
             self._account(model, endpoint, json.loads(content))
         return Response(content, media_type="application/json")
