@@ -128,6 +128,8 @@ class Router:
 
     async def _load(self, model: ModelInfo, options: Options, pinned: bool | None,
                     reload: bool) -> LoadedModel:
+        # Outside the load lock: a download for this model must not hold up loads of other models.
+        files = await self._files_for(model)
         async with self._load_lock:
             current = self.loaded.get(model.name)
             if current is not None and current.server.alive and not current.retiring and not reload:
@@ -135,7 +137,6 @@ class Router:
             if current is not None:
                 pinned = current.pinned if pinned is None else pinned
                 await self._retire(current)
-            files = await self._files_for(model)
             await self._make_room(model)
             lm = await self._start(model, files, options() if callable(options) else options, bool(pinned))
             self.loaded[model.name] = lm

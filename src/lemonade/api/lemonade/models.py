@@ -17,9 +17,6 @@ from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
 
-OBJECT_BODY = Body(..., openapi_examples={"default": {"value": {}}})
-
-
 def body_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "Request body must be a JSON object", code="invalid_json")
@@ -125,6 +122,6 @@ async def model_files(request: Request, model_id: str, include_paths: bool = Que
                 size = path.stat().st_size if exists else 0
             entry: dict[str, Any] = {"name": path.name, "role": role, "size_bytes": size, "exists": exists}
             if include_paths:
-                entry = {"name": path.name, "path": str(path.resolve() if exists else path), **entry}
+                entry = {"name": path.name, "path": str(path.absolute()), **entry}
             entries.append(entry)
     return {"model_id": model.name, "files": entries}
