@@ -1,0 +1,324 @@
+"""Getting models onto disk and managing them: pull, downloads, variants, registry search, delete, updates.
+
+The HTTP edge only: validation, response shapes and SSE framing. The work is in
+`lemonade.downloads` (manager, hub, variant listing, search).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import StreamingResponse
+
+from lemonade.api.errors import APIError, bad_request
+from lemonade.api.lemonade.models import body_object
+from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
+from lemonade.catalog.models import ModelInfo
+from lemonade.downloads import search as registry_search
+from lemonade.downloads.hub import HubError, canonical_source, list_repo, split_repo_url
+from lemonade.downloads.manager import hub_api_error, offline_error
+from lemonade.downloads.plan import plan_model
+from lemonade.downloads.variant_listing import describe_repo
+from lemonade.downloads.variants import parse_checkpoint
+from lemonade.runtime.options import OptionsError
+from lemonade.services import Services
+
+router = APIRouter(tags=["downloads"])
+
+REGISTRATION_KEYS = ("checkpoint", "checkpoints", "recipe", "components", "models", "mmproj")
+PROGRESS_EVENT_FIELDS = ("file", "file_index", "total_files", "bytes_downloaded", "bytes_total", "percent",
+                         "total_download_size", "bytes_previously_downloaded")
+CONTROL_ACTIONS = ("pause", "cancel", "remove")
+
+
+def _services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    if svc.downloads is None:
+        raise APIError(503, "The download manager is not running yet; try again in a moment",
+                       code="service_unavailable")
+    return svc
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"Invalid value for '{key}': must be true or false (got {json.dumps(value)[:40]})")
+    return value
+
+
+def _model_name(body: dict[str, Any]) -> str:
+    name = body.get("model_name", body.get("model"))
+    if name is None:
+        raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
+    if not isinstance(name, str) or not name.strip():
+        raise bad_request("Invalid value for 'model_name': must be a non-empty string")
+    return name.strip()
+
+
+def _source(svc: Services, body: dict[str, Any]) -> str | None:
+    """Canonical `source`/`registry_source` of a request, None when neither is given."""
+    values = []
+    for key in ("source", "registry_source"):
+        if body.get(key) is not None:
+            try:
+                values.append(canonical_source(body[key]))
+            except ValueError as exc:
+                raise bad_request(str(exc).replace("'source'", f"'{key}'")) from None
+    if len(set(values)) > 1:
+        raise bad_request("'source' and 'registry_source' name different registries; give one of them")
+    return values[0] if values else None
+
+
+def _normalise_checkpoints(body: dict[str, Any], source: str | None) -> str | None:
+    """Turn registry URLs in `checkpoint`/`checkpoints` into `owner/repo[:variant]`; returns their registry."""
+    url_source = None
+
+    def fix(text: Any) -> Any:
+        nonlocal url_source
+        if not isinstance(text, str) or not text.startswith(("http://", "https://")):
+            return text
+        repo, found = split_repo_url(text)
+        if source is not None and found != source:
+            raise bad_request(f"Checkpoint URL '{text}' is on {found}, but 'source' is '{source}'")
+        url_source = found
+        return repo
+
+    if "checkpoint" in body:
+        body["checkpoint"] = fix(body["checkpoint"])
+    if isinstance(body.get("checkpoints"), dict):
+        body["checkpoints"] = {k: fix(v) for k, v in body["checkpoints"].items()}
+    return url_source
+
+
+def _recipe_options(svc: Services, model_name: str, recipe: str, raw: Any) -> dict[str, Any]:
+    if raw is None or raw == {}:
+        return {}
+    if not isinstance(raw, dict):
+        raise bad_request(f"Model '{model_name}': 'recipe_options' must be an object")
+    try:
+        return svc.options.parse_request(recipe, raw)
+    except OptionsError as exc:
+        raise bad_request(f"Model '{model_name}': {exc}") from None
+
+
+async def _register(svc: Services, body: dict[str, Any], name: str, source: str | None) -> ModelInfo:
+    """Validate (including against the registry), then store a `user.*` definition from a pull body."""
+    reg = dict(body)
+    reg["model_name"] = name
+    url_source = _normalise_checkpoints(reg, source)
+    reg["source"] = source or url_source or svc.config.get("default_model_source")
+    if svc.offline:
+        raise offline_error(f"register and download {name}")
+    try:
+        candidate = svc.catalog.validate_registration(reg)
+    except RegistrationError as exc:
+        raise bad_request(str(exc)) from None
+    saved_options = _recipe_options(svc, name, candidate.recipe, body.get("recipe_options"))
+    if not candidate.is_collection:
+        try:  # a definition whose files do not exist is refused before anything is registered
+            await asyncio.to_thread(plan_model, candidate, svc.catalog.hub_cache())
+        except HubError as exc:
+            raise hub_api_error(exc) from None
+    embedded_new = [m for m in body.get("models") or [] if isinstance(m, dict)
+                    and isinstance(m.get("model_name"), str) and svc.catalog.find(m["model_name"]) is None]
+    try:
+        model = svc.catalog.register(reg)
+    except RegistrationError as exc:
+        raise bad_request(str(exc)) from None
+    if saved_options:
+        svc.options.merge_saved(model.name, saved_options)
+    for definition in embedded_new:  # components created from an exported file keep their options
+        comp = svc.catalog.find(definition["model_name"]) or svc.catalog.find(USER_PREFIX + definition["model_name"])
+        if comp is not None and isinstance(definition.get("recipe_options"), dict) and definition["recipe_options"]:
+            svc.options.merge_saved(comp.name, _recipe_options(svc, comp.name, comp.recipe,
+                                                               definition["recipe_options"]))
+    return model
+
+
+def _sse(event: str, data: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _stream(first: dict[str, Any] | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    last = first
+    try:
+        if first is not None:
+            yield _sse("progress", {k: first[k] for k in PROGRESS_EVENT_FIELDS if k in first})
+            async for event in events:
+                last = event
+                yield _sse("progress", {k: event[k] for k in PROGRESS_EVENT_FIELDS if k in event})
+        total = last["total_files"] if last else 0
+        yield _sse("complete", {"file_index": total, "total_files": total, "percent": 100})
+    except APIError as exc:
+        yield _sse("error", {"error": exc.message, "code": exc.code})
+
+
+@router.post("/pull")
+async def pull(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"model_name": "Qwen3-0.6B-GGUF"},
+        {"model_name": "user.Phi-4-Mini-GGUF", "checkpoint": "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M",
+         "recipe": "llamacpp", "stream": True}])) -> Any:
+    svc = _services(request)
+    body = body_object(body)
+    name = _model_name(body)
+    stream = _flag(body, "stream", False)
+    subscribe = _flag(body, "subscribe", True)
+    upgrade = not _flag(body, "do_not_upgrade", False)
+    source = _source(svc, body)
+    existing = svc.catalog.find(name)
+    registering = any(body.get(k) is not None for k in REGISTRATION_KEYS) and not (
+        existing is not None and existing.origin in ("builtin", "extra"))
+    if registering:
+        if name.startswith(("extra.", "builtin.")):
+            raise bad_request(f"Model '{name}': the 'extra.' and 'builtin.' prefixes are reserved; register new "
+                              f"models as 'user.<name>'")
+        model = await _register(svc, body, name, source)
+    elif existing is None:
+        raise APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and 'checkpoint' "
+                            f"(as 'user.{name.removeprefix(USER_PREFIX)}'), or run `lemonade list` to see model "
+                            "names.", type="not_found", code="model_not_found")
+    else:
+        model = existing
+    downloaded = svc.catalog.is_downloaded(model)
+    if svc.offline and not downloaded:
+        raise offline_error(f"download {model.name}")
+    if stream and not subscribe:
+        return svc.downloads.start_job(model)
+    events = svc.downloads.pull_events(model, upgrade=upgrade)
+    if stream:
+        try:
+            first = await events.__anext__()  # errors before any progress get a proper HTTP status
+        except StopAsyncIteration:
+            first = None
+        return StreamingResponse(_stream(first, events), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async for _event in events:
+        pass
+    return {"status": "success", "message": f"Installed model: {model.name}", "model_name": model.name}
+
+
+@router.get("/downloads")
+async def downloads(request: Request) -> list[dict[str, Any]]:
+    return _services(request).downloads.list_jobs()
+
+
+@router.post("/downloads/control")
+async def downloads_control(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"id": "model:Qwen3-0.6B-GGUF", "action": "pause"}])) -> dict[str, Any]:
+    svc = _services(request)
+    body = body_object(body)
+    for key in ("id", "action"):
+        if body.get(key) is None:
+            raise APIError(400, f"Missing required field '{key}'", code="missing_argument")
+        if not isinstance(body[key], str) or not body[key]:
+            raise bad_request(f"Invalid value for '{key}': must be a non-empty string")
+    if body["action"] not in CONTROL_ACTIONS:
+        raise bad_request(f"Invalid value for 'action': must be one of {', '.join(CONTROL_ACTIONS)} "
+                          f"(got {json.dumps(body['action'])[:40]})")
+    return svc.downloads.control(body["id"], body["action"])
+
+
+@router.get("/registry/search")
+async def registry_search_route(request: Request, query: str | None = Query(None), q: str | None = Query(None),
+                                source: str | None = Query(None), limit: str | None = Query(None),
+                                format: str | None = Query(None)) -> dict[str, Any]:  # noqa: A002 - spec name
+    svc = _services(request)
+    text = (query if query is not None else q or "").strip()
+    if len(text) < 3:
+        raise bad_request("'query' must be at least 3 characters long (after trimming); 'q' is accepted too"
+                          if text else "Missing required query parameter 'query' (or 'q')")
+    try:
+        canonical = canonical_source(source)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    count = 12
+    if limit is not None:
+        try:
+            count = int(limit)
+        except ValueError:
+            count = 0
+        if not 1 <= count <= 50:
+            raise bad_request(f"'limit' must be an integer from 1 to 50 (got {limit!r})")
+    if format is not None and format != "gguf":
+        raise bad_request(f"'format' must be 'gguf', the only supported value (got {format!r})")
+    if svc.offline:
+        raise offline_error(f"search {canonical}")
+    try:
+        return await registry_search.search(canonical, text, count, format == "gguf")
+    except HubError as exc:
+        status = 429 if exc.status == 429 else 502
+        extra = {"upstream_status": exc.upstream_status} if exc.upstream_status else None
+        raise APIError(status, exc.message, code="rate_limited" if status == 429 else "upstream_error",
+                       extra=extra) from None
+
+
+@router.get("/pull/variants")
+async def pull_variants(request: Request, checkpoint: str | None = Query(None),
+                        source: str | None = Query(None)) -> dict[str, Any]:
+    svc = _services(request)
+    if checkpoint is None or not checkpoint.strip():
+        raise APIError(400, "Missing required query parameter 'checkpoint' (a repository id like "
+                            "'unsloth/Qwen3-8B-GGUF')", code="missing_argument")
+    repo, url_source = split_repo_url(checkpoint.strip())
+    try:
+        requested = canonical_source(source) if source is not None else None
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    if requested and url_source and requested != url_source:
+        raise bad_request(f"'checkpoint' is a {url_source} URL but 'source' is '{requested}'")
+    try:
+        ckpt = parse_checkpoint(repo)
+    except ValueError as exc:
+        raise bad_request(f"Invalid value for 'checkpoint': {exc}") from None
+    if svc.offline:
+        raise offline_error(f"list the variants of {ckpt.repo}")
+    src = requested or url_source or svc.config.get("default_model_source")
+    try:
+        listing = await asyncio.to_thread(list_repo, src, ckpt.repo)
+    except HubError as exc:
+        status = exc.status if exc.status in (400, 403, 404) else 500
+        raise APIError(status, exc.message, code="checkpoint_not_found" if status == 404 else None) from None
+    return describe_repo(listing, ckpt.repo)
+
+
+@router.post("/delete")
+async def delete(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"model_name": "Qwen3-0.6B-GGUF"}])) -> dict[str, Any]:
+    svc = _services(request)
+    body = body_object(body)
+    model = svc.resolve(_model_name(body))
+    if model.origin == "extra" or model.local_files is not None:
+        paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
+        where = paths[0] if paths else svc.config.get("extra_models_dir")
+        raise bad_request(f"Model {model.name} is a file of the extra models dir ({where}); Lemonade only deletes "
+                          f"models it downloaded. Delete {where} yourself if you no longer want it.",
+                          code="model_not_deletable")
+    if model.is_collection:
+        if model.origin != "user":
+            raise bad_request(f"Model {model.name} is a built-in collection and cannot be deleted",
+                              code="model_not_deletable")
+        svc.catalog.unregister(model.name)  # its components stay on disk
+        return {"status": "success", "message": f"Deleted model: {model.name}"}
+    await svc.router.unload(model.name)
+    removed = await svc.downloads.delete(model)
+    if model.origin == "user":
+        svc.catalog.unregister(model.name)
+        removed = True
+    svc.downloads.updates_available.discard(model.name)
+    if not removed:
+        raise bad_request(f"Model {model.name} is not downloaded; there is nothing to delete",
+                          code="model_not_downloaded")
+    return {"status": "success", "message": f"Deleted model: {model.name}"}
+
+
+@router.post("/models/check-updates")
+async def check_updates(request: Request) -> dict[str, Any]:
+    svc = _services(request)
+    models = await svc.downloads.check_updates()
+    return {"status": "success", "updates_available": len(models), "models": models}

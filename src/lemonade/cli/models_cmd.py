@@ -1,0 +1,303 @@
+"""`lemonade pull | delete | check-updates | export | import`: model management commands.
+
+All of them talk to a running server (`ServerClient`). `pull owner/repo` asks the server which
+GGUF variants the repository has and offers a menu (or takes `--variant`), then registers the
+model as `user.<repo>-<variant>` and downloads it with a progress bar per file and overall.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
+
+from lemonade.cli.client import ServerClient, console, err_console
+
+MENU_SIZE = 5
+EXPORT_DROP = ("id", "created", "object", "owned_by", "downloaded", "suggested", "update_available",
+               "max_context_window", "checkpoint")
+
+
+# ----- progress ---------------------------------------------------------------------------------------
+
+class PullProgress:
+    """Turns `/v1/pull` SSE events into one bar per file plus an overall bar."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.files: dict[tuple[int, str], TaskID] = {}
+        self.overall: TaskID | None = None
+        self.current: tuple[int, str] | None = None
+
+    def _finish_current(self) -> None:
+        if self.current is not None:
+            task = self.progress.tasks[self.files[self.current]]
+            self.progress.update(task.id, completed=task.total or task.completed)
+
+    def update(self, event: dict[str, Any]) -> None:
+        key = (int(event.get("file_index") or 0), str(event.get("file") or ""))
+        total = int(event.get("bytes_total") or 0) or None
+        segment = int(event.get("total_download_size") or 0)
+        if self.overall is None:
+            self.overall = self.progress.add_task("[bold]overall", total=segment or None)
+        if key != self.current:
+            if self.current is not None and key[0] <= self.current[0]:  # next component of a collection
+                overall_total = self.progress.tasks[self.overall].total or 0
+                self.progress.update(self.overall, total=overall_total + segment)
+            self._finish_current()
+            self.current = key
+            label = f"[{key[0]}/{event.get('total_files', '?')}] {key[1]}"
+            self.files[key] = self.progress.add_task(label, total=total)
+        self.progress.update(self.files[key], completed=int(event.get("bytes_downloaded") or 0), total=total)
+        self.progress.update(self.overall, completed=sum(self.progress.tasks[t].completed
+                                                         for t in self.files.values()))
+
+    def finish(self) -> None:
+        self._finish_current()
+        if self.overall is not None:
+            total = self.progress.tasks[self.overall].total
+            self.progress.update(self.overall, completed=total or 0)
+
+
+def run_pull(client: ServerClient, body: dict[str, Any]) -> None:
+    """POST /v1/pull with SSE progress; exits non-zero with the server's message on failure."""
+    body = {**body, "stream": True}
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bars = PullProgress(progress)
+        for event, data in client.sse("/v1/pull", body):
+            if event == "progress":
+                bars.update(data)
+            elif event == "complete":
+                bars.finish()
+            elif event == "error":
+                progress.stop()
+                err_console.print(f"[red]Error:[/red] {data.get('error', data)}")
+                raise typer.Exit(1)
+    console.print(f"[green]Installed model:[/green] {body.get('model_name')}")
+
+
+# ----- pull -------------------------------------------------------------------------------------------
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{size} B"
+
+
+def _choose_variant(variants: list[dict[str, Any]]) -> tuple[str, bool]:
+    """Interactive menu: a number picks a listed variant, free text names any other quant."""
+    if not sys.stdin.isatty():
+        err_console.print("[red]Error:[/red] several variants are available; pass --variant NAME (or run "
+                          "interactively). Available: " + ", ".join(v["name"] for v in variants))
+        raise typer.Exit(2)
+    console.print("Select a variant:")
+    shown = variants[:MENU_SIZE]
+    for i, v in enumerate(shown, 1):
+        count = len(v.get("files") or [])
+        console.print(f"  {i}) {v['name']}  ({count} file{'s' if count != 1 else ''}, {_human(v['size_bytes'])})")
+    console.print(f"  {len(shown) + 1}) Other (type a variant name)")
+    answer = typer.prompt("Enter a number, or type any variant name").strip()
+    if answer.isdigit():
+        index = int(answer)
+        if 1 <= index <= len(shown):
+            return shown[index - 1]["name"], True
+        if index == len(shown) + 1:
+            return typer.prompt("Variant name").strip(), True
+        err_console.print("[red]Error:[/red] selection out of range")
+        raise typer.Exit(2)
+    if not answer:
+        raise typer.Exit(2)
+    return answer, True
+
+
+def _repo_pull_body(client: ServerClient, repo: str, variant: str | None, name: str | None, source: str | None,
+                    assume_yes: bool) -> dict[str, Any]:
+    query = f"/v1/pull/variants?checkpoint={quote(repo)}" + (f"&source={quote(source)}" if source else "")
+    info = client.get(query)
+    variants = info.get("variants") or []
+    prompted = False
+    if variant is None:
+        if not variants:
+            err_console.print(f"[red]Error:[/red] no GGUF variants found in {repo}")
+            raise typer.Exit(1)
+        if len(variants) == 1 or assume_yes:
+            variant = variants[0]["name"]
+        else:
+            variant, prompted = _choose_variant(variants)
+    else:
+        for v in variants:  # accept any case, send the repository's spelling
+            if v["name"].lower() == variant.lower():
+                variant = v["name"]
+    default_name = f"user.{info.get('suggested_name') or repo.split('/')[-1]}-{variant}"
+    if name is None and prompted:
+        name = typer.prompt("Model name", default=default_name).strip()
+    model_name = name or default_name
+    if not model_name.startswith("user."):
+        model_name = "user." + model_name
+    body: dict[str, Any] = {"model_name": model_name, "checkpoint": f"{repo}:{variant}",
+                            "recipe": info.get("recipe") or "llamacpp"}
+    if info.get("suggested_labels"):
+        body["labels"] = info["suggested_labels"]
+    if info.get("mmproj_files"):
+        body["mmproj"] = info["mmproj_files"][0]
+    if source:
+        body["source"] = source
+    console.print(f"Pulling {body['checkpoint']} as {model_name}")
+    return body
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pull(
+        model: str = typer.Argument(..., help="Model name, or a repository as owner/repo[:VARIANT] (or its URL)"),
+        variant: str | None = typer.Option(None, "--variant", help="GGUF variant to install (skips the menu)"),
+        name: str | None = typer.Option(None, "--name", help="Name to register a repository under (user.*)"),
+        source: str | None = typer.Option(None, "--source", help="huggingface or modelscope"),
+        checkpoint: list[str] | None = typer.Option(None, "--checkpoint",
+                                                    help="Register MODEL with this checkpoint: 'owner/repo:VARIANT' "
+                                                         "(main) or 'ROLE=owner/repo:FILE'; repeatable"),
+        recipe: str | None = typer.Option(None, "--recipe", help="Recipe of a model being registered"),
+        label: list[str] | None = typer.Option(None, "--label", help="Label of a model being registered"),
+        mmproj: str | None = typer.Option(None, "--mmproj", help="mmproj file of a vision model"),
+        components: list[str] | None = typer.Option(None, "--component",
+                                                    help="Component of a collection.omni model; repeatable"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="No questions: take the first variant"),
+        host: str | None = typer.Option(None, help="Server host"),
+        port: int | None = typer.Option(None, help="Server port"),
+    ) -> None:
+        """Download a model (and register it first when it is a repository or has --checkpoint)."""
+        client = ServerClient(host, port, timeout=None)
+        from lemonade.downloads.hub import split_repo_url
+
+        target, url_source = split_repo_url(model)
+        source = source or url_source
+        if checkpoint or recipe or components:
+            body: dict[str, Any] = {"model_name": model if model.startswith("user.") else f"user.{model}"}
+            checkpoints: dict[str, str] = {}
+            for item in checkpoint or []:
+                role, sep, value = item.partition("=")
+                if sep and "/" not in role:
+                    checkpoints[role] = value
+                else:
+                    checkpoints["main"] = item
+            if checkpoints:
+                body["checkpoints"] = checkpoints
+            body["recipe"] = recipe or ("collection.omni" if components else "llamacpp")
+            for key, value in (("labels", label), ("mmproj", mmproj), ("components", components),
+                               ("source", source)):
+                if value:
+                    body[key] = value
+        elif "/" in target:
+            repo, _, inline_variant = target.partition(":")
+            body = _repo_pull_body(client, repo, variant or inline_variant or None, name, source, yes)
+        else:
+            body = {"model_name": target}
+        run_pull(client, body)
+
+    @app.command()
+    def delete(
+        model: str = typer.Argument(..., help="Model to delete from disk"),
+        host: str | None = typer.Option(None, help="Server host"),
+        port: int | None = typer.Option(None, help="Server port"),
+    ) -> None:
+        """Delete a model's files (a collection: only its entry; components stay)."""
+        client = ServerClient(host, port)
+        result = client.post("/v1/delete", {"model_name": model})
+        console.print(result.get("message", f"Deleted model: {model}"))
+
+    @app.command("check-updates")
+    def check_updates(
+        host: str | None = typer.Option(None, help="Server host"),
+        port: int | None = typer.Option(None, help="Server port"),
+    ) -> None:
+        """Ask the registries whether downloaded models have newer versions."""
+        client = ServerClient(host, port, timeout=None)
+        result = client.post("/v1/models/check-updates")
+        models = result.get("models") or []
+        if not models:
+            console.print("All downloaded models are up to date.")
+            return
+        console.print(f"{len(models)} model(s) have updates (run `lemonade pull NAME` to update):")
+        for name in models:
+            console.print(f"  {name}")
+
+    @app.command("export")
+    def export_model(
+        model: str = typer.Argument(..., help="Model or collection to export"),
+        output: str | None = typer.Option(None, "--output", "-o", help="File to write ('-' for stdout); "
+                                                                      "default <name>.json"),
+        host: str | None = typer.Option(None, help="Server host"),
+        port: int | None = typer.Option(None, help="Server port"),
+    ) -> None:
+        """Write an import-ready /v1/pull body for a model (collections embed their components)."""
+        client = ServerClient(host, port)
+        body = export_body(client, model)
+        text = json.dumps(body, indent=2) + "\n"
+        if output == "-":
+            sys.stdout.write(text)
+            return
+        path = Path(output or f"{body['model_name'].removeprefix('user.')}.json")
+        path.write_text(text)
+        console.print(f"Exported {body['model_name']} to {path}")
+
+    @app.command("import")
+    def import_model(
+        file: Path = typer.Argument(..., help="A file written by `lemonade export`"),
+        host: str | None = typer.Option(None, help="Server host"),
+        port: int | None = typer.Option(None, help="Server port"),
+    ) -> None:
+        """Register and download the model(s) described by an exported file."""
+        try:
+            body = json.loads(file.read_text())
+        except OSError as exc:
+            err_console.print(f"[red]Error:[/red] cannot read {file}: {exc}")
+            raise typer.Exit(1) from None
+        except ValueError as exc:
+            err_console.print(f"[red]Error:[/red] {file} is not valid JSON: {exc}")
+            raise typer.Exit(1) from None
+        if not isinstance(body, dict) or not isinstance(body.get("model_name"), str):
+            err_console.print(f"[red]Error:[/red] {file} is not an exported model (no 'model_name')")
+            raise typer.Exit(1)
+        run_pull(ServerClient(host, port, timeout=None), body)
+
+
+# ----- export -----------------------------------------------------------------------------------------
+
+def _normalise(obj: dict[str, Any], options: dict[str, Any] | None) -> dict[str, Any]:
+    """A /v1/models/{id} object as a /v1/pull body: no runtime fields, checkpoints as a dict."""
+    body: dict[str, Any] = {"model_name": obj["id"], "recipe": obj["recipe"]}
+    checkpoints = obj.get("checkpoints") or ({"main": obj["checkpoint"]} if obj.get("checkpoint") else None)
+    if checkpoints:
+        body["checkpoints"] = dict(checkpoints)
+    for key, value in obj.items():
+        if key in EXPORT_DROP or key in body or key in ("checkpoints", "models", "recipe_options"):
+            continue
+        body[key] = value
+    body["recipe_options"] = dict(options or {})
+    return body
+
+
+def export_body(client: ServerClient, model: str) -> dict[str, Any]:
+    obj = client.get(f"/v1/models/{quote(model, safe='')}")
+    if str(obj.get("id", "")).startswith("extra."):
+        err_console.print(f"[red]Error:[/red] {obj['id']} is a file of the extra models dir; copy the file "
+                          "instead of exporting it")
+        raise typer.Exit(1)
+    body = _normalise(obj, obj.get("recipe_options"))
+    if obj.get("models"):
+        embedded = []
+        for comp in obj["models"]:
+            saved = client.get(f"/v1/models/{quote(comp['id'], safe='')}/options").get("saved") \
+                if not comp.get("components") else {}
+            embedded.append(_normalise(comp, saved))
+        body["models"] = embedded
+    return body

@@ -1,0 +1,491 @@
+"""The download manager: one shared download per model, server-owned jobs, deletes, update checks.
+
+- `pull_events(model)` is the one way files get onto disk. Every caller that wants a model while
+  it is downloading (a `/v1/pull`, an inference request, a job) subscribes to the same `Transfer`,
+  so two pulls of one model share one download. The transfer runs in a daemon thread (network
+  and disk I/O block) and reports progress to the event loop.
+- A transfer nobody waits for any more (a client hung up on an SSE pull) stops, keeping its
+  partial file; a server-owned job keeps its transfer alive until paused or cancelled.
+- Offline mode (config `offline`, LEMONADE_OFFLINE=1, HF_HUB_OFFLINE=1) is checked before any
+  network call and every refusal says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from lemonade.api.errors import APIError
+from lemonade.catalog.models import ModelInfo
+from lemonade.downloads import cache as cache_ops
+from lemonade.downloads.hub import HubError
+from lemonade.downloads.jobs import Job, JobStore, job_id
+from lemonade.downloads.local import list_snapshot_files, pending_files, repo_folder, snapshot_dirs
+from lemonade.downloads.plan import plan_model
+from lemonade.downloads.transfer import DiskFull, IntegrityError, Stopped, fetch_file
+from lemonade.downloads.updates import find_updates
+from lemonade.downloads.variants import match_variant, parse_checkpoint
+
+log = logging.getLogger("lemonade.downloads")
+EMIT_INTERVAL = 0.2        # seconds between progress events of one transfer
+CHUNK_SIZE = 1024 * 1024   # huggingface_hub reads 10 MiB per chunk by default: too coarse to pause promptly
+HUB_CODES = {400: "lemond_offline", 403: "gated_repo", 404: "checkpoint_not_found", 429: "rate_limited",
+             502: "upstream_error"}
+
+
+def offline_error(what: str) -> APIError:
+    return APIError(400, f"Lemonade is in offline mode (offline=true in config, LEMONADE_OFFLINE=1 or "
+                         f"HF_HUB_OFFLINE=1) and never contacts Hugging Face or ModelScope, so it cannot {what}. "
+                         "Turn offline mode off (lemonade config set offline=false) to use the network.",
+                    code="lemond_offline")
+
+
+class DownloadStopped(APIError):
+    """Raised to everyone waiting on a download that was paused, cancelled or abandoned."""
+
+    def __init__(self, model_name: str, reason: str) -> None:
+        verb = {"pause": "paused", "cancel": "cancelled", "shutdown": "stopped because the server is shutting "
+                "down", "abandoned": "stopped because nobody is waiting for it any more"}.get(reason, reason)
+        super().__init__(409, f"Download of {model_name} was {verb}; pull it again to resume from where it stopped",
+                         code=f"download_{'paused' if reason == 'pause' else 'cancelled'}")
+        self.reason = reason
+
+
+def hub_api_error(exc: HubError) -> APIError:
+    extra = {"upstream_status": exc.upstream_status} if exc.upstream_status and exc.status >= 500 else None
+    return APIError(exc.status, exc.message, code=HUB_CODES.get(exc.status), extra=extra)
+
+
+class Transfer:
+    """One running download of one model, shared by every caller that wants that model."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.name = name
+        self.loop = loop
+        self.progress: dict[str, Any] = {}
+        self.queues: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.owners = 0
+        self.stop_event = threading.Event()
+        self.stop_reason: str | None = None
+        self.done: asyncio.Future[APIError | None] = loop.create_future()
+        self._last_emit = 0.0
+        self._last_key: tuple[Any, ...] = ()
+        self._held = False
+
+    # ----- worker thread side --------------------------------------------------------------------
+    def should_stop(self) -> str | None:
+        return self.stop_reason if self.stop_event.is_set() else None
+
+    def report(self, progress: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self._publish, progress)
+
+    # ----- event loop side -----------------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        if not self.stop_event.is_set():
+            self.stop_reason = reason
+            self.stop_event.set()
+
+    def _publish(self, progress: dict[str, Any]) -> None:
+        self.progress = progress
+        now = time.monotonic()
+        key = (progress["file_index"], progress["bytes_downloaded"] >= (progress["bytes_total"] or 0))
+        if key == self._last_key and now - self._last_emit < EMIT_INTERVAL:
+            self._held = True  # throttled, but never the first or the last event of a file
+            return
+        self._last_key, self._last_emit, self._held = key, now, False
+        for queue in self.queues:
+            queue.put_nowait(dict(progress))
+
+    def finish(self, error: APIError | None) -> None:
+        if self._held:  # the latest numbers (where a paused download stopped) reach everyone
+            for queue in self.queues:
+                queue.put_nowait(dict(self.progress))
+        for queue in self.queues:
+            queue.put_nowait(None)
+        if not self.done.done():
+            self.done.set_result(error)
+
+    def subscribe(self, owner: bool) -> asyncio.Queue[dict[str, Any] | None]:
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        if self.progress:
+            queue.put_nowait(dict(self.progress))
+        if self.done.done():
+            queue.put_nowait(None)
+        self.queues.add(queue)
+        self.owners += owner
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any] | None], owner: bool) -> None:
+        self.queues.discard(queue)
+        self.owners -= owner
+        if not self.queues and self.owners <= 0 and not self.done.done():
+            log.info("Nobody waits for the download of %s any more; stopping it (the partial data is kept)",
+                     self.name)
+            self.stop("abandoned")
+
+
+class DownloadManager:
+    def __init__(self, services: Any) -> None:
+        self.svc = services
+        self.update_check_done = False
+        self.updates_available: set[str] = set()
+        self.jobs = JobStore(services.cache_dir)
+        self._transfers: dict[str, Transfer] = {}
+        self._update_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def cache(self) -> Path:
+        return self.svc.catalog.hub_cache()
+
+    # ----- pulling -------------------------------------------------------------------------------
+    async def pull_events(self, model: ModelInfo, *, upgrade: bool = True,
+                          job: Job | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Progress dicts until `model` is on disk (file, file_index, total_files, bytes_downloaded,
+        bytes_total, percent, total_download_size, bytes_previously_downloaded, completed_files_bytes,
+        cumulative_bytes_downloaded, model); raises APIError when the download fails or is stopped.
+
+        `upgrade=False` returns at once for a model that is already downloaded; otherwise the
+        registry is asked for the current files, and only what changed is fetched.
+        """
+        if model.is_collection:
+            for comp_name in model.components or []:
+                comp = self.svc.catalog.find(comp_name)
+                if comp is None:
+                    raise APIError(404, f"Collection {model.name}: component '{comp_name}' is not a known model",
+                                   code="model_not_found")
+                async for event in self.pull_events(comp, upgrade=upgrade, job=job):
+                    yield event
+            return
+        if model.local_files is not None or model.source == "local" or not model.checkpoints:
+            return  # files that live on disk already (extra models dir)
+        if job is not None:
+            job.current_model = model.name
+            if job.requested:
+                raise DownloadStopped(model.name, job.requested)
+        downloaded = self.svc.catalog.local_files(model) is not None
+        if downloaded and not upgrade:
+            return
+        if self.svc.offline:
+            if downloaded:
+                return
+            raise offline_error(f"download {model.name}")
+        transfer = await self._transfer(model)
+        queue = transfer.subscribe(owner=job is not None)
+        try:
+            if job is not None and job.requested:
+                transfer.stop(job.requested)
+            while (event := await queue.get()) is not None:
+                yield event
+            error = transfer.done.result()
+            if error is not None:
+                raise error
+        finally:
+            transfer.unsubscribe(queue, owner=job is not None)
+
+    async def ensure_downloaded(self, model: ModelInfo) -> None:
+        """Pull `model` if it is not on disk yet (inference on a model nobody pulled)."""
+        if self.svc.catalog.is_downloaded(model):
+            return
+        if self.svc.offline:
+            raise offline_error(f"download {model.name}, which is not downloaded yet")
+        log.info("Model %s is not downloaded; downloading it before loading", model.name)
+        async for _event in self.pull_events(model, upgrade=False):
+            pass
+
+    async def _transfer(self, model: ModelInfo) -> Transfer:
+        existing = self._transfers.get(model.name)
+        while existing is not None and existing.stop_event.is_set():
+            await asyncio.shield(existing.done)  # a stopping download releases its files first
+            existing = self._transfers.get(model.name)
+        if existing is not None:
+            return existing
+        if self._closing:
+            raise APIError(503, "The server is shutting down; pull again once it is back",
+                           code="service_unavailable")
+        transfer = Transfer(model.name, asyncio.get_running_loop())
+        self._transfers[model.name] = transfer
+        thread = threading.Thread(target=self._work, args=(transfer, model), name=f"download {model.name}",
+                                  daemon=True)
+        thread.start()
+        return transfer
+
+    def _work(self, transfer: Transfer, model: ModelInfo) -> None:
+        error: BaseException | None = None
+        try:
+            self._download(transfer, model)
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, never lost
+            error = exc
+        with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
+            transfer.loop.call_soon_threadsafe(self._finished, transfer, model, error)
+
+    def _download(self, transfer: Transfer, model: ModelInfo) -> None:
+        started = time.monotonic()
+        plan = plan_model(model, self.cache)
+        total_size = sum(pf.size for pf in plan)
+        key = cache_ops.pending_key(model.name)
+        pending: dict[tuple[Path, str], dict[str, str]] = {}
+        for pf in plan:
+            if not cache_ops.snapshot_path(pf.folder, pf.listing.commit, pf.remote.path).exists():
+                pending.setdefault((pf.folder, pf.listing.commit), {})[pf.remote.path] = pf.remote.etag
+        for (folder, commit), etags in pending.items():
+            cache_ops.write_pending(folder, commit, key, model.name, etags)
+        log.info("Pulling %s: %d file(s), %.1f MB, %d to fetch", model.name, len(plan), total_size / 1e6,
+                 sum(len(v) for v in pending.values()))
+        completed = 0
+        fetched = 0
+        for index, pf in enumerate(plan, 1):
+            reason = transfer.should_stop()
+            if reason:
+                raise Stopped(reason)
+
+            def report(done: int, size: int | None, previous: int, pf: Any = pf, index: int = index,
+                       completed: int = completed) -> None:
+                total = size if size is not None else pf.size
+                transfer.report({
+                    "model": model.name, "file": pf.remote.path, "file_index": index, "total_files": len(plan),
+                    "bytes_downloaded": done, "bytes_total": total,
+                    "percent": int(done * 100 / total) if total else 100,
+                    "total_download_size": total_size, "bytes_previously_downloaded": previous,
+                    "completed_files_bytes": completed, "cumulative_bytes_downloaded": completed + done,
+                })
+
+            fetched += fetch_file(pf.folder, pf.listing, pf.remote, report, transfer.should_stop)
+            completed += pf.size
+            etags = pending.get((pf.folder, pf.listing.commit))
+            if etags is not None and etags.pop(pf.remote.path, None) is not None:
+                cache_ops.write_pending(pf.folder, pf.listing.commit, key, model.name, etags)
+        for folder, commit in {(pf.folder, pf.listing.commit) for pf in plan}:
+            cache_ops.write_ref(folder, commit)
+            cache_ops.clear_pending(folder, key)
+        for text in model.checkpoints.values():  # an update leaves the previous version behind: drop it
+            commit = next(pf.listing.commit for pf in plan if pf.listing.repo == parse_checkpoint(text).repo)
+            cache_ops.prune_old_snapshots(self.cache, text, model.source, commit)
+        elapsed = time.monotonic() - started
+        log.info("Pulled %s: %.1f MB fetched in %.1fs", model.name, fetched / 1e6, elapsed)
+
+    def _finished(self, transfer: Transfer, model: ModelInfo, exc: BaseException | None) -> None:
+        if self._transfers.get(model.name) is transfer:
+            del self._transfers[model.name]
+        error = None if exc is None else self._api_error(model, exc)
+        if error is None:
+            self.updates_available.discard(model.name)
+            job = self.jobs.jobs.get(job_id(model.name))
+            if job is not None and not job.running and job.status != "completed":
+                job.status, job.complete, job.percent, job.finished_at = "completed", True, 100, time.time()
+                self.jobs.save()
+        elif not isinstance(error, DownloadStopped):
+            log.error("Download of %s failed: %s", model.name, error.message)
+        transfer.finish(error)
+
+    @staticmethod
+    def _api_error(model: ModelInfo, exc: BaseException) -> APIError:
+        if isinstance(exc, Stopped):
+            return DownloadStopped(model.name, exc.reason)
+        if isinstance(exc, HubError):
+            return hub_api_error(exc)
+        if isinstance(exc, DiskFull):
+            return APIError(507, f"Download of {model.name} failed: {exc}", type="server_error",
+                            code="insufficient_storage")
+        if isinstance(exc, IntegrityError):
+            return APIError(502, f"Download of {model.name} failed: {exc}", code="download_corrupted")
+        if isinstance(exc, APIError):
+            return exc
+        log.exception("Unexpected error while downloading %s", model.name, exc_info=exc)
+        return APIError(500, f"Download of {model.name} failed: {exc}", type="server_error", code="download_failed")
+
+    # ----- server-owned jobs ---------------------------------------------------------------------
+    def list_jobs(self) -> list[dict[str, Any]]:
+        return [job.snapshot() for job in self.jobs.visible()]
+
+    def start_job(self, model: ModelInfo) -> dict[str, Any]:
+        """Start (or resume) the server-owned download of `model`; returns its snapshot at once."""
+        current = self.jobs.jobs.get(job_id(model.name))
+        if current is not None and current.running and not current.requested:
+            return current.snapshot()
+        job = Job(model.name, status="downloading", running=True)
+        self.jobs.jobs[job.id] = job
+        job.task = asyncio.create_task(self._run_job(job, model, previous=current))
+        self.jobs.save()
+        return job.snapshot()
+
+    async def _run_job(self, job: Job, model: ModelInfo, previous: Job | None) -> None:
+        if previous is not None and previous.task is not None and not previous.task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous.task)  # the old worker is still unwinding
+        try:
+            async for event in self.pull_events(model, job=job):
+                job.apply(event)
+                self.jobs.save(force=False)
+            job.status, job.complete, job.percent = "completed", True, 100
+            log.info("Download job %s completed", job.id)
+        except DownloadStopped as exc:
+            job.status = "cancelled" if (job.requested or exc.reason) == "cancel" else "paused"
+        except APIError as exc:
+            if job.requested:
+                job.status = "cancelled" if job.requested == "cancel" else "paused"
+            else:
+                job.status, job.error = "error", exc.message
+        except Exception as exc:  # noqa: BLE001 - a job reports, it never crashes the server
+            log.exception("Download job %s failed", job.id)
+            job.status, job.error = "error", str(exc)
+        finally:
+            job.running, job.requested, job.finished_at = False, None, time.time()
+            self.jobs.save()
+
+    def _stop_job(self, job: Job, action: str) -> None:
+        job.requested = action
+        job.status = "paused" if action == "pause" else "cancelled"
+        transfer = self._transfers.get(job.current_model or job.model_name)
+        if transfer is not None:
+            transfer.stop(action)
+        self.jobs.save()
+
+    def control(self, download_id: str, action: str) -> dict[str, Any]:
+        """`/v1/downloads/control`: pause, cancel or remove a job (see the spec for the semantics)."""
+        job = self.jobs.jobs.get(download_id)
+        if action == "remove":
+            if job is None:
+                return {"status": "ok", "missing": True}
+            if job.running:
+                self._stop_job(job, "cancel")  # stays listed until its worker has stopped
+                return job.snapshot()
+            del self.jobs.jobs[download_id]
+            self.jobs.save()
+            return {"status": "ok"}
+        if job is None:
+            raise APIError(404, f"No download job '{download_id}'. GET /v1/downloads lists the jobs.",
+                           code="download_not_found")
+        if job.status in ("completed", "error") and not job.running:
+            return job.snapshot()  # a finished job is left as it is
+        if job.running:
+            self._stop_job(job, action)
+        elif action == "cancel":
+            job.status = "cancelled"  # a paused job can still be given up
+            self.jobs.save()
+        return job.snapshot()
+
+    # ----- files ---------------------------------------------------------------------------------
+    def known_files(self, model: ModelInfo) -> dict[str, list[Path]]:
+        """role -> expected local paths (existing or not), from what is on disk and pending pulls.
+
+        Works offline: a pull records the files it still has to fetch, so an interrupted or
+        paused download still lists them. A model never pulled lists no files.
+        """
+        out: dict[str, list[Path]] = {}
+        if model.local_files is not None:
+            return dict(model.local_files)
+        cache = self.cache
+        for role, text in model.checkpoints.items():
+            try:
+                ckpt = parse_checkpoint(text)
+            except ValueError:
+                continue
+            folder = repo_folder(cache, ckpt.repo, model.source)
+            pending = pending_files(folder)
+            candidates: list[tuple[str, set[str]]] = []
+            for commit, names in pending.items():
+                snap = folder / "snapshots" / commit
+                present = set(list_snapshot_files(snap)) if snap.is_dir() else set()
+                candidates.append((commit, names | present))
+            for snap in snapshot_dirs(cache, ckpt.repo, model.source):
+                candidates.append((snap.name, set(list_snapshot_files(snap))))
+            out[role] = []
+            for commit, names in candidates:
+                chosen = match_variant(sorted(names), ckpt.variant)
+                if chosen:
+                    out[role] = [folder / "snapshots" / commit / f for f in chosen]
+                    break
+        return out
+
+    async def delete(self, model: ModelInfo) -> bool:
+        """Stop any download of `model` and remove its files (partial ones too); True if anything went."""
+        job = self.jobs.jobs.get(job_id(model.name))
+        if job is not None and job.running:
+            self._stop_job(job, "cancel")
+        transfer = self._transfers.get(model.name)
+        if transfer is not None:
+            transfer.stop("cancel")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(transfer.done), 60)
+        if job is not None and job.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(job.task), 30)
+        return await asyncio.to_thread(self._remove_files, model)
+
+    def _remove_files(self, model: ModelInfo) -> bool:
+        cache = self.cache
+        key = cache_ops.pending_key(model.name)
+        anything = False
+        for text in model.checkpoints.values():
+            ckpt = parse_checkpoint(text)
+            folder = repo_folder(cache, ckpt.repo, model.source)
+            if not folder.is_dir():
+                continue
+            before = self.known_files(model)
+            had = any(p.exists() for ps in before.values() for p in ps) or bool(pending_files(folder))
+            freed = cache_ops.remove_checkpoint(cache, text, model.source, key)
+            anything = anything or had or freed > 0
+            log.info("Deleted %s files of %s (%.1f MB freed)", text, model.name, freed / 1e6)
+        return anything
+
+    # ----- updates -------------------------------------------------------------------------------
+    async def check_updates(self) -> list[str]:
+        """Ask the registries about every downloaded model; returns the names that have updates."""
+        if self.svc.offline:
+            raise APIError(409, "Lemonade is in offline mode (offline=true in config, LEMONADE_OFFLINE=1 or "
+                                "HF_HUB_OFFLINE=1), so it does not contact Hugging Face or ModelScope to check "
+                                "for model updates. Turn offline mode off to check.", code="lemond_offline")
+        models = [m for m in self.svc.catalog.all(rescan=False)
+                  if not m.is_collection and m.local_files is None and m.source in ("huggingface", "modelscope")
+                  and m.checkpoints and self.svc.catalog.local_files(m) is not None]
+        outdated, _problems = await asyncio.to_thread(find_updates, models, self.cache)
+        self.updates_available = outdated
+        self.update_check_done = True
+        log.info("Update check: %d of %d downloaded model(s) have updates%s", len(outdated), len(models),
+                 f" ({', '.join(sorted(outdated))})" if outdated else "")
+        return sorted(outdated)
+
+    def start_update_check(self) -> None:
+        async def run() -> None:
+            try:
+                await self.check_updates()
+            except Exception as exc:  # noqa: BLE001 - a background check only logs
+                log.warning("Startup update check failed: %s", exc)
+            finally:
+                self.update_check_done = True
+
+        self._update_task = asyncio.create_task(run())
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        self._closing = True
+        if self._update_task is not None:
+            self._update_task.cancel()
+        for job in self.jobs.jobs.values():
+            if job.running:
+                job.requested, job.status = "pause", "paused"
+        for transfer in list(self._transfers.values()):
+            transfer.stop("shutdown")
+        pending = [t.done for t in self._transfers.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=3)
+        self.jobs.save()
+
+
+async def attach(services: Any) -> None:
+    """Startup hook (app.py): give the server its download manager and start the update check."""
+    from huggingface_hub import constants
+
+    constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
+    manager = DownloadManager(services)
+    manager.jobs.load()
+    services.downloads = manager
+    if services.config.get("auto_check_model_updates") and not services.offline:
+        manager.start_update_check()
