@@ -1,0 +1,95 @@
+"""Anthropic's Messages API: `POST /v1/messages` (and `/v1/messages/count_tokens`), under every prefix.
+
+A translation layer over the OpenAI chat path, not a second implementation: the request becomes a
+chat completion for the same router and proxy (auto-load, residency, stats and metrics behave as
+for `/v1/chat/completions`), and the answer or stream is re-shaped into Anthropic's format.
+llama-server has a native `/v1/messages` too; translating here instead keeps validation, warnings
+and error shapes ours, and works for any engine that speaks OpenAI chat. Query parameters such as
+`?beta=true` are accepted and ignored. Ignored fields are listed in the `x-lemonade-warning`
+header and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from lemonade.api.anthropic import translate
+from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from lemonade.api.errors import APIError
+from lemonade.api.openai.inference import chat_model
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.proxy import Proxy
+from lemonade.services import Services
+
+log = logging.getLogger("lemonade.anthropic")
+router = APIRouter(tags=["anthropic"])
+WARNING_HEADER = "x-lemonade-warning"
+
+
+def warning_header(warnings: list[str]) -> dict[str, str]:
+    """The warnings as one header value (latin-1 safe, one line), or no header."""
+    if not warnings:
+        return {}
+    text = " | ".join(warnings)
+    return {WARNING_HEADER: re.sub(r"[^\x20-\x7e]", "?", text)[:4000]}
+
+
+def _require_vision(svc: Services, model: ModelInfo, body: dict[str, Any]) -> None:
+    """A 400 for images sent to a model without a vision projector (the engine would answer 500)."""
+    has_images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                     for m in body["messages"])
+    if not has_images or "mmproj" in model.checkpoints or "vision" in model.labels:
+        return
+    files = svc.catalog.local_files(model)
+    if not (files and files.get("mmproj")):
+        raise APIError(400, f"messages: model {model.name} does not accept images (it has no vision projector); "
+                       "use a vision model", code="invalid_argument")
+
+
+def _log_warnings(model: str, warnings: list[str]) -> None:
+    if warnings:
+        log.warning("/v1/messages (%s): %s", model, "; ".join(warnings))
+
+
+@router.post("/messages")
+async def messages(request: Request, body: MessagesRequest) -> Response:
+    svc: Services = request.app.state.services
+    model = chat_model(svc, body.model, "/messages")
+    tr = translate.to_openai(body, model.name)
+    _require_vision(svc, model, tr.body)
+    _log_warnings(model.name, tr.warnings)
+    headers = warning_header(tr.warnings)
+    proxy = Proxy(svc)
+    if body.stream:
+        payload = {**tr.body, "stream": True, "stream_options": {"include_usage": True}}
+
+        def transform(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            return translate.anthropic_stream(source, body.model, tr)
+
+        resp = await proxy.stream(model, "/v1/chat/completions", payload, "chat/completions", transform=transform)
+        resp.headers.update(headers)
+        return resp
+    data = await proxy.post_json(model, "/v1/chat/completions", tr.body, "chat/completions")
+    return JSONResponse(translate.to_anthropic(data, body.model, tr), headers=headers)
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(request: Request, body: CountTokensRequest) -> Response:
+    """Tokens of the prompt the model would see: the chat template applied, then tokenized by the engine."""
+    svc: Services = request.app.state.services
+    model = chat_model(svc, body.model, "/messages/count_tokens")
+    tr = translate.to_openai(body, model.name)
+    _log_warnings(model.name, tr.warnings)
+    proxy = Proxy(svc)
+    template_body: dict[str, Any] = {k: v for k, v in tr.body.items() if k in ("messages", "tools", "tool_choice",
+                                                                                 "chat_template_kwargs")}
+    applied = await proxy.post_json(model, "/apply-template", template_body, "apply-template")
+    tokens = await proxy.post_json(model, "/tokenize", {"content": applied.get("prompt", ""), "add_special": False,
+                                                        "parse_special": True}, "tokenize")
+    return JSONResponse({"input_tokens": len(tokens.get("tokens") or [])}, headers=warning_header(tr.warnings))

@@ -1,0 +1,370 @@
+"""The MCP tools: their JSON Schemas (for `tools/list`) and what each call does.
+
+Every tool goes through the same router and proxy as the HTTP APIs (auto-load, download, stats).
+A tool failure (bad arguments, unknown model, load error, engine error) is a result with
+`isError: true` and a message the calling model can act on, never a JSON-RPC error.
+`lemonade_transcribe_audio`, `lemonade_generate_image` and `lemonade_omni` validate their
+arguments fully (output paths included) and then report that their engine is not available in
+this server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from lemonade.api.errors import APIError
+from lemonade.api.mcp import schema
+from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root
+from lemonade.catalog.models import ModelInfo
+from lemonade.runtime.proxy import Proxy
+from lemonade.services import Services
+
+log = logging.getLogger("lemonade.mcp")
+
+DEFAULT_OMNI_MODEL = "LMX-Omni-5.5B-Lite"
+CHAT_PASSTHROUGH = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "presence_penalty",
+                    "frequency_penalty", "tools", "tool_choice", "response_format", "chat_template_kwargs")
+SIZE_RE = re.compile(r"^\d{2,5}x\d{2,5}$")
+
+
+class ToolError(Exception):
+    """A tool failure reported to the caller as `isError: true` with this message."""
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def result(*blocks: dict[str, Any], is_error: bool = False) -> dict[str, Any]:
+    return {"content": list(blocks), "isError": is_error}
+
+
+# ----- schemas -------------------------------------------------------------------------------------
+
+_MODEL = {"type": "string", "minLength": 1}
+_MESSAGES = {"type": "array", "minItems": 1, "description": "OpenAI chat format: [{role, content}, ...]",
+             "items": {"type": "object", "required": ["role"],
+                       "properties": {"role": {"type": "string",
+                                               "enum": ["system", "developer", "user", "assistant", "tool"]},
+                                      "content": {"type": ["string", "array", "null"]}}}}
+_SANDBOX_NOTE = ("Confined to the MCP image sandbox (<cache dir>/mcp-images, or LEMONADE_MCP_IMAGE_DIR): relative "
+                 "paths resolve against it, paths escaping it (.. or symlinks) are rejected.")
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "lemonade_list_models",
+        "description": "List the models of this Lemonade server: loaded, downloaded (available) and suggested to "
+                       "pull. Call this first if you do not know the exact model name to pass to the other tools "
+                       "(a wrong name may trigger a multi-GB download). Returns a summary text block plus a JSON "
+                       "block with {loaded, available, suggested_to_pull, recommended_chat_model}.",
+        "inputSchema": {"type": "object", "properties": {
+            "include_available": {"type": "boolean", "description": "List downloaded models (default true)"},
+            "include_suggested": {"type": "boolean", "description": "List suggested models not downloaded yet "
+                                                                    "(default true)"}}},
+    },
+    {
+        "name": "lemonade_chat",
+        "description": "Chat completion with a local LLM. Pass OpenAI-style `messages`. `model` is optional: "
+                       "without it the most recently used loaded LLM is used, else a downloaded one. Thinking is "
+                       "disabled by default; pass chat_template_kwargs {\"enable_thinking\": true} to allow it. "
+                       "Returns the assistant text, plus a `tool_calls: [...]` block when the model calls tools.",
+        "inputSchema": {"type": "object", "required": ["messages"], "properties": {
+            "model": {**_MODEL, "description": "A model name from lemonade_list_models"},
+            "messages": _MESSAGES,
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_k": {"type": "integer", "minimum": 0},
+            "stop": {"type": ["string", "array"], "items": {"type": "string"}},
+            "seed": {"type": "integer"},
+            "presence_penalty": {"type": "number"},
+            "frequency_penalty": {"type": "number"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "tool_choice": {"type": ["string", "object"]},
+            "response_format": {"type": "object"},
+            "chat_template_kwargs": {"type": "object",
+                                     "description": "e.g. {\"enable_thinking\": true}; thinking is off by default"},
+            "stream": {"type": "boolean", "description": "Ignored: MCP results are returned whole"}}},
+    },
+    {
+        "name": "lemonade_transcribe_audio",
+        "description": "Transcribe a local audio file with a Whisper-class model. Prefer `audio_path` (the server "
+                       "runs on the caller's machine); use `audio_base64` only for bytes in memory. Exactly one "
+                       "of the two is required. Returns the transcript and the full OpenAI-shaped response.",
+        "inputSchema": {"type": "object", "properties": {
+            "model": {**_MODEL, "description": "A transcription model, e.g. Whisper-Tiny"},
+            "audio_path": {"type": "string", "minLength": 1, "description": "Absolute path of a local audio file"},
+            "audio_base64": {"type": "string", "minLength": 1},
+            "filename": {"type": "string"},
+            "language": {"type": "string"},
+            "prompt": {"type": "string"},
+            "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1}}},
+    },
+    {
+        "name": "lemonade_generate_image",
+        "description": "Generate PNG images from a prompt. Prefer writing to disk with `output_path` (one image) "
+                       "or `output_dir` (unique generated names); inline base64 images cost many tokens. "
+                       + _SANDBOX_NOTE,
+        "inputSchema": {"type": "object", "required": ["prompt"], "properties": {
+            "model": {**_MODEL, "description": "An image model, e.g. SD-Turbo"},
+            "prompt": {"type": "string", "minLength": 1},
+            "output_path": {"type": "string", "description": "Exact PNG path to write (only with n = 1). "
+                                                             + _SANDBOX_NOTE},
+            "output_dir": {"type": "string", "description": "Folder for image_<token>_<i>.png files. "
+                                                            + _SANDBOX_NOTE},
+            "size": {"type": "string", "description": "WIDTHxHEIGHT, e.g. 512x512"},
+            "n": {"type": "integer", "minimum": 1, "maximum": 8},
+            "negative_prompt": {"type": "string"},
+            "seed": {"type": "integer"},
+            "steps": {"type": "integer", "minimum": 1, "maximum": 500},
+            "cfg_scale": {"type": "number", "minimum": 0}}},
+    },
+    {
+        "name": "lemonade_omni",
+        "description": "One multimodal turn against a Lemonade Omni collection (a planner LLM with image, "
+                       "image-edit and speech models). Returns text plus image/audio blocks, or file paths with "
+                       f"`output_dir`. `model` defaults to {DEFAULT_OMNI_MODEL}. Use lemonade_chat for plain text. "
+                       + _SANDBOX_NOTE,
+        "inputSchema": {"type": "object", "required": ["messages"], "properties": {
+            "model": {**_MODEL, "description": f"A collection.omni model (default {DEFAULT_OMNI_MODEL})"},
+            "messages": _MESSAGES,
+            "output_dir": {"type": "string", "description": "Folder for omni_<token>_<i>.<ext> files. "
+                                                            + _SANDBOX_NOTE},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "tool_choice": {"type": ["string", "object"]},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2}}},
+    },
+]
+TOOL_NAMES = {tool["name"] for tool in TOOLS}
+
+
+# ----- helpers -------------------------------------------------------------------------------------
+
+def engine_available(svc: Services, model: ModelInfo) -> bool:
+    """Whether this server can run the model's recipe (checked before anything is downloaded)."""
+    supports = getattr(svc.router, "supports_recipe", None)
+    return bool(supports(model.recipe)) if callable(supports) else model.recipe == "llamacpp"
+
+
+def find_model(svc: Services, name: str) -> ModelInfo:
+    model = svc.catalog.find(name)
+    if model is None:
+        raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")
+    return model
+
+
+def _unavailable(tool: str, what: str, model: ModelInfo | None) -> ToolError:
+    named = f" (model {model.name}, recipe '{model.recipe}')" if model is not None else ""
+    return ToolError(f"{tool} cannot run: the {what} engine{named} is not available in this server. Only "
+                     "llama.cpp models run here; use lemonade_chat for text generation.")
+
+
+def _output_dirs(svc: Services, args: dict[str, Any]) -> tuple[Path | None, Path | None]:
+    """Validated (output_path, output_dir), confined to the sandbox."""
+    if args.get("output_path") is not None and args.get("output_dir") is not None:
+        raise ToolError("Provide at most one of `output_path` and `output_dir`, not both.")
+    try:
+        root = sandbox_root(svc.cache_dir)
+        path = confine(args["output_path"], root, "output_path") if args.get("output_path") is not None else None
+        folder = (confine(args["output_dir"], root, "output_dir", allow_root=True)
+                  if args.get("output_dir") is not None else None)
+    except SandboxError as exc:
+        raise ToolError(str(exc)) from None
+    if path is not None and path.suffix.lower() != ".png":
+        raise ToolError(f"`output_path` must name a .png file, got {path.name}")
+    return path, folder
+
+
+def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text-only content arrays (as Claude Desktop sends them) flattened to strings, which every template reads."""
+    out = []
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            msg = {**msg, "content": "\n".join(str(p.get("text", "")) for p in content)}
+        out.append(msg)
+    return out
+
+
+def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
+    if name:
+        model = find_model(svc, name)
+        if model.is_collection:
+            raise ToolError(f"Model {model.name} is a collection; use lemonade_omni for collections, or pass one of "
+                            f"its components: {', '.join(model.components or [])}")
+        if model.mode != "chat":
+            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not a chat model. Call "
+                            "lemonade_list_models and pick an LLM.")
+        if not engine_available(svc, model):
+            raise _unavailable("lemonade_chat", model.recipe, model)
+        return model
+    loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "chat" and not lm.retiring]
+    if loaded:
+        return max(loaded, key=lambda lm: lm.last_use).model
+    for model in svc.catalog.all():
+        if model.mode == "chat" and engine_available(svc, model) and svc.catalog.is_downloaded(model):
+            return model
+    raise ToolError("No chat model is loaded or downloaded. Pass `model` (see lemonade_list_models); a model "
+                    "that is not downloaded yet is downloaded first.")
+
+
+def _named_tool_choice(body: dict[str, Any]) -> None:
+    """OpenAI's `{"type": "function", "function": {"name": X}}` as llama-server understands it:
+    "required" with only X on offer (llama-server reads tool_choice as a string)."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    named = [t for t in body.get("tools") or [] if isinstance(t, dict)
+             and isinstance(t.get("function"), dict) and t["function"].get("name") == name]
+    if not name or not named:
+        raise ToolError(f"`tool_choice` names a tool that is not in `tools`: {name!r}")
+    body["tools"] = named
+    body["tool_choice"] = "required"
+
+
+# ----- tools ---------------------------------------------------------------------------------------
+
+async def list_models(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
+    loaded = svc.router.describe()
+    available: list[dict[str, Any]] = []
+    suggested: list[dict[str, Any]] = []
+    for model in svc.catalog.all():
+        downloaded = svc.catalog.is_downloaded(model)
+        entry: dict[str, Any] = {"model_name": model.name, "recipe": model.recipe, "type": model.type,
+                                 "labels": list(model.labels)}
+        if model.size:
+            entry["size_gb"] = model.size
+        if downloaded and args.get("include_available", True):
+            available.append({**entry, "downloaded": True, "suggested": model.suggested})
+        elif not downloaded and model.suggested and args.get("include_suggested", True):
+            suggested.append(entry)
+    llms = [m["model_name"] for m in loaded if m.get("type") == "llm"]
+    recommended = llms[0] if llms else next((m["model_name"] for m in available
+                                             if m["type"] == "llm" and m["recipe"] == "llamacpp"), "")
+    payload = {"loaded": loaded, "available": available, "suggested_to_pull": suggested,
+               "recommended_chat_model": recommended}
+    if loaded:
+        summary = "Loaded models: " + ", ".join(f"{m['model_name']} ({m['type']})" for m in loaded) + ". "
+    else:
+        summary = "No models are loaded. "
+    if recommended:
+        summary += f"Use `{recommended}` for lemonade_chat unless the user asks otherwise."
+    elif suggested:
+        summary += "No LLM is downloaded; suggested models to pull: " + ", ".join(
+            m["model_name"] for m in suggested[:8]) + "."
+    return result(text(summary), text(json.dumps(payload, default=str)))
+
+
+async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
+    model = _pick_chat_model(svc, args.get("model"))
+    body: dict[str, Any] = {"model": model.name, "messages": _chat_messages(args["messages"])}
+    body.update({k: args[k] for k in CHAT_PASSTHROUGH if k in args})
+    body.setdefault("chat_template_kwargs", {"enable_thinking": False})
+    _named_tool_choice(body)
+    try:
+        data = await Proxy(svc).post_json(model, "/v1/chat/completions", body, "chat/completions")
+    except APIError as exc:
+        raise ToolError(f"Chat with {model.name} failed: {exc.message}") from None
+    choice = (data.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    if not content and message.get("reasoning_content"):
+        note = "[reasoning only" + ("; finish_reason=length" if choice.get("finish_reason") == "length" else "") + "]"
+        content = f"{note}\n{message['reasoning_content']}"
+    blocks = [text(content)]
+    if message.get("tool_calls"):
+        blocks.append(text("tool_calls: " + json.dumps(message["tool_calls"])))
+    return result(*blocks)
+
+
+async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
+    has_path, has_b64 = args.get("audio_path") is not None, args.get("audio_base64") is not None
+    if has_path == has_b64:
+        raise ToolError("Provide exactly one of `audio_path` (path of a local audio file) or `audio_base64`.")
+    if has_path:
+        path = Path(args["audio_path"]).expanduser()
+        if not path.is_file():
+            raise ToolError(f"audio_path not found (or not a file): {args['audio_path']}")
+        if path.stat().st_size == 0:
+            raise ToolError(f"audio_path is empty: {args['audio_path']}")
+    else:
+        try:
+            raw = base64.b64decode(args["audio_base64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ToolError("`audio_base64` is not valid base64. To pass a file, use `audio_path`.") from None
+        if not raw:
+            raise ToolError("`audio_base64` decoded to zero bytes. To pass a file, use `audio_path`.")
+    model = None
+    if args.get("model"):
+        model = find_model(svc, args["model"])
+        if model.mode != "transcription":
+            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not a transcription model.")
+        if engine_available(svc, model):
+            raise ToolError(f"Transcription through MCP is not wired to the {model.recipe} engine in this server.")
+    raise _unavailable("lemonade_transcribe_audio", "transcription (whisper.cpp)", model)
+
+
+async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
+    output_path, _output_dir = _output_dirs(svc, args)
+    if output_path is not None and args.get("n", 1) != 1:
+        raise ToolError("`output_path` names one file; use `output_dir` for n > 1.")
+    if args.get("size") is not None and not SIZE_RE.match(args["size"]):
+        raise ToolError(f"`size` must look like 512x512, got {args['size']!r}")
+    model = None
+    if args.get("model"):
+        model = find_model(svc, args["model"])
+        if model.mode != "image":
+            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not an image generation model.")
+        if engine_available(svc, model):
+            raise ToolError(f"Image generation through MCP is not wired to the {model.recipe} engine in this server.")
+    raise _unavailable("lemonade_generate_image", "image generation (stable-diffusion.cpp)", model)
+
+
+async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
+    _output_dirs(svc, {"output_dir": args.get("output_dir")})
+    name = args.get("model") or DEFAULT_OMNI_MODEL
+    model = svc.catalog.find(name)
+    if model is not None and not model.is_collection:
+        raise ToolError(f"Model {model.name} is not a collection.omni model; use lemonade_chat for a plain LLM.")
+    if model is None and args.get("model"):
+        raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")
+    raise ToolError(f"lemonade_omni cannot run: Omni collection orchestration ({name}) is not available in this "
+                    "server. Use lemonade_chat for text generation.")
+
+
+HANDLERS: dict[str, Callable[[Services, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "lemonade_list_models": list_models,
+    "lemonade_chat": chat,
+    "lemonade_transcribe_audio": transcribe_audio,
+    "lemonade_generate_image": generate_image,
+    "lemonade_omni": omni,
+}
+SCHEMAS = {tool["name"]: tool["inputSchema"] for tool in TOOLS}
+
+
+async def call(svc: Services, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run one tool; every failure becomes an `isError` result."""
+    problems = schema.errors(args, SCHEMAS[name])
+    if problems:
+        return result(text(f"Invalid arguments for {name}: " + "; ".join(problems)), is_error=True)
+    try:
+        return await HANDLERS[name](svc, args)
+    except ToolError as exc:
+        log.info("MCP %s: %s", name, exc)
+        return result(text(f"Error: {exc}"), is_error=True)
+    except APIError as exc:
+        log.warning("MCP %s failed: %s", name, exc.message)
+        return result(text(f"Error: {exc.message}"), is_error=True)
+    except Exception as exc:  # noqa: BLE001 - a tool failure is a result, never a JSON-RPC error
+        log.exception("MCP %s failed", name)
+        return result(text(f"Error: {name} failed: {exc}"), is_error=True)

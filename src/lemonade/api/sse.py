@@ -1,0 +1,80 @@
+"""Reading an engine's Server-Sent Events stream as parsed JSON events.
+
+The Ollama and Anthropic surfaces re-shape llama-server's OpenAI-style SSE stream into their own
+wire formats. They need the events one by one, as soon as each arrives, whatever the chunking of
+the underlying bytes (an event may be split across chunks, or several may share one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("lemonade.proxy")
+
+
+@dataclass
+class SSEEvent:
+    """One event: its `event:` name (None for plain data events) and its JSON `data:`."""
+
+    name: str | None
+    data: Any
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
+    """Parse SSE bytes into events; `data: [DONE]` ends the stream. Non-JSON data is skipped."""
+    buffer = b""
+    name: str | None = None
+    data_lines: list[bytes] = []
+
+    def take() -> SSEEvent | None:
+        nonlocal name, data_lines
+        event_name, payload = name, b"\n".join(data_lines)
+        name, data_lines = None, []
+        if not payload:
+            return None
+        if payload.strip() == b"[DONE]":
+            return SSEEvent("done", None)
+        try:
+            return SSEEvent(event_name, json.loads(payload))
+        except ValueError:
+            log.debug("Skipping a non-JSON SSE event: %r", payload[:200])
+            return None
+
+    async for chunk in chunks:
+        buffer += chunk
+        while True:
+            newline = buffer.find(b"\n")
+            if newline < 0:
+                break
+            line, buffer = buffer[:newline].rstrip(b"\r"), buffer[newline + 1:]
+            if not line:
+                event = take()
+                if event is not None:
+                    if event.name == "done":
+                        return
+                    yield event
+            elif line.startswith(b"data:"):
+                data_lines.append(line[5:].lstrip(b" "))
+            elif line.startswith(b"event:"):
+                name = line[6:].strip().decode(errors="replace")
+            # comments (":") and other fields (id, retry) are irrelevant here
+    if buffer.strip().startswith(b"data:"):
+        data_lines.append(buffer.strip()[5:].lstrip(b" "))
+    event = take()
+    if event is not None and event.name != "done":
+        yield event
+
+
+def error_message(event: SSEEvent) -> str | None:
+    """The message of an error event (our proxy's `event: error`, or an engine's `{"error": ...}`)."""
+    data = event.data
+    if event.name != "error" and not (isinstance(data, dict) and "error" in data and "choices" not in data):
+        return None
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err)
