@@ -523,3 +523,17 @@ def test_image_parts_need_a_vision_model(client):
         client.chat.completions.create(model=GEMMA_NAME, max_tokens=2, messages=[
             {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
     assert "does not accept images" in str(err.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_right_after_engine_death_is_answered(make_server, gemma_dir, stream):
+    """No wait for the crash to be noticed: the request finds the engine dead, restarts it, and succeeds."""
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        resp = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 3,
+                                                    "stream": stream})
+        assert resp.status_code == 200, resp.text
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid

@@ -26,6 +26,11 @@ from lemonade.services import Services
 
 log = logging.getLogger("lemonade.proxy")
 TAIL_BYTES = 16384
+# llama-server closes the connection after every streamed response. Were that connection put back
+# in the pool, the next request could be sent on it before the close arrives and fail with "Server
+# disconnected without sending a response" (a 502, seen with back-to-back requests after a
+# stream). So a streamed request asks for a connection of its own, closed when the stream ends.
+STREAM_HEADERS = {"Connection": "close"}
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
@@ -41,13 +46,17 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
     return APIError(status, f"{lm.name}: {message}", code="backend_error")
 
 
-def crash_error(lm: LoadedModel, exc: Exception) -> APIError:
+class EngineUnreachable(APIError):
+    """The engine process did not answer at all (it died, or is dying)."""
+
+
+def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
     code = lm.server.proc.returncode if lm.server.proc else None
     if code is not None:
-        return APIError(502, f"The engine for {lm.name} exited (code {code}) while answering; it is started "
-                        "again on the next request", type="server_error", code="backend_crashed")
-    return APIError(502, f"Lost the connection to the engine for {lm.name}: {exc}", type="server_error",
-                    code="backend_unreachable")
+        return EngineUnreachable(502, f"The engine for {lm.name} exited (code {code}) while answering; it is "
+                                 "started again on the next request", type="server_error", code="backend_crashed")
+    return EngineUnreachable(502, f"Lost the connection to the engine for {lm.name}: {exc}", type="server_error",
+                             code="backend_unreachable")
 
 
 def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
@@ -82,15 +91,25 @@ class Proxy:
             raise upstream_error(lm, resp.status_code, resp.text)
         return resp
 
+    async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST to the model's engine; an engine found dead is started again once and asked again."""
+        for attempt in range(2):
+            async with self.svc.router.use(model, self._options(model)) as lm:
+                try:
+                    return await self._call(lm, "POST", path, body)
+                except EngineUnreachable:
+                    if attempt or not await self.svc.router.confirm_crash(lm):
+                        raise
+        raise AssertionError("unreachable")
+
     async def post_json(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                         lm: LoadedModel | None = None) -> dict[str, Any]:
         """One request/response round trip; returns the engine's JSON."""
-        async with contextlib.AsyncExitStack() as stack:
-            if lm is None:
-                lm = await stack.enter_async_context(self.svc.router.use(model, self._options(model)))
-            else:
-                await stack.enter_async_context(self.svc.router.hold(lm))
-            data = (await self._call(lm, "POST", path, body)).json()
+        if lm is None:
+            data = (await self._round_trip(model, path, body)).json()
+        else:
+            async with self.svc.router.hold(lm):
+                data = (await self._call(lm, "POST", path, body)).json()
         self._account(model, endpoint, data)
         return data
 
@@ -100,8 +119,7 @@ class Proxy:
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
         """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
-        async with self.svc.router.use(model, self._options(model)) as lm:
-            content = (await self._call(lm, "POST", path, body)).content
+        content = (await self._round_trip(model, path, body)).content
         with contextlib.suppress(ValueError):
             self._account(model, endpoint, json.loads(content))
         return Response(content, media_type="application/json")
@@ -110,25 +128,28 @@ class Proxy:
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
                      media_type: str = "text/event-stream") -> Response:
         """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream."""
-        use = self.svc.router.use(model, self._options(model))
-        lm = await use.__aenter__()
-        released = False
+        for attempt in range(2):
+            use = self.svc.router.use(model, self._options(model))
+            lm = await use.__aenter__()
+            released = False
 
-        async def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                await use.__aexit__(None, None, None)
+            async def release(use: Any = use) -> None:
+                nonlocal released
+                if not released:
+                    released = True
+                    await use.__aexit__(None, None, None)
 
-        try:
-            request = self.svc.http.build_request("POST", lm.base_url + path, json=body)
-            resp = await self.svc.http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            await release()
-            raise crash_error(lm, exc) from None
-        except BaseException:
-            await release()
-            raise
+            try:
+                request = self.svc.http.build_request("POST", lm.base_url + path, json=body)
+                resp = await self.svc.http.send(request, stream=True)
+                break
+            except httpx.HTTPError as exc:
+                await release()
+                if attempt or not await self.svc.router.confirm_crash(lm):
+                    raise crash_error(lm, exc) from None
+            except BaseException:
+                await release()
+                raise
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
             await resp.aclose()

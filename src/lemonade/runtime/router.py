@@ -179,6 +179,18 @@ class Router:
                                                 "started again on the next request"}
             self._on_change()
 
+    async def confirm_crash(self, lm: LoadedModel, wait: float = 2.0) -> bool:
+        """After a failed connection: True (and the model forgotten) when its process has exited."""
+        proc = lm.server.proc
+        if proc is None:
+            return False
+        try:
+            code = await asyncio.wait_for(proc.wait(), wait)
+        except TimeoutError:
+            return False
+        self._crashed(lm, code)
+        return True
+
     async def _make_room(self, model: ModelInfo) -> None:
         limit = self.limit()
         if limit == -1:
