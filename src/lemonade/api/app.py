@@ -16,10 +16,16 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from lemonade import __version__
 from lemonade.api import internal
+from lemonade.api.anthropic import messages
 from lemonade.api.errors import install_error_handlers
-from lemonade.api.lemonade import backends, load, logs, models, status
+from lemonade.api.lemonade import backends, downloads, load, logs, models, status
+from lemonade.api.llamacpp import routes as llamacpp_routes
+from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, MetricsMiddleware
+from lemonade.api.ollama import routes as ollama_routes
+from lemonade.api.openai import inference
 from lemonade.api.openai import models as openai_models
+from lemonade.downloads import manager as download_manager
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -29,35 +35,14 @@ PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")
 
 def api_routers() -> list[APIRouter]:
     """Routers served under every prefix. Order matters where paths overlap (`/models/...`)."""
-    from lemonade.api.llamacpp import routes as llamacpp_routes
-    from lemonade.api.openai import inference
-
-    routers = [status.router, models.router, openai_models.router, load.router, backends.router,
-               inference.router, llamacpp_routes.router, logs.router]
-    for optional in ("lemonade.api.lemonade.downloads", "lemonade.api.anthropic.messages"):
-        module = _optional(optional)
-        if module is not None:
-            routers.append(module.router)
-    return routers
-
-
-def _optional(name: str):  # noqa: ANN202 - a module or None
-    """Feature modules that may not be present in a partial checkout of this tree."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
+    return [status.router, models.router, openai_models.router, load.router, backends.router, downloads.router,
+            inference.router, llamacpp_routes.router, messages.router, logs.router]
 
 
 def create_app(services: Services) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for hook in app.state.startup_hooks:
-            await hook(services)
+        await download_manager.attach(services)
         log.info("Lemonade %s ready (cache dir %s)", __version__, services.cache_dir)
         try:
             yield
@@ -68,7 +53,6 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="Lemonade", version=__version__, lifespan=lifespan,
                   description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.")
     app.state.services = services
-    app.state.startup_hooks = []
     install_error_handlers(app)
 
     for prefix in PREFIXES:
@@ -76,13 +60,8 @@ def create_app(services: Services) -> FastAPI:
             app.include_router(router, prefix=prefix)
     app.include_router(logs.router)
     app.include_router(internal.router)
-    for module_name in ("lemonade.api.ollama.routes", "lemonade.api.mcp.routes"):
-        module = _optional(module_name)
-        if module is not None:
-            app.include_router(module.router)
-    downloads_module = _optional("lemonade.downloads.manager")
-    if downloads_module is not None:
-        app.state.startup_hooks.append(downloads_module.attach)
+    app.include_router(ollama_routes.router)
+    app.include_router(mcp_routes.router)
 
     @app.api_route("/live", methods=["GET", "HEAD"], tags=["status"])
     async def live(request: Request) -> Response:
