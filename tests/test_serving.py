@@ -537,3 +537,16 @@ def test_request_right_after_engine_death_is_answered(make_server, gemma_dir, st
                                                     "stream": stream})
         assert resp.status_code == 200, resp.text
         assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
+
+
+def test_request_right_after_a_stream_is_answered(server):
+    """llama-server closes the connection after a stream; the next request must not reuse it (was a 502)."""
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        for _ in range(15):
+            with c.stream("POST", "/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT,
+                                                               "max_tokens": 2, "stream": True}) as s:
+                assert s.status_code == 200
+                list(s.iter_lines())
+            resp = c.post("/v1/tokenize", json={"content": "hi"})
+            assert resp.status_code == 200, resp.text
+            assert chat(c, GEMMA_NAME, n=1).status_code == 200

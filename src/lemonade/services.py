@@ -41,7 +41,10 @@ class Services:
         self.metrics = Metrics()
         # Upstream calls to engines on loopback: no read timeout (generation can be long).
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                      limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+                                      limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
+                                                          # below llama-server's 5 s idle close, so a kept
+                                                          # connection is never one the engine just dropped
+                                                          keepalive_expiry=2.0))
         self.router = Router(max_models=lambda: self.config.get("max_loaded_models"),
                              files_for=self.files_for_load, binary_for=self.engine_binary)
         self.downloads: Any = None  # set by lemonade.downloads when the server starts

@@ -30,7 +30,7 @@ from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.server")
-PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")
+PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are matched in order
 
 
 def api_routers() -> list[APIRouter]:
@@ -55,14 +55,6 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     install_error_handlers(app)
 
-    for prefix in PREFIXES:
-        for router in api_routers():
-            app.include_router(router, prefix=prefix)
-    app.include_router(logs.router)
-    app.include_router(internal.router)
-    app.include_router(ollama_routes.router)
-    app.include_router(mcp_routes.router)
-
     @app.api_route("/live", methods=["GET", "HEAD"], tags=["status"])
     async def live(request: Request) -> Response:
         if request.method == "HEAD":
@@ -80,6 +72,14 @@ def create_app(services: Services) -> FastAPI:
                    for m in loaded if m["recipe"] == "llamacpp"]
         body = await services.metrics.render(targets, services.http)
         return Response(body, media_type=CONTENT_TYPE)
+
+    for prefix in PREFIXES:
+        for router in api_routers():
+            app.include_router(router, prefix=prefix)
+    app.include_router(logs.router)
+    app.include_router(internal.router)
+    app.include_router(ollama_routes.router)
+    app.include_router(mcp_routes.router)
 
     app.add_middleware(DefaultJSONContentType)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)

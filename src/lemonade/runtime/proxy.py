@@ -140,7 +140,8 @@ class Proxy:
                     await use.__aexit__(None, None, None)
 
             try:
-                request = self.svc.http.build_request("POST", lm.base_url + path, json=body)
+                request = self.svc.http.build_request("POST", lm.base_url + path, json=body,
+                                                      headers=STREAM_HEADERS)
                 resp = await self.svc.http.send(request, stream=True)
                 break
             except httpx.HTTPError as exc:

