@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from lemonade.api.errors import APIError, model_not_found
@@ -47,6 +48,7 @@ class Services:
                                                           keepalive_expiry=2.0))
         self.router = Router(max_models=lambda: self.config.get("max_loaded_models"),
                              files_for=self.files_for_load, binary_for=self.engine_binary)
+        self._engine_http: aiohttp.ClientSession | None = None
         self.downloads: Any = None  # set by lemonade.downloads when the server starts
         config.on_change(self._config_changed)
 
@@ -96,8 +98,19 @@ class Services:
                            code="model_load_error")
         return files
 
+    def engine_http(self) -> aiohttp.ClientSession:
+        """The client for requests to engines on loopback (aiohttp: about 1 ms less per request than
+        httpx, see docs/performance.md). Created on first use, inside the server's event loop."""
+        if self._engine_http is None or self._engine_http.closed:
+            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=2.0)  # < llama-server's 5 s idle close
+            self._engine_http = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=10.0), auto_decompress=False)
+        return self._engine_http
+
     async def aclose(self) -> None:
         await self.router.shutdown()
+        if self._engine_http is not None:
+            await self._engine_http.close()
         if self.downloads is not None and hasattr(self.downloads, "aclose"):
             await self.downloads.aclose()
         await self.http.aclose()

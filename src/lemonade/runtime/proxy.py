@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -30,7 +30,9 @@ TAIL_BYTES = 16384
 # in the pool, the next request could be sent on it before the close arrives and fail with "Server
 # disconnected without sending a response" (a 502, seen with back-to-back requests after a
 # stream). So a streamed request asks for a connection of its own, closed when the stream ends.
-STREAM_HEADERS = {"Connection": "close"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+STREAM_HEADERS = {**JSON_HEADERS, "Connection": "close"}
+ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
@@ -81,17 +83,20 @@ class Proxy:
         tokens_in, tokens_out = self.svc.stats.record_llamacpp(body)
         self.svc.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
-    async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+    async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None) -> bytes:
         """One round trip to the engine; its failures become client-facing errors."""
+        data = json.dumps(body).encode() if body is not None else None
         try:
-            resp = await self.svc.http.request(method, lm.base_url + path, json=body)
-        except httpx.HTTPError as exc:
+            async with self.svc.engine_http().request(method, lm.base_url + path, data=data,
+                                                      headers=JSON_HEADERS) as resp:
+                content = await resp.read()
+        except ENGINE_ERRORS as exc:
             raise crash_error(lm, exc) from None
-        if resp.status_code != 200:
-            raise upstream_error(lm, resp.status_code, resp.text)
-        return resp
+        if resp.status != 200:
+            raise upstream_error(lm, resp.status, content.decode(errors="replace"))
+        return content
 
-    async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
         """POST to the model's engine; an engine found dead is started again once and asked again."""
         for attempt in range(2):
             async with self.svc.router.use(model, self._options(model)) as lm:
@@ -106,20 +111,20 @@ class Proxy:
                         lm: LoadedModel | None = None) -> dict[str, Any]:
         """One request/response round trip; returns the engine's JSON."""
         if lm is None:
-            data = (await self._round_trip(model, path, body)).json()
+            data = json.loads(await self._round_trip(model, path, body))
         else:
             async with self.svc.router.hold(lm):
-                data = (await self._call(lm, "POST", path, body)).json()
+                data = json.loads(await self._call(lm, "POST", path, body))
         self._account(model, endpoint, data)
         return data
 
     async def get_json(self, lm: LoadedModel, path: str) -> Any:
         async with self.svc.router.hold(lm):
-            return (await self._call(lm, "GET", path, None)).json()
+            return json.loads(await self._call(lm, "GET", path, None))
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
         """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
-        content = (await self._round_trip(model, path, body)).content
+        content = await self._round_trip(model, path, body)
         with contextlib.suppress(ValueError):
             self._account(model, endpoint, json.loads(content))
         return Response(content, media_type="application/json")
@@ -140,36 +145,35 @@ class Proxy:
                     await use.__aexit__(None, None, None)
 
             try:
-                request = self.svc.http.build_request("POST", lm.base_url + path, json=body,
-                                                      headers=STREAM_HEADERS)
-                resp = await self.svc.http.send(request, stream=True)
+                resp = await self.svc.engine_http().post(lm.base_url + path, data=json.dumps(body).encode(),
+                                                         headers=STREAM_HEADERS)
                 break
-            except httpx.HTTPError as exc:
+            except ENGINE_ERRORS as exc:
                 await release()
                 if attempt or not await self.svc.router.confirm_crash(lm):
                     raise crash_error(lm, exc) from None
             except BaseException:
                 await release()
                 raise
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode(errors="replace")
-            await resp.aclose()
+        if resp.status != 200:
+            text = (await resp.read()).decode(errors="replace")
+            resp.close()
             await release()
-            raise upstream_error(lm, resp.status_code, text)
+            raise upstream_error(lm, resp.status, text)
 
         async def relay() -> AsyncIterator[bytes]:
             tail = b""
             started = False
             t0 = time.perf_counter()
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.content.iter_any():
                     if not started:
                         started = True
                         lm.streaming += 1
                         log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - t0) * 1000)
                     tail = (tail + chunk)[-TAIL_BYTES:]
                     yield chunk
-            except httpx.HTTPError as exc:
+            except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)
                 log.error("%s", err.message)
                 payload = {"error": {"message": err.message, "type": err.type, "code": err.code}}
@@ -181,7 +185,7 @@ class Proxy:
                 # generator before the engine's EOF; the figures are in `tail` already and must count.
                 self._account(model, endpoint,
                               _last_event_with(tail, b'"timings"') or _last_event_with(tail, b'"usage"'))
-                await resp.aclose()
+                resp.close()
                 await release()
 
         source = relay()
@@ -190,7 +194,7 @@ class Proxy:
                                  background=BackgroundTask(_cleanup, resp, release))
 
 
-async def _cleanup(resp: httpx.Response, release: Callable[[], Any]) -> None:
+async def _cleanup(resp: aiohttp.ClientResponse, release: Callable[[], Any]) -> None:
     """Runs after the response ends, however it ends (also when the stream never started)."""
-    await resp.aclose()
+    resp.close()
     await release()
