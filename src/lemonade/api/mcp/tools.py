@@ -287,6 +287,18 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     return result(*blocks)
 
 
+
+def _requested_model(svc: Services, args: dict[str, Any], mode: str, kind: str, what: str) -> ModelInfo | None:
+    """The model a media tool names, checked to be of the tool's mode (None when it names none)."""
+    if not args.get("model"):
+        return None
+    model = find_model(svc, args["model"])
+    if model.mode != mode:
+        raise ToolError(f"Model {model.name} is a '{model.mode}' model, not {kind}.")
+    if engine_available(svc, model):
+        raise ToolError(f"{what} through MCP is not wired to the {model.recipe} engine in this server.")
+    return model
+
 async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     has_path, has_b64 = args.get("audio_path") is not None, args.get("audio_base64") is not None
     if has_path == has_b64:
@@ -304,13 +316,7 @@ async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any
             raise ToolError("`audio_base64` is not valid base64. To pass a file, use `audio_path`.") from None
         if not raw:
             raise ToolError("`audio_base64` decoded to zero bytes. To pass a file, use `audio_path`.")
-    model = None
-    if args.get("model"):
-        model = find_model(svc, args["model"])
-        if model.mode != "transcription":
-            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not a transcription model.")
-        if engine_available(svc, model):
-            raise ToolError(f"Transcription through MCP is not wired to the {model.recipe} engine in this server.")
+    model = _requested_model(svc, args, "transcription", "a transcription model", "Transcription")
     raise _unavailable("lemonade_transcribe_audio", "transcription (whisper.cpp)", model)
 
 
@@ -320,13 +326,7 @@ async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError("`output_path` names one file; use `output_dir` for n > 1.")
     if args.get("size") is not None and not SIZE_RE.match(args["size"]):
         raise ToolError(f"`size` must look like 512x512, got {args['size']!r}")
-    model = None
-    if args.get("model"):
-        model = find_model(svc, args["model"])
-        if model.mode != "image":
-            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not an image generation model.")
-        if engine_available(svc, model):
-            raise ToolError(f"Image generation through MCP is not wired to the {model.recipe} engine in this server.")
+    model = _requested_model(svc, args, "image", "an image generation model", "Image generation")
     raise _unavailable("lemonade_generate_image", "image generation (stable-diffusion.cpp)", model)
 
 
