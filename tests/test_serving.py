@@ -550,3 +550,25 @@ def test_request_right_after_a_stream_is_answered(server):
             resp = c.post("/v1/tokenize", json={"content": "hi"})
             assert resp.status_code == 200, resp.text
             assert chat(c, GEMMA_NAME, n=1).status_code == 200
+
+
+def test_system_backend_and_prefer_system(make_server, gemma_dir, llama_backend, tmp_path):
+    """`llamacpp_backend: system` and `llamacpp.prefer_system` use the llama-server found on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "llama-server").symlink_to(llama_backend / "llama-server")
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "PATH": path})
+    with srv.client() as c:
+        info = c.get("/v1/system-info").json()["recipes"]["llamacpp"]["backends"]["system"]
+        assert info["state"] == "installed" and info["version"]
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "system"}).status_code == 200
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["backend"] == "system"
+        c.post("/v1/unload")
+        c.post("/internal/set", json={"llamacpp": {"prefer_system": True}})
+        chat(c, GEMMA_NAME)
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["backend"] == "system"
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "PATH": "/usr/bin:/bin"})
+    with srv.client() as c:
+        resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "system"})
+        assert resp.status_code == 400 and "not installed" in resp.json()["error"]["message"]

@@ -74,14 +74,20 @@ class Services:
         except NotFound:
             raise model_not_found(name) from None
 
-    def engine_binary(self, backend: str) -> Path:
+    def engine_binary(self, backend: str) -> tuple[str, Path]:
+        """(backend actually used, llama-server path). `llamacpp.prefer_system` picks a llama-server on
+        PATH over the requested backend when there is one."""
+        if backend != "system" and self.config.get("llamacpp.prefer_system"):
+            system = self.installer.llama_server_path("system")
+            if system is not None:
+                return "system", system
         path = self.installer.llama_server_path(backend)
         if path is None:
             state = self.installer.state("llamacpp", backend)
             raise APIError(400, f"The llama.cpp '{backend}' backend is not installed ({state.message}). "
                            f"Install it with: {state.action or f'lemonade backends install llamacpp:{backend}'}",
                            code="backend_not_installed")
-        return path
+        return backend, path
 
     async def files_for_load(self, model: ModelInfo) -> dict[str, list[Path]]:
         """Files of a model about to load, downloading them first when needed."""

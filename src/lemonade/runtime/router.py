@@ -73,7 +73,7 @@ class LoadedModel:
 
 Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only evaluated when a load happens
 FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
-BinaryProvider = Callable[[str], Path]
+BinaryProvider = Callable[[str], tuple[str, Path]]  # requested backend -> (backend used, binary)
 
 
 class Router:
@@ -150,8 +150,7 @@ class Router:
         if model.recipe != "llamacpp":
             raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available "
                            "in this server yet. Only llamacpp models can be loaded.", code="model_load_refused")
-        backend = options.get("llamacpp_backend", "cpu")
-        binary = self._binary_for(backend)
+        backend, binary = self._binary_for(options.get("llamacpp_backend", "cpu"))
         port = free_port()
         argv = build_argv(binary, model, files, options, port)
         server = WrappedServer(f"llama-server:{model.name}", argv, port)
