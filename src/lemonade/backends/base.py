@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from lemonade.observability.logs import log_buffer
+
 _PR_SET_PDEATHSIG = 1
 ENGINE_TAG_PREFIX = "engine."  # engine output: kept in the log buffer, shown on the console only at debug
 
@@ -109,6 +111,8 @@ class WrappedServer:
 
     async def _pump_output(self) -> None:
         assert self.proc and self.proc.stdout
+        tag = self.output_log.name.split(".", 1)[1]
+        buffer = log_buffer()
         pending = b""
         while True:
             # Chunks, not readline(): a very long line must never stall the pipe (and so the engine).
@@ -122,7 +126,10 @@ class WrappedServer:
                 text = line.decode("utf-8", errors="replace").rstrip()
                 if text:
                     self.tail.append(text)
-                    self.output_log.info("%s", text)
+                    if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
+                        self.output_log.info("%s", text)  # debugging: through logging, to the console too
+                    else:
+                        buffer.add(tag, "Info", text)
         code = await self.proc.wait()
         if not self._stopping:
             self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,
