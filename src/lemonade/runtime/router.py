@@ -128,6 +128,9 @@ class Router:
 
     async def _load(self, model: ModelInfo, options: Options, pinned: bool | None,
                     reload: bool) -> LoadedModel:
+        if model.recipe != "llamacpp":  # refused before anything is downloaded
+            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available "
+                           "in this server yet. Only llamacpp models can be loaded.", code="model_load_refused")
         # Outside the load lock: a download for this model must not hold up loads of other models.
         files = await self._files_for(model)
         async with self._load_lock:
@@ -147,9 +150,6 @@ class Router:
 
     async def _start(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      pinned: bool) -> LoadedModel:
-        if model.recipe != "llamacpp":
-            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available "
-                           "in this server yet. Only llamacpp models can be loaded.", code="model_load_refused")
         backend, binary = self._binary_for(options.get("llamacpp_backend", "cpu"))
         port = free_port()
         argv = build_argv(binary, model, files, options, port)
