@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
+from lemonade.api.body import json_object
 from lemonade.api.errors import APIError, bad_request
 from lemonade.api.lemonade.models import body_object
 from lemonade.runtime.options import OptionsError
@@ -58,14 +58,7 @@ async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
 @router.post("/unload")
 async def unload(request: Request) -> Any:
     svc: Services = request.app.state.services
-    raw = await request.body()
-    body: Any = {}
-    if raw.strip():
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-        body = body_object(body)
+    body = await json_object(request)
     name = body.get("model_name", body.get("model"))
     if name is None:
         await svc.router.unload(None)

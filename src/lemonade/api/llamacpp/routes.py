@@ -6,12 +6,12 @@ recently used loaded model, which must be a llama.cpp model.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
 from lemonade.api.openai.inference import require_mode
 from lemonade.runtime.proxy import Proxy
@@ -103,17 +103,7 @@ async def slot_action(request: Request, slot_id: int,
     svc: Services = request.app.state.services
     if not 0 <= slot_id <= 2**31 - 1:
         raise APIError(400, f"Slot id {slot_id} is out of range (0 to 2147483647)", code="invalid_argument")
-    raw = await request.body()
-    try:
-        parsed = json.loads(raw) if raw.strip() else {}
-    except ValueError as exc:
-        raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(parsed, dict):
-        raise APIError(400, "Request body must be a JSON object", code="invalid_json")
-    try:
-        body = SlotActionRequest.model_validate(parsed)
-    except ValueError as exc:
-        raise APIError(400, f"Invalid slot request: {exc}", code="invalid_argument") from None
+    body = await parse_body(request, SlotActionRequest)
     if action in ("save", "restore") and not body.filename:
         raise APIError(400, f"Missing required field 'filename' for action '{action}'", code="missing_argument")
     lm = _llamacpp_target(svc)

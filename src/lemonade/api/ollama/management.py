@@ -16,10 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lemonade import __version__
+from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
 from lemonade.api.ollama import models as om
 from lemonade.api.ollama import translate as tr
-from lemonade.api.ollama.protocol import NamedRequest, PullRequest, ShowRequest, parse_body
+from lemonade.api.ollama.protocol import NamedRequest, PullRequest, ShowRequest
 from lemonade.catalog.models import ModelInfo
 from lemonade.services import Services
 

@@ -7,14 +7,10 @@ strip the default tag when resolving.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lemonade.api.errors import APIError
 from lemonade.api.openai.protocol import Tool
 
 KeepAlive = int | float | str | None
@@ -143,19 +139,3 @@ class PullRequest(NamedRequest):
     stream: bool = True
 
 
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def parse_body(request: Request, cls: type[Body]) -> Body:
-    """The JSON body, whatever Content-Type says: Ollama clients (and `curl -d`) often send none or a form type."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except ValueError as exc:
-        raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "Request body must be a JSON object", code="invalid_json")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None

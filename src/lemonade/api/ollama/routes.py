@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
+from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
 from lemonade.api.ollama import management
 from lemonade.api.ollama import models as om
@@ -30,7 +31,6 @@ from lemonade.api.ollama.protocol import (
     GenerateRequest,
     KeepAlive,
     Options,
-    parse_body,
 )
 from lemonade.catalog.models import ModelInfo
 from lemonade.runtime.proxy import Proxy
