@@ -159,6 +159,17 @@ def hf_error(exc: BaseException, what: str) -> HubError:
     return HubError(502, f"{what}: {exc}")
 
 
+def check_modelscope_status(status: int, what: str, not_found: bool = True) -> None:
+    """ModelScope's HTTP status as our error: 429 stays 429, a 404 is 404 where it means "no such
+    repository" (`not_found`), anything else failing is 502 with the upstream status attached."""
+    if status == 404 and not_found:
+        raise HubError(404, f"{what}: not found on ModelScope", 404)
+    if status == 429:
+        raise HubError(429, f"{what}: rate-limited by ModelScope; try again later", 429)
+    if status >= 400:
+        raise HubError(502, f"{what}: ModelScope answered HTTP {status}", status)
+
+
 def _ms_get(path: str, params: dict[str, str]) -> dict:
     url = modelscope_endpoint() + path
     try:
@@ -166,12 +177,7 @@ def _ms_get(path: str, params: dict[str, str]) -> dict:
                          follow_redirects=True)
     except httpx.HTTPError as exc:
         raise HubError(502, f"cannot reach ModelScope at {modelscope_endpoint()} ({exc})") from None
-    if resp.status_code == 404:
-        raise HubError(404, "not found on ModelScope", 404)
-    if resp.status_code == 429:
-        raise HubError(429, "ModelScope rate-limited the request; try again later", 429)
-    if resp.status_code >= 400:
-        raise HubError(502, f"ModelScope answered HTTP {resp.status_code}", resp.status_code)
+    check_modelscope_status(resp.status_code, "ModelScope")
     try:
         body = resp.json()
     except ValueError:

@@ -14,6 +14,7 @@ import httpx
 from lemonade.downloads.hub import (
     METADATA_TIMEOUT,
     HubError,
+    check_modelscope_status,
     hf_endpoint,
     hf_error,
     hf_token,
@@ -81,10 +82,7 @@ async def _search_modelscope(query: str, limit: int, gguf: bool) -> tuple[int, l
             resp = await client.get(url, params=params, headers=modelscope_headers())
     except httpx.HTTPError as exc:
         raise HubError(502, f"ModelScope search: cannot reach {modelscope_endpoint()} ({exc})") from None
-    if resp.status_code == 429:
-        raise HubError(429, "ModelScope search: rate-limited by ModelScope; try again later", 429)
-    if resp.status_code >= 400:
-        raise HubError(502, f"ModelScope search: ModelScope answered HTTP {resp.status_code}", resp.status_code)
+    check_modelscope_status(resp.status_code, "ModelScope search", not_found=False)
     try:
         body = resp.json()
         data = body["data"]
