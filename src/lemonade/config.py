@@ -24,7 +24,11 @@ DEFAULTS: dict[str, Any] = {
     "port": 13305,
     "log_level": "info",
     "ctx_size": -1,
-    "max_loaded_models": 1,
+    "max_loaded_models": 1,  # or a map per model type, e.g. {"llm": 2, "transcription": 1}
+    "auto_evict": False,  # unload models idle longer than their evict_idle_timeout
+    "max_queue_depth": 256,  # requests waiting for a model slot; more get 503 + Retry-After
+    "swap_batch": 32,  # requests a model serves before it yields its slot to a waiting model
+    "engine_watchdog_seconds": 120,  # a busy engine that makes no progress this long is killed
     "offline": False,
     "extra_models_dir": "",
     "models_dir": "",
@@ -44,11 +48,17 @@ class ConfigError(ValueError):
     """A key or value that cannot be set; the message names it."""
 
 
+# Keys whose value may be a JSON object of their own (not a config section).
+MAP_KEYS = ("max_loaded_models",)
+MODEL_TYPE_NAMES = ("llm", "embedding", "reranking", "transcription", "image", "tts", "audio", "classification",
+                    "3d")
+
+
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, dict) and path not in MAP_KEYS:
             out.update(_flatten(value, path + "."))
         else:
             out[path] = value
@@ -81,6 +91,8 @@ def validate_value(key: str, value: Any) -> Any:
     if key not in _DEFAULT_LEAVES:
         raise ConfigError(f"Unknown config key '{key}'. Known keys: {', '.join(sorted(_DEFAULT_LEAVES))}")
     default = _DEFAULT_LEAVES[key]
+    if key in MAP_KEYS and isinstance(value, dict):
+        return _validate_type_map(key, value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")
@@ -97,11 +109,25 @@ def validate_value(key: str, value: Any) -> Any:
     return value
 
 
+def _validate_type_map(key: str, value: dict[str, Any]) -> dict[str, int]:
+    """`{"llm": 2, "transcription": 1}`: a limit per model type (types left out keep the default 1)."""
+    out: dict[str, int] = {}
+    for typ, limit in value.items():
+        if typ not in MODEL_TYPE_NAMES:
+            raise ConfigError(f"Config key '{key}': unknown model type '{typ}'. Types: {', '.join(MODEL_TYPE_NAMES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or (limit != -1 and limit < 1):
+            raise ConfigError(f"Config key '{key}.{typ}' must be a positive integer or -1, got {json.dumps(limit)}")
+        out[typ] = limit
+    return out
+
+
 def _check_range(key: str, value: Any) -> None:
     if key == "port" and not 1 <= value <= 65535:
         raise ConfigError(f"Config key 'port' must be between 1 and 65535, got {value}")
     if key in ("ctx_size", "max_loaded_models") and value != -1 and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer or -1, got {value}")
+    if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds") and value < 1:
+        raise ConfigError(f"Config key '{key}' must be a positive integer, got {value}")
     if key == "log_level" and value.lower() not in LOG_LEVELS:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
     if key == "default_model_source" and value not in MODEL_SOURCES:
@@ -141,6 +167,12 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key not in _DEFAULT_LEAVES:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
+    if key in MAP_KEYS and raw.strip().startswith("{"):
+        try:
+            return _validate_type_map(key, json.loads(raw))
+        except (ValueError, AttributeError):
+            raise ConfigError(f"Config key '{key}' must be an integer or a JSON object such as "
+                              '{"llm": 2}, got ' + f"'{raw}'") from None
     if isinstance(default, bool):
         lowered = raw.strip().lower()
         if lowered in ("true", "1", "yes", "on"):

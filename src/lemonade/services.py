@@ -13,17 +13,25 @@ import aiohttp
 import httpx
 
 from lemonade.api.errors import APIError, model_not_found
-from lemonade.backends.install import BackendInstaller
+from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.models import ModelInfo
 from lemonade.config import Config
+from lemonade.downloads.manager import DownloadManager
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.options import RecipeOptions
+from lemonade.runtime.proxy import Proxy
+from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 
 log = logging.getLogger("lemonade.server")
+
+# Which of our endpoints a deployment mode serves, for "use X instead" hints.
+ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
+                     "transcription": "/audio/transcriptions", "image": "/images/generations",
+                     "tts": "/audio/speech", "classification": "/classify"}
 
 
 class Services:
@@ -36,21 +44,26 @@ class Services:
         self.admin_key = admin_key
         values = config.values
         self.catalog = Catalog(self.cache_dir, values["extra_models_dir"], values["models_dir"])
-        self.installer = BackendInstaller(self.cache_dir)
+        self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
         self.stats = Stats()
         self.metrics = Metrics()
+        self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
         # Upstream calls to engines on loopback: no read timeout (generation can be long).
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                       limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
                                                           # below llama-server's 5 s idle close, so a kept
                                                           # connection is never one the engine just dropped
                                                           keepalive_expiry=2.0))
-        self.router = Router(max_models=lambda: self.config.get("max_loaded_models"),
-                             files_for=self.files_for_load, binary_for=self.engine_binary)
+        self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
+                             http=self.engine_http)
         self._engine_http: aiohttp.ClientSession | None = None
-        self.downloads: Any = None  # set by lemonade.downloads when the server starts
+        self.proxy = Proxy(self.router, self.engine_http, self.options, self.stats, self.metrics)
         config.on_change(self._config_changed)
+
+    async def start(self) -> None:
+        """Startup work that needs the event loop: download jobs and the update check."""
+        await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:
@@ -74,30 +87,50 @@ class Services:
         except NotFound:
             raise model_not_found(name) from None
 
-    def engine_binary(self, backend: str) -> tuple[str, Path]:
-        """(backend actually used, llama-server path). `llamacpp.prefer_system` picks a llama-server on
-        PATH over the requested backend when there is one."""
-        if backend != "system" and self.config.get("llamacpp.prefer_system"):
-            system = self.installer.llama_server_path("system")
-            if system is not None:
-                return "system", system
-        path = self.installer.llama_server_path(backend)
+    def check_model(self, model: ModelInfo, mode: str, endpoint: str, *, hint: dict[str, str] | None = None,
+                    images: bool = False) -> ModelInfo:
+        """May `model` serve this request? The one check every API family uses: not a collection, the
+        right deployment mode, images only for vision models, an engine this server has."""
+        if model.is_collection:
+            raise APIError(400, f"Model {model.name} is a collection; call one of its components instead: "
+                           + ", ".join(model.components or []), code="model_mode_mismatch")
+        if model.mode != mode:
+            use = (hint or ENDPOINT_FOR_MODE).get(model.mode)
+            raise APIError(400, f"Model {model.name} is a '{model.mode}' model and cannot serve {endpoint}"
+                           + (f"; use {use} instead" if use else ""), code="model_mode_mismatch")
+        if images and not self.accepts_images(model):
+            raise APIError(400, f"Model {model.name} does not accept images (it has no vision projector). Use a "
+                           "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
+        if not self.engines.available(model.recipe):
+            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available in "
+                           "this server yet.", code="model_load_refused")
+        return model
+
+    def accepts_images(self, model: ModelInfo) -> bool:
+        """Whether the model has a vision projector (an mmproj checkpoint or file), i.e. can read images."""
+        if "mmproj" in model.checkpoints or "vision" in model.labels:
+            return True
+        files = self.catalog.local_files(model)
+        return bool(files and files.get("mmproj"))
+
+    def engine_path(self, model: ModelInfo, endpoint: str) -> str:
+        """The engine's path for our `endpoint` (its description says); 400 when it serves no such thing."""
+        engine = self.engines.get(model.recipe)
+        path = engine.endpoints.get(endpoint) if engine is not None and engine.available else None
         if path is None:
-            state = self.installer.state("llamacpp", backend)
-            raise APIError(400, f"The llama.cpp '{backend}' backend is not installed ({state.message}). "
-                           f"Install it with: {state.action or f'lemonade backends install llamacpp:{backend}'}",
-                           code="backend_not_installed")
-        return backend, path
+            raise APIError(400, f"Model {model.name} (recipe '{model.recipe}') does not serve /{endpoint}",
+                           code="invalid_argument")
+        return path
+
+    def engine_available(self, model: ModelInfo) -> bool:
+        return self.engines.available(model.recipe)
 
     async def files_for_load(self, model: ModelInfo) -> dict[str, list[Path]]:
         """Files of a model about to load, downloading them first when needed."""
         files = self.catalog.local_files(model)
         if files is not None:
             return files
-        if self.downloads is None:
-            raise APIError(400, f"Model {model.name} is not downloaded. Run `lemonade pull {model.name}` first.",
-                           code="model_not_downloaded")
-        await self.downloads.ensure_downloaded(model)
+        await self.downloads.ensure_downloaded(model, load_progress.get())
         files = self.catalog.local_files(model)
         if files is None:
             raise APIError(500, f"Model {model.name} was downloaded but its files are not complete on disk",
@@ -117,6 +150,5 @@ class Services:
         await self.router.shutdown()
         if self._engine_http is not None:
             await self._engine_http.close()
-        if self.downloads is not None and hasattr(self.downloads, "aclose"):
-            await self.downloads.aclose()
+        await self.downloads.aclose()
         await self.http.aclose()

@@ -17,15 +17,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from lemonade import __version__
 from lemonade.api import internal
 from lemonade.api.anthropic import messages
+from lemonade.api.disconnect import DisconnectWatch
 from lemonade.api.errors import install_error_handlers
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.ollama import routes as ollama_routes
-from lemonade.api.openai import inference
+from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
-from lemonade.downloads import manager as download_manager
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -36,13 +36,13 @@ PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are m
 def api_routers() -> list[APIRouter]:
     """Routers served under every prefix. Order matters where paths overlap (`/models/...`)."""
     return [status.router, models.router, openai_models.router, load.router, backends.router, downloads.router,
-            inference.router, llamacpp_routes.router, messages.router, logs.router]
+            inference.router, audio.router, llamacpp_routes.router, messages.router, logs.router]
 
 
 def create_app(services: Services) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await download_manager.attach(services)
+        await services.start()
         log.info("Lemonade %s ready (cache dir %s)", __version__, services.cache_dir)
         try:
             yield
@@ -67,9 +67,10 @@ def create_app(services: Services) -> FastAPI:
             return Response(status_code=200, media_type=CONTENT_TYPE)
         loaded = services.router.describe()
         services.metrics.set_loaded(loaded)
-        targets = [({"model": m["model_name"], "recipe": m["recipe"], "type": m["type"]},
-                    m["backend_url"].removesuffix("/v1") + "/metrics")
-                   for m in loaded if m["recipe"] == "llamacpp"]
+        services.metrics.set_queue(services.router.queue_info())
+        targets = [({"model": lm.name, "recipe": lm.model.recipe, "type": lm.model.type},
+                    lm.base_url + lm.engine.metrics_path)
+                   for lm in services.router.loaded.values() if lm.engine.metrics_path]
         body = await services.metrics.render(targets, services.http)
         return Response(body, media_type=CONTENT_TYPE)
 
@@ -81,6 +82,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(mcp_routes.router)
 
+    app.add_middleware(DisconnectWatch)  # innermost: sees the body as the routes read it
     app.add_middleware(DefaultJSONContentType)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
     app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)

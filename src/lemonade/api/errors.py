@@ -13,8 +13,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
 
@@ -46,8 +48,9 @@ class APIError(Exception):
     """An error meant for the client: HTTP status, a message saying what to do, an optional code."""
 
     def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers  # e.g. Retry-After on a 503
         self.status = status
         self.message = message
         self.type = type or _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
@@ -116,7 +119,11 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(request.url.path, exc)
+        return error_response(request.url.path, exc, headers=exc.headers)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client hung up (nginx's code for that)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""Reading an engine's Server-Sent Events stream as parsed JSON events.
+"""Server-Sent Events: reading an engine's stream as parsed JSON events, and our own progress streams.
 
 The Ollama and Anthropic surfaces re-shape llama-server's OpenAI-style SSE stream into their own
 wire formats. They need the events one by one, as soon as each arrives, whatever the chunking of
@@ -7,11 +7,17 @@ the underlying bytes (an event may be split across chunks, or several may share 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from lemonade.api.errors import APIError
+from lemonade.runtime.request_context import load_progress
 
 log = logging.getLogger("lemonade.proxy")
 
@@ -78,3 +84,37 @@ def error_message(event: SSEEvent) -> str | None:
     if isinstance(err, dict):
         return str(err.get("message") or err)
     return str(err)
+
+
+def sse_event(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def progress_stream(run: Callable[[], Awaitable[dict[str, Any]]],
+                    complete: Callable[[dict[str, Any]], dict[str, Any]]) -> StreamingResponse:
+    """Run `run()` with `load_progress` pointed at this response: `progress` events while it works,
+    then `complete` (its result through `complete`) or `error` ({"status", "error", "code"})."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def work() -> None:
+        load_progress.set(lambda event: queue.put_nowait(sse_event("progress", event)))
+        try:
+            result = await run()
+            await queue.put(sse_event("complete", complete(result)))
+        except APIError as exc:
+            await queue.put(sse_event("error", {"status": "error", "error": exc.message, "code": exc.code}))
+        except Exception as exc:  # reported to the client, which is waiting for an outcome
+            log.exception("Streamed operation failed")
+            await queue.put(sse_event("error", {"status": "error", "error": f"{type(exc).__name__}: {exc}"}))
+        finally:
+            await queue.put(None)
+
+    task = asyncio.ensure_future(work())  # runs in a copy of this context: load_progress stays its own
+
+    async def events() -> AsyncIterator[bytes]:
+        # The work goes on if the client leaves (an install or a load is the machine's, not the request's).
+        while (item := await queue.get()) is not None:
+            yield item
+        await task
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -162,8 +162,9 @@ class WrappedServer:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
 
-    def kill_now(self) -> None:
-        """Synchronous last resort at interpreter exit."""
-        self._stopping = True
+    def kill_now(self, report: bool = False) -> None:
+        """SIGKILL at once: the last resort at interpreter exit, or the watchdog's cure for a hung
+        engine (`report=True`: its exit is then reported like a crash)."""
+        self._stopping = not report
         if self.proc is not None:
             self._signal_group(self.proc.pid, signal.SIGKILL)

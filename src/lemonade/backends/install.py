@@ -1,6 +1,6 @@
 """Installing engine backends into the cache dir, and reporting their states truthfully.
 
-Only llama.cpp is installable in this build. Its layout under `<cache>/backends/llamacpp/`:
+The llama.cpp engine's installer (`llamacpp.py` describes the engine). Its layout under `<cache>/backends/llamacpp/`:
 
     cpu/                     the installed backend (appears only when complete)
       llama-server           executable (a static build, or a release archive's binary + libs)
@@ -38,13 +38,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
+from lemonade.backends.engine import BackendState
 from lemonade.backends.llamacpp_build import (
     ENV_NO_RELEASE,
     ENV_SDIST,
@@ -68,7 +67,6 @@ from lemonade.util.atomic import atomic_write_json, read_json
 __all__ = [
     "LLAMACPP_BACKENDS",
     "LLAMACPP_ALL_BACKENDS",
-    "OTHER_RECIPES",
     "PINNED_VERSION",
     "LLAMA_CPP_PYTHON_VERSION",
     "BackendInstaller",
@@ -81,41 +79,9 @@ log = logging.getLogger("lemonade.install")
 PINNED_VERSION = LLAMA_CPP_VERSION
 LLAMACPP_BACKENDS = ("cpu", "system")  # the ones that can work on this machine
 LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")  # what system-info lists
-# Engines of the original Lemonade that this build does not ship (backend names as upstream).
-OTHER_RECIPES: dict[str, tuple[str, ...]] = {
-    "whispercpp": ("default",),
-    "sd-cpp": ("default",),
-    "kokoro": ("default",),
-    "flm": ("default",),
-    "ryzenai-llm": ("default",),
-    "onnxruntime": ("default",),
-}
 
 INSTALL_JSON = "install.json"
 _EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
-
-
-@dataclass
-class BackendState:
-    recipe: str
-    backend: str
-    state: str  # "installed" | "installable" | "update_required" | "unsupported"
-    message: str = ""
-    action: str = ""
-    version: str | None = None
-    devices: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The per-backend object of `/v1/system-info` `recipes.<recipe>.backends.<backend>`."""
-        out: dict[str, Any] = {
-            "devices": list(self.devices),
-            "state": self.state,
-            "message": self.message,
-            "action": self.action,
-        }
-        if self.version is not None:
-            out["version"] = self.version
-        return out
 
 
 def _install_action(recipe: str, backend: str) -> str:
@@ -220,11 +186,6 @@ class BackendInstaller:
         return self._version_cache[key]
 
     def state(self, recipe: str, backend: str) -> BackendState:
-        if recipe in OTHER_RECIPES:
-            return BackendState(
-                recipe, backend, "unsupported",
-                message=f"The {recipe} engine is not available in this build of Lemonade.",
-            )  # fmt: skip
         if recipe != "llamacpp":
             return BackendState(recipe, backend, "unsupported", message=f"Unknown recipe '{recipe}'.")
         if backend == "system":
@@ -279,22 +240,10 @@ class BackendInstaller:
             return "system"
         return "cpu"
 
-    def recipes_info(self) -> dict:
-        """The `recipes` object of `/v1/system-info`."""
-        llamacpp = {b: self.state("llamacpp", b).to_dict() for b in LLAMACPP_ALL_BACKENDS}
-        out: dict[str, Any] = {"llamacpp": {"default_backend": self.default_backend(), "backends": llamacpp}}
-        for recipe, backends in OTHER_RECIPES.items():
-            out[recipe] = {"backends": {b: self.state(recipe, b).to_dict() for b in backends}}
-        return out
-
     # --- install / uninstall -------------------------------------------------------------------
 
     def check_request(self, recipe: str, backend: str) -> None:
         """Refuse unknown or unsupported recipe/backend pairs before any work starts."""
-        if recipe in OTHER_RECIPES:
-            raise InstallError(
-                f"The {recipe} engine is not available in this build of Lemonade.", code="unsupported_backend"
-            )
         if recipe != "llamacpp":
             raise InstallError(f"Unknown recipe '{recipe}'.", code="unknown_recipe")
         if backend not in LLAMACPP_ALL_BACKENDS:

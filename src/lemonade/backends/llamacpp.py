@@ -1,15 +1,39 @@
-"""llama.cpp: turning a model and its resolved options into a `llama-server` command line."""
+"""The llama.cpp engine: `llama-server` per loaded model, for chat, embeddings and reranking.
+
+Installation is `install.py` (release archive or a source build of the pinned llama.cpp); this
+module describes the engine to the rest of the server and turns a model plus its resolved options
+into a `llama-server` command line.
+"""
 
 from __future__ import annotations
 
+import logging
 import shlex
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
+from lemonade.backends.base import WrappedServer
+from lemonade.backends.engine import (
+    BackendState,
+    Engine,
+    EngineUnavailable,
+    Launch,
+    Option,
+    Progress,
+    check_flags,
+    install_action,
+)
+from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
-from lemonade.catalog.models import ModelInfo
-from lemonade.runtime.options import FORBIDDEN_LLAMACPP_FLAGS, split_args
+
+if TYPE_CHECKING:
+    from lemonade.catalog.models import ModelInfo
+    from lemonade.config import Config
+
+log = logging.getLogger("lemonade.llamacpp")
 
 AUTO_CTX_CAP = 8192       # automatic context: the model's trained length, capped to keep RAM modest
 FALLBACK_CTX = 4096       # when the GGUF does not say
@@ -41,7 +65,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     main = files["main"][0]
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
             "--ctx-size", str(resolved_ctx_size(options.get("ctx_size", -1), main)),
-            "--alias", model.name, "--metrics", "--no-webui"]
+            "--alias", model.name, "--metrics", "--slots", "--no-webui"]
     if model.mode == "embeddings":
         argv.append("--embeddings")
     elif model.mode == "reranking":
@@ -56,7 +80,9 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             argv += ["--chat-template-file", str(fallback_template(info.architecture))]
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
-    user_args = split_args(options.get("llamacpp_args", ""), FORBIDDEN_LLAMACPP_FLAGS)
+    if options.get("llamacpp_device"):
+        argv += ["--device", str(options["llamacpp_device"])]
+    user_args = check_llamacpp_args(options.get("llamacpp_args", ""))
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
     return argv + user_args
@@ -64,3 +90,119 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
 
 def describe_command(argv: list[str]) -> str:
     return shlex.join(argv)
+
+
+# Flags Lemonade sets itself; a user value would fight ours (lemonade.md, POST /v1/load).
+FORBIDDEN_FLAGS = {
+    "-m": "-m", "--model": "-m", "--port": "--port", "--host": "--host", "-c": "--ctx-size",
+    "--ctx-size": "--ctx-size", "-ngl": "-ngl", "--n-gpu-layers": "-ngl", "--gpu-layers": "-ngl",
+    "--jinja": "--jinja", "--mmproj": "--mmproj", "-mm": "--mmproj", "--embeddings": "--embeddings",
+    "--embedding": "--embeddings", "--reranking": "--reranking", "--rerank": "--reranking",
+}
+
+
+def check_llamacpp_args(text: str) -> list[str]:
+    return check_flags(text, FORBIDDEN_FLAGS)
+
+
+def _check_ctx(value: int) -> str | None:
+    if value != -1 and value < 1:
+        return f"Option 'ctx_size' must be a positive integer or -1 (automatic), got {value}"
+    return None
+
+
+def _check_backend(value: str) -> str | None:
+    if value not in LLAMACPP_ALL_BACKENDS:
+        return f"Option 'llamacpp_backend' must be one of {', '.join(LLAMACPP_ALL_BACKENDS)}, got '{value}'"
+    return None
+
+
+def _check_args(value: str) -> str | None:
+    try:
+        check_llamacpp_args(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class LlamaCppEngine(Engine):
+    recipe = "llamacpp"
+    modes = ("chat", "embeddings", "reranking")
+    backends = LLAMACPP_ALL_BACKENDS
+    options = {
+        "ctx_size": Option(int, "ctx_size", check=_check_ctx),
+        "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
+        "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
+        "llamacpp_device": Option(str, None, default=""),
+    }
+    args_option = "llamacpp_args"
+    backend_option = "llamacpp_backend"
+    process = "llama-server"
+    endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
+                 "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",
+                 "tokenize": "/tokenize", "slots": "/slots"}
+    metrics_path = "/metrics"
+
+    def __init__(self, cache_dir: Path, config: Config) -> None:
+        super().__init__(cache_dir, config)
+        self.installer = BackendInstaller(self.cache_dir)
+
+    def state(self, backend: str) -> BackendState:
+        return self.installer.state(self.recipe, backend)
+
+    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
+        return self.installer.install(self.recipe, backend, progress, force)
+
+    def uninstall(self, backend: str) -> dict[str, Any]:
+        return self.installer.uninstall(self.recipe, backend)
+
+    def check_request(self, backend: str) -> None:
+        self.installer.check_request(self.recipe, backend)
+
+    def default_backend(self) -> str:
+        return self.installer.default_backend()
+
+    def check_args(self, text: str) -> list[str]:
+        return check_llamacpp_args(text)
+
+    def ready_backend(self, requested: str) -> str:
+        """`llamacpp.prefer_system` picks a llama-server on PATH over the requested backend."""
+        if requested != "system" and self.config.get("llamacpp.prefer_system") \
+                and self.installer.llama_server_path("system") is not None:
+            return "system"
+        st = self.state(requested)
+        if st.state == "unsupported":
+            raise EngineUnavailable(f"The llama.cpp '{requested}' backend cannot be used here: {st.message}"
+                                    + (f". {st.action}" if st.action else ""), code="unsupported_backend",
+                                    action=st.action)
+        return requested
+
+    async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
+                     backend: str, port: int) -> Launch:
+        binary = self.installer.llama_server_path(backend)
+        if binary is None:
+            st = self.state(backend)
+            raise EngineUnavailable(f"The llama.cpp '{backend}' backend is not installed ({st.message}). Install it "
+                                    f"with: {st.action or install_action(self.recipe, backend)}",
+                                    action=st.action or install_action(self.recipe, backend))
+        argv = build_argv(binary, model, files, options, port)
+        resolved = dict(options)
+        if resolved.get("ctx_size") == -1:
+            resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
+        server = WrappedServer(f"{self.process}:{model.name}", argv, port)
+        await server.start()
+        return Launch(server, resolved, backend, device="gpu" if backend not in ("cpu", "system") else "cpu")
+
+    async def downsize(self, base_url: str, http: Any) -> bool:
+        """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""
+        try:
+            async with http.get(base_url + "/slots") as resp:
+                slots = await resp.json() if resp.status == 200 else []
+            for slot in slots:
+                async with http.post(f"{base_url}/slots/{slot.get('id', 0)}?action=erase",
+                                     json={}) as resp:
+                    await resp.read()
+            return True
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
+            log.info("Could not downsize %s: %s", base_url, exc)
+            return False

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from lemonade.backends.engine import InstallError  # noqa: F401 - part of this module's API
+
 log = logging.getLogger("lemonade.install")
 
 # --- the pinned engine -------------------------------------------------------------------------
@@ -75,20 +77,6 @@ TOOLCHAIN_HINT = (
 )
 
 Progress = Callable[[dict], None]
-
-
-class InstallError(Exception):
-    """An install or uninstall that did not succeed. `str(err)` is meant for the user as is.
-
-    `code` tells callers (HTTP layer, CLI) what kind of failure it was: `unknown_recipe`,
-    `unsupported_backend`, `not_found` (system llama-server), `toolchain_missing`, `sdist_invalid`,
-    `download_failed`, `build_failed`, `verify_failed`, `install_failed`.
-    """
-
-    def __init__(self, message: str, *, code: str = "install_failed", log_path: Path | None = None):
-        super().__init__(message)
-        self.code = code
-        self.log_path = log_path
 
 
 def emit(progress: Progress | None, phase: str, message: str, percent: float | None = None) -> None:

@@ -24,23 +24,15 @@ MODE_ALIASES = {
     "3d": "3d",
 }
 
-# recipe -> modes it serves, default first.
-RECIPE_MODES: dict[str, tuple[str, ...]] = {
-    "llamacpp": ("chat", "embeddings", "reranking"),
-    "flm": ("chat", "embeddings", "transcription"),
-    "ryzenai-llm": ("chat",),
-    "vllm": ("chat",),
-    "cloud": ("chat",),
-    "whispercpp": ("transcription",),
-    "sd-cpp": ("image",),
-    "kokoro": ("tts",),
-    "onnxruntime": ("classification",),
-    "acestep": ("audio-generation",),
-    "thinksound": ("audio-generation",),
-    "trellis": ("3d",),
-}
 COLLECTION_RECIPES = ("collection.omni",)
-KNOWN_RECIPES = tuple(RECIPE_MODES) + COLLECTION_RECIPES
+
+
+def recipe_modes() -> dict[str, tuple[str, ...]]:
+    """recipe -> modes it serves, default first: read from the engine descriptions (imported late,
+    since engines import catalog helpers)."""
+    from lemonade.backends.registry import recipe_modes as from_engines
+
+    return from_engines()
 
 # Residency type per mode (the keys of `max_models` in /v1/health).
 MODE_TYPE = {
@@ -80,9 +72,11 @@ def deployment_mode(model_name: str, recipe: str, labels: Iterable[str], embeddi
     """The one mode this model deploys in, or LabelError with the spec's message."""
     if recipe in COLLECTION_RECIPES:
         return "collection"
-    served = RECIPE_MODES.get(recipe)
+    modes_by_recipe = recipe_modes()
+    served = modes_by_recipe.get(recipe)
     if served is None:
-        raise LabelError(f"Model '{model_name}': unknown recipe '{recipe}'. Known recipes: {_quote(KNOWN_RECIPES)}.")
+        known = tuple(modes_by_recipe) + COLLECTION_RECIPES
+        raise LabelError(f"Model '{model_name}': unknown recipe '{recipe}'. Known recipes: {_quote(known)}.")
     modes = claimed_modes(labels, embedding, reranking)
     if len(modes) > 1:
         raise LabelError(

@@ -28,11 +28,20 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return recipe.strip(), backend.strip()
 
 
-def _local_installer() -> Any:
-    from lemonade.backends.install import BackendInstaller
+def _local_engines() -> Any:
+    """The engine descriptions of this machine's cache dir, for when no server runs."""
+    from lemonade.backends.registry import Engines
+    from lemonade.config import Config
     from lemonade.paths import cache_dir
 
-    return BackendInstaller(cache_dir())
+    return Engines(cache_dir(), Config(cache_dir()))
+
+
+def _local_engine(recipe: str) -> Any:
+    engine = _local_engines().get(recipe)
+    if engine is None:
+        raise fail(f"Unknown recipe '{recipe}'. Run `lemonade backends` to see the recipes.", EXIT_USAGE)
+    return engine
 
 
 @backends_app.callback(invoke_without_command=True)
@@ -44,10 +53,11 @@ def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json
     if c.is_running():
         recipes = (c.get("/v1/system-info") or {}).get("recipes") or {}
     else:
-        installer = _local_installer()
+        from lemonade.paths import cache_dir
+
         err.print(f"[dim]No server running at {escape(c.url)}; showing the backends in "
-                  f"{escape(str(installer.cache_dir))}.[/dim]", highlight=False)
-        recipes = installer.recipes_info()
+                  f"{escape(str(cache_dir()))}.[/dim]", highlight=False)
+        recipes = _local_engines().system_info()
     if as_json:
         print_json(backend_rows(recipes))
         return
@@ -82,12 +92,14 @@ def install(spec: SpecArg,
                        "see `lemonade backends` and the server log.")
         version = done.get("version")
     else:
-        from lemonade.backends.install import InstallError
+        from lemonade.backends.engine import InstallError
+        from lemonade.paths import backends_dir, cache_dir
 
-        installer = _local_installer()
+        engine = _local_engine(recipe)
         try:
-            with ProgressView(f"{title} into {installer.root} (no server running)") as view:
-                result = installer.install(recipe, backend, view.update, force)
+            engine.check_request(backend)
+            with ProgressView(f"{title} into {backends_dir(cache_dir()) / recipe} (no server running)") as view:
+                result = engine.install(backend, view.update, force)
         except InstallError as exc:
             raise fail(f"Installing {recipe}:{backend} failed:\n{exc}") from None
         except KeyboardInterrupt:
@@ -106,10 +118,12 @@ def uninstall(spec: SpecArg, host: HostOpt = None, port: PortOpt = None) -> None
     if c.is_running():
         result = c.post("/v1/uninstall", {"recipe": recipe, "backend": backend}) or {}
     else:
-        from lemonade.backends.install import InstallError
+        from lemonade.backends.engine import InstallError
 
         try:
-            result = _local_installer().uninstall(recipe, backend)
+            engine = _local_engine(recipe)
+            engine.check_request(backend)
+            result = engine.uninstall(backend)
         except InstallError as exc:
             raise fail(str(exc)) from None
     message = result.get("message") or f"Uninstalled {recipe}:{backend}"

@@ -8,7 +8,8 @@ import typer
 from rich.markup import escape
 
 from lemonade.cli.client import ServerClient
-from lemonade.cli.common import HostOpt, PortOpt, out, require_server, spinner
+from lemonade.cli.common import HostOpt, PortOpt, fail, out, require_server
+from lemonade.cli.progress import ProgressView
 
 CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic")]
 ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
@@ -31,10 +32,20 @@ def load_body(model: str, ctx_size: int | None = None, llamacpp_args: str | None
 
 
 def do_load(c: ServerClient, body: dict[str, Any]) -> str:
-    """POST /v1/load behind a spinner (starting llama-server can take a while for big models)."""
-    with spinner(f"Loading {body['model_name']}..."):
-        result = c.post("/v1/load", body) or {}
-    return str(result.get("message") or f"Loaded model: {body['model_name']}")
+    """POST /v1/load as a stream, with a progress bar: a first load may install the engine's backend
+    and download the model before the engine starts."""
+    done: dict[str, Any] | None = None
+    with ProgressView(f"Loading {body['model_name']}") as view:
+        for event, data in c.sse("/v1/load", {**body, "stream": True}):
+            if event == "progress":
+                view.update(data)
+            elif event == "complete":
+                done = data
+            elif event == "error":
+                raise fail(f"Loading {body['model_name']} failed: {data.get('error', data)}")
+    if done is None:
+        raise fail(f"The server closed the load stream for {body['model_name']} without a result; see its log.")
+    return str(done.get("message") or f"Loaded model: {body['model_name']}")
 
 
 def load(

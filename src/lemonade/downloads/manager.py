@@ -17,9 +17,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lemonade.api.errors import APIError
 from lemonade.catalog.models import ModelInfo
@@ -31,6 +31,9 @@ from lemonade.downloads.plan import plan_model
 from lemonade.downloads.transfer import DiskFull, IntegrityError, Stopped, fetch_file
 from lemonade.downloads.updates import find_updates
 from lemonade.downloads.variants import match_variant, parse_checkpoint
+
+if TYPE_CHECKING:
+    from lemonade.catalog.catalog import Catalog
 
 log = logging.getLogger("lemonade.downloads")
 EMIT_INTERVAL = 0.2        # seconds between progress events of one transfer
@@ -131,18 +134,30 @@ class Transfer:
 
 
 class DownloadManager:
-    def __init__(self, services: Any) -> None:
-        self.svc = services
+    """Server-owned downloads: pulls, jobs that survive restarts, the update check."""
+
+    def __init__(self, cache_dir: Path, catalog: Catalog, offline: Callable[[], bool]) -> None:
+        self.catalog = catalog
+        self._offline = offline
         self.update_check_done = False
         self.updates_available: set[str] = set()
-        self.jobs = JobStore(services.cache_dir)
+        self.jobs = JobStore(cache_dir)
         self._transfers: dict[str, Transfer] = {}
         self._update_task: asyncio.Task[None] | None = None
         self._closing = False
 
+    async def start(self, check_updates: bool) -> None:
+        """Server startup: restore download jobs (paused) and start the update check."""
+        from huggingface_hub import constants
+
+        constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
+        self.jobs.load()
+        if check_updates and not self._offline():
+            self.start_update_check()
+
     @property
     def cache(self) -> Path:
-        return self.svc.catalog.hub_cache()
+        return self.catalog.hub_cache()
 
     # ----- pulling -------------------------------------------------------------------------------
     async def pull_events(self, model: ModelInfo, *, upgrade: bool = True,
@@ -156,7 +171,7 @@ class DownloadManager:
         """
         if model.is_collection:
             for comp_name in model.components or []:
-                comp = self.svc.catalog.find(comp_name)
+                comp = self.catalog.find(comp_name)
                 if comp is None:
                     raise APIError(404, f"Collection {model.name}: component '{comp_name}' is not a known model",
                                    code="model_not_found")
@@ -169,10 +184,10 @@ class DownloadManager:
             job.current_model = model.name
             if job.requested:
                 raise DownloadStopped(model.name, job.requested)
-        downloaded = self.svc.catalog.local_files(model) is not None
+        downloaded = self.catalog.local_files(model) is not None
         if downloaded and not upgrade:
             return
-        if self.svc.offline:
+        if self._offline():
             if downloaded:
                 return
             raise offline_error(f"download {model.name}")
@@ -189,15 +204,19 @@ class DownloadManager:
         finally:
             transfer.unsubscribe(queue, owner=job is not None)
 
-    async def ensure_downloaded(self, model: ModelInfo) -> None:
-        """Pull `model` if it is not on disk yet (inference on a model nobody pulled)."""
-        if self.svc.catalog.is_downloaded(model):
+    async def ensure_downloaded(self, model: ModelInfo,
+                                progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Pull `model` if it is not on disk yet (inference on a model nobody pulled). `progress` gets
+        `{"phase": "download", "message", "percent"}` events (a `/v1/load` stream shows them)."""
+        if self.catalog.is_downloaded(model):
             return
-        if self.svc.offline:
+        if self._offline():
             raise offline_error(f"download {model.name}, which is not downloaded yet")
         log.info("Model %s is not downloaded; downloading it before loading", model.name)
-        async for _event in self.pull_events(model, upgrade=False):
-            pass
+        async for event in self.pull_events(model, upgrade=False):
+            if progress is not None:
+                progress({"phase": "download", "message": f"Downloading {model.name}: {event.get('file', '')}",
+                          "percent": event.get("percent")})
 
     async def _transfer(self, model: ModelInfo) -> Transfer:
         existing = self._transfers.get(model.name)
@@ -438,13 +457,13 @@ class DownloadManager:
     # ----- updates -------------------------------------------------------------------------------
     async def check_updates(self) -> list[str]:
         """Ask the registries about every downloaded model; returns the names that have updates."""
-        if self.svc.offline:
+        if self._offline():
             raise APIError(409, "Lemonade is in offline mode (offline=true in config, LEMONADE_OFFLINE=1 or "
                                 "HF_HUB_OFFLINE=1), so it does not contact Hugging Face or ModelScope to check "
                                 "for model updates. Turn offline mode off to check.", code="lemond_offline")
-        models = [m for m in self.svc.catalog.all(rescan=False)
+        models = [m for m in self.catalog.all(rescan=False)
                   if not m.is_collection and m.local_files is None and m.source in ("huggingface", "modelscope")
-                  and m.checkpoints and self.svc.catalog.local_files(m) is not None]
+                  and m.checkpoints and self.catalog.local_files(m) is not None]
         outdated, _problems = await asyncio.to_thread(find_updates, models, self.cache)
         self.updates_available = outdated
         self.update_check_done = True
@@ -479,13 +498,3 @@ class DownloadManager:
         self.jobs.save()
 
 
-async def attach(services: Any) -> None:
-    """Startup hook (app.py): give the server its download manager and start the update check."""
-    from huggingface_hub import constants
-
-    constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
-    manager = DownloadManager(services)
-    manager.jobs.load()
-    services.downloads = manager
-    if services.config.get("auto_check_model_updates") and not services.offline:
-        manager.start_update_check()

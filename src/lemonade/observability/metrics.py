@@ -47,6 +47,15 @@ class Metrics:
                                     ["model", "kind"], registry=r)
         self.model_loads = Counter("lemonade_model_loads", "Model loads, by outcome.", ["model", "outcome"],
                                    registry=r)
+        # The router's queue and residency counters (`queue` in /v1/health), copied at scrape time.
+        self.queue = Gauge("lemonade_router", "Requests waiting for a model slot (depth) and the router's running "
+                           "totals: waits, loads, swaps, idle evictions, rejections, abandoned waits, watchdog "
+                           "kills.", ["figure"], registry=r)
+
+    def set_queue(self, info: dict[str, Any]) -> None:
+        for key, value in info.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.queue.labels(key).set(value)
 
     def observe_request(self, family: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(family, method, str(status)).inc()
@@ -68,7 +77,7 @@ class Metrics:
         for m in loaded:
             counts[m["type"]] = counts.get(m["type"], 0) + 1
             self.model_info.labels(m["model_name"], m["recipe"], m["type"], m.get("backend", "")).set(1)
-        for kind in ("llm", "embedding", "reranking", "transcription", "image", "tts"):
+        for kind in ("llm", "embedding", "reranking", "transcription", "image", "tts", *counts):
             self.loaded.labels(kind).set(counts.get(kind, 0))
 
     async def render(self, backends: list[tuple[dict[str, str], str]], client: httpx.AsyncClient) -> bytes:

@@ -14,55 +14,35 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lemonade.config import LLAMACPP_BACKENDS, Config
+from lemonade.backends.engine import Option
+from lemonade.backends.registry import all_option_names, args_options, recipe_options
+from lemonade.config import Config
 from lemonade.util.atomic import atomic_write_json, read_json
 
 UNSET = object()  # "not in the request" as opposed to an explicit null
 
-# recipe -> {option: (type, config key or None)}
-RECIPE_OPTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], str | None]]] = {
-    "llamacpp": {"ctx_size": (int, "ctx_size"), "llamacpp_backend": (str, "llamacpp.backend"),
-                 "llamacpp_args": (str, "llamacpp.args"), "merge_args": (bool, None)},
-    "whispercpp": {"whispercpp_backend": (str, "whispercpp.backend"), "whispercpp_args": (str, "whispercpp.args"),
-                   "merge_args": (bool, None)},
-    "sd-cpp": {"steps": (int, "sdcpp.steps"), "cfg_scale": ((int, float), "sdcpp.cfg_scale"),
-               "width": (int, "sdcpp.width"), "height": (int, "sdcpp.height"), "merge_args": (bool, None)},
-    "flm": {"ctx_size": (int, "ctx_size"), "merge_args": (bool, None)},
-    "ryzenai-llm": {"ctx_size": (int, "ctx_size"), "merge_args": (bool, None)},
-}
-DEFAULT_OPTIONS = {"merge_args": True}
-ALL_OPTION_NAMES = sorted({k for opts in RECIPE_OPTIONS.values() for k in opts})
 
-# Flags Lemonade sets itself; a user value would fight ours (lemonade.md, POST /v1/load).
-FORBIDDEN_LLAMACPP_FLAGS = {
-    "-m": "-m", "--model": "-m", "--port": "--port", "--host": "--host", "-c": "--ctx-size",
-    "--ctx-size": "--ctx-size", "-ngl": "-ngl", "--n-gpu-layers": "-ngl", "--gpu-layers": "-ngl",
-    "--jinja": "--jinja", "--mmproj": "--mmproj", "-mm": "--mmproj", "--embeddings": "--embeddings",
-    "--embedding": "--embeddings", "--reranking": "--reranking", "--rerank": "--reranking",
+def _non_negative(name: str) -> Any:
+    return lambda v: None if v >= 0 else f"Option '{name}' must be 0 or more, got {v}"
+
+
+# Options every recipe takes: residency belongs to the router, not to an engine
+# (guide-configuration-multi-model.md, "Per-model eviction settings").
+COMMON_OPTIONS: dict[str, Option] = {
+    "auto_evict": Option(bool, None, default=None),  # null: the server-wide `auto_evict` decides
+    "evict_idle_timeout": Option((int, float), None, default=300, check=_non_negative("evict_idle_timeout")),
+    "downsize_idle_timeout": Option((int, float), None, default=60, check=_non_negative("downsize_idle_timeout")),
+    "evict_weight_factor": Option((int, float), None, default=1.0, check=_non_negative("evict_weight_factor")),
+    "merge_args": Option(bool, None, default=True),
 }
-FORBIDDEN_WHISPER_FLAGS = {"-m": "-m", "--model": "--model", "--port": "--port"}
 
 
 class OptionsError(ValueError):
     """A bad option name or value; the message names it."""
 
 
-def options_for(recipe: str) -> dict[str, tuple[type | tuple[type, ...], str | None]]:
-    return RECIPE_OPTIONS.get(recipe, {"merge_args": (bool, None)})
-
-
-def split_args(text: str, forbidden: dict[str, str]) -> list[str]:
-    """Tokenise user `*_args`, refusing flags the server manages itself."""
-    try:
-        argv = shlex.split(text)
-    except ValueError as exc:
-        raise OptionsError(f"Cannot parse arguments '{text}': {exc}") from None
-    for token in argv:
-        flag = token.split("=", 1)[0]
-        if flag in forbidden:
-            raise OptionsError(f"Argument '{flag}' is not allowed in custom arguments: Lemonade sets "
-                               f"{forbidden[flag]} itself. Use the load options instead (e.g. ctx_size).")
-    return argv
+def options_for(recipe: str) -> dict[str, Option]:
+    return {**recipe_options(recipe), **COMMON_OPTIONS}
 
 
 def _flag_groups(argv: list[str]) -> list[list[str]]:
@@ -91,30 +71,26 @@ def merge_args(global_args: str, model_args: str) -> str:
     return shlex.join([t for g in kept + model_groups for t in g])
 
 
+_TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false"}
+
+
 def validate_option(recipe: str, key: str, value: Any) -> Any:
     known = options_for(recipe)
     if key not in known:
-        if key in ALL_OPTION_NAMES:
+        if key in all_option_names():
             raise OptionsError(f"Option '{key}' does not apply to recipe '{recipe}'. It takes: "
                                f"{', '.join(sorted(known))}")
         raise OptionsError(f"Unknown option '{key}'. Options for recipe '{recipe}': {', '.join(sorted(known))}")
     if value is None:
         return None
-    typ = known[key][0]
+    spec = known[key]
+    typ = spec.type
     if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
-        names = {int: "an integer", str: "a string", bool: "true or false"}
-        want = names.get(typ, "a number") if isinstance(typ, type) else "a number"
+        want = _TYPE_NAMES.get(typ, "a number") if isinstance(typ, type) else "a number"
         raise OptionsError(f"Option '{key}' must be {want}, got {json.dumps(value)}")
-    if key == "ctx_size" and value != -1 and value < 1:
-        raise OptionsError(f"Option 'ctx_size' must be a positive integer or -1 (automatic), got {value}")
-    if key in ("steps", "width", "height") and value < 1:
-        raise OptionsError(f"Option '{key}' must be a positive integer, got {value}")
-    if key == "llamacpp_backend" and value not in LLAMACPP_BACKENDS:
-        raise OptionsError(f"Option 'llamacpp_backend' must be one of {', '.join(LLAMACPP_BACKENDS)}, got '{value}'")
-    if key == "llamacpp_args":
-        split_args(value, FORBIDDEN_LLAMACPP_FLAGS)
-    if key == "whispercpp_args":
-        split_args(value, FORBIDDEN_WHISPER_FLAGS)
+    problem = spec.check(value) if spec.check else None
+    if problem:
+        raise OptionsError(problem)
     return value
 
 
@@ -144,8 +120,8 @@ class RecipeOptions:
     def defaults(self, recipe: str) -> dict[str, Any]:
         """Layers 3 and 4: server config over built-in defaults."""
         out: dict[str, Any] = {}
-        for key, (_typ, config_key) in options_for(recipe).items():
-            out[key] = self.config.get(config_key) if config_key else DEFAULT_OPTIONS.get(key)
+        for key, spec in options_for(recipe).items():
+            out[key] = self.config.get(spec.config_key) if spec.config_key else spec.default
         return out
 
     def parse_request(self, recipe: str, body: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -168,7 +144,7 @@ class RecipeOptions:
                 effective[key] = request[key]
             elif key in saved and request.get(key, UNSET) is UNSET:
                 effective[key] = saved[key]
-        for args_key, config_key in (("llamacpp_args", "llamacpp.args"), ("whispercpp_args", "whispercpp.args")):
+        for args_key, config_key in args_options().items():
             if args_key in effective and effective["merge_args"]:
                 model_args = effective[args_key]
                 global_args = self.config.get(config_key)

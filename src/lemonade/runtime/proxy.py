@@ -8,6 +8,7 @@ dies mid-stream produces an SSE `error` event instead of a hang.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -21,8 +22,11 @@ from starlette.background import BackgroundTask
 
 from lemonade.api.errors import APIError
 from lemonade.catalog.models import ModelInfo
-from lemonade.runtime.router import LoadedModel
-from lemonade.services import Services
+from lemonade.observability.metrics import Metrics
+from lemonade.runtime.options import RecipeOptions
+from lemonade.runtime.request_context import ClientGone, until_gone_or
+from lemonade.runtime.router import LoadedModel, Router
+from lemonade.runtime.stats import Stats
 
 log = logging.getLogger("lemonade.proxy")
 TAIL_BYTES = 16384
@@ -71,39 +75,59 @@ def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
 
 
 class Proxy:
-    def __init__(self, svc: Services) -> None:
-        self.svc = svc
+    """Requests to loaded engines. Built once per server from the few collaborators it needs."""
+
+    def __init__(self, router: Router, http: Callable[[], aiohttp.ClientSession], options: RecipeOptions,
+                 stats: Stats, metrics: Metrics) -> None:
+        self.router = router
+        self.http = http
+        self.options = options
+        self.stats = stats
+        self.metrics = metrics
 
     def _options(self, model: ModelInfo) -> Callable[[], dict[str, Any]]:
-        return lambda: self.svc.options.resolve(model.name, model.recipe)
+        return lambda: self.options.resolve(model.name, model.recipe)
 
     def _account(self, model: ModelInfo, endpoint: str, body: dict[str, Any] | None) -> None:
         if body is None:
             return
-        tokens_in, tokens_out = self.svc.stats.record_llamacpp(body)
-        self.svc.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
+        tokens_in, tokens_out = self.stats.record_llamacpp(body)
+        self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
-    async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None) -> bytes:
-        """One round trip to the engine; its failures become client-facing errors."""
-        data = json.dumps(body).encode() if body is not None else None
+    async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
+                    raw: bytes | None = None, content_type: str = "application/json") -> bytes:
+        """One round trip to the engine; its failures become client-facing errors. A client that
+        hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
+        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+
+        async def round_trip() -> tuple[int, bytes]:
+            async with self.http().request(method, lm.base_url + path, data=data,
+                                           headers={"Content-Type": content_type}) as resp:
+                return resp.status, await resp.read()
+
+        call = asyncio.ensure_future(round_trip())
         try:
-            async with self.svc.engine_http().request(method, lm.base_url + path, data=data,
-                                                      headers=JSON_HEADERS) as resp:
-                content = await resp.read()
+            status, content = await until_gone_or(call)
+        except ClientGone:
+            call.cancel()
+            log.info("%s: the client went away; the engine request was cancelled", lm.name)
+            raise
         except ENGINE_ERRORS as exc:
             raise crash_error(lm, exc) from None
-        if resp.status != 200:
-            raise upstream_error(lm, resp.status, content.decode(errors="replace"))
+        finally:
+            lm.last_progress = time.monotonic()
+        if status != 200:
+            raise upstream_error(lm, status, content.decode(errors="replace"))
         return content
 
     async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
         """POST to the model's engine; an engine found dead is started again once and asked again."""
         for attempt in range(2):
-            async with self.svc.router.use(model, self._options(model)) as lm:
+            async with self.router.use(model, self._options(model)) as lm:
                 try:
                     return await self._call(lm, "POST", path, body)
                 except EngineUnreachable:
-                    if attempt or not await self.svc.router.confirm_crash(lm):
+                    if attempt or not await self.router.confirm_crash(lm):
                         raise
         raise AssertionError("unreachable")
 
@@ -113,14 +137,25 @@ class Proxy:
         if lm is None:
             data = json.loads(await self._round_trip(model, path, body))
         else:
-            async with self.svc.router.hold(lm):
+            async with self.router.hold(lm):
                 data = json.loads(await self._call(lm, "POST", path, body))
         self._account(model, endpoint, data)
         return data
 
     async def get_json(self, lm: LoadedModel, path: str) -> Any:
-        async with self.svc.router.hold(lm):
+        async with self.router.hold(lm):
             return json.loads(await self._call(lm, "GET", path, None))
+
+    async def post_raw(self, model: ModelInfo, path: str, data: bytes, content_type: str) -> bytes:
+        """A non-JSON body (e.g. audio) to the model's engine; returns the engine's bytes."""
+        for attempt in range(2):
+            async with self.router.use(model, self._options(model)) as lm:
+                try:
+                    return await self._call(lm, "POST", path, None, raw=data, content_type=content_type)
+                except EngineUnreachable:
+                    if attempt or not await self.router.confirm_crash(lm):
+                        raise
+        raise AssertionError("unreachable")
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
         """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
@@ -134,7 +169,7 @@ class Proxy:
                      media_type: str = "text/event-stream") -> Response:
         """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream."""
         for attempt in range(2):
-            use = self.svc.router.use(model, self._options(model))
+            use = self.router.use(model, self._options(model))
             lm = await use.__aenter__()
             released = False
 
@@ -145,12 +180,12 @@ class Proxy:
                     await use.__aexit__(None, None, None)
 
             try:
-                resp = await self.svc.engine_http().post(lm.base_url + path, data=json.dumps(body).encode(),
-                                                         headers=STREAM_HEADERS)
+                resp = await self.http().post(lm.base_url + path, data=json.dumps(body).encode(),
+                                              headers=STREAM_HEADERS)
                 break
             except ENGINE_ERRORS as exc:
                 await release()
-                if attempt or not await self.svc.router.confirm_crash(lm):
+                if attempt or not await self.router.confirm_crash(lm):
                     raise crash_error(lm, exc) from None
             except BaseException:
                 await release()
@@ -172,6 +207,7 @@ class Proxy:
                         lm.streaming += 1
                         log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - t0) * 1000)
                     tail = (tail + chunk)[-TAIL_BYTES:]
+                    lm.last_progress = time.monotonic()
                     yield chunk
             except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)

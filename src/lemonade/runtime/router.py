@@ -1,12 +1,24 @@
-"""Residency: which models are loaded, loading on demand, LRU eviction, pinning, crash recovery.
+"""Residency: which models are loaded, for every engine alike.
 
-Rules (Lemonade's multi-model behaviour):
-- per-type limit `max_loaded_models` (-1 = unlimited); the least recently used unpinned model of
-  the same type is evicted to make room; if every slot of the type is pinned → 409;
-- a model that is serving requests is not stopped until they finish, and once chosen for
-  eviction it no longer takes new requests (they load it again instead);
-- loads are serialized; concurrent requests for the same unloaded model share one load;
-- an engine that dies is noticed, reported in health, and started again by the next request.
+Rules (Lemonade's multi-model behaviour, guide-configuration-multi-model.md):
+- a limit per model type (`max_loaded_models`: one number for every type, or a map per type);
+  the least recently used unpinned model of the type is evicted to make room; when every slot
+  of the type is pinned the load fails with 409 `slots_pinned_error`;
+- a model serving requests is never stopped under them: an eviction waits for it to go idle;
+- concurrent requests for an unloaded model share one load; a missing backend is installed and
+  missing files are downloaded first (shared too), before the request takes a slot;
+- an engine that dies is reported in health and started again by the next request; one that is
+  busy but makes no progress (hung, stopped) is killed by a watchdog and reported the same way;
+- idle models are trimmed (`downsize_idle_timeout`) and unloaded (`evict_idle_timeout`) when
+  `auto_evict` is on for them; pinned models never are.
+
+Swapping under contention (two models, one slot) is a queue, not a free-for-all: requests that
+need a slot wait in one FIFO queue; a resident model first serves the requests waiting for it
+(at most `swap_batch` once another model waits, so none starves), then goes idle and yields its
+slot to the model of the oldest waiting request. A request that waits is admitted only when its
+model is loaded, so it is never evicted from under itself and never loads a model twice; a
+request whose client left leaves the queue and causes no load. More than `max_queue_depth`
+waiting requests → 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -20,27 +32,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from lemonade.api.errors import APIError
-from lemonade.backends.base import BackendStartError, WrappedServer, free_port
-from lemonade.backends.llamacpp import build_argv, resolved_ctx_size
+from lemonade.backends.base import BackendStartError, free_port
+from lemonade.backends.engine import Engine, EngineUnavailable, InstallError, Launch, install_action
+from lemonade.backends.registry import Engines
 from lemonade.catalog.labels import MODEL_TYPES
 from lemonade.catalog.models import ModelInfo
+from lemonade.config import Config
+from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
 
 log = logging.getLogger("lemonade.router")
+
+Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only evaluated when a load happens
+FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
+HOUSEKEEPING_SECONDS = 1.0
 
 
 @dataclass
 class LoadedModel:
     model: ModelInfo
-    server: WrappedServer
-    options: dict[str, Any]
-    backend: str
+    engine: Engine
+    launch: Launch
     pinned: bool = False
     last_use: float = field(default_factory=time.time)
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
     active: int = 0
     streaming: int = 0
-    retiring: bool = False
+    served: int = 0  # requests admitted since it was loaded
+    retiring: bool = False  # taken out of service: being unloaded
+    draining: bool = False  # yields its slot: admits no new requests
+    downsized: bool = False
+    last_progress: float = field(default_factory=time.monotonic)  # last byte relayed from the engine
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _cpu_seen: float = -1.0
+    _cpu_changed_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -50,8 +78,24 @@ class LoadedModel:
         return self.model.name
 
     @property
+    def server(self) -> Any:
+        return self.launch.server
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.launch.options
+
+    @property
+    def backend(self) -> str:
+        return self.launch.backend
+
+    @property
     def base_url(self) -> str:
         return self.server.base_url
+
+    @property
+    def usable(self) -> bool:
+        return not self.retiring and self.server.alive
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -59,7 +103,7 @@ class LoadedModel:
             "checkpoint": self.model.checkpoint,
             "last_use": self.last_use,
             "type": self.model.type,
-            "device": "cpu",
+            "device": self.launch.device,
             "pinned": self.pinned,
             "is_busy": self.active > 0,
             "is_streaming": self.streaming > 0,
@@ -68,31 +112,64 @@ class LoadedModel:
             "recipe_options": self.options,
             "backend_url": self.server.base_url + "/v1",
             "backend": self.backend,
+            "launch_command": self.engine.describe_command(self.launch),
+            "load_seconds": round(self.load_seconds, 3),
+            "downsized": self.downsized,
         }
 
 
-Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only evaluated when a load happens
-FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
-BinaryProvider = Callable[[str], tuple[str, Path]]  # requested backend -> (backend used, binary)
+@dataclass
+class Waiter:
+    model: ModelInfo
+    options: Options
+    pinned: bool | None
+    future: asyncio.Future[LoadedModel]
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class QueueStats:
+    waits: int = 0  # requests that had to wait for a slot
+    wait_seconds: float = 0.0
+    loads: int = 0
+    evictions: int = 0  # unloads to make room for another model
+    idle_evictions: int = 0
+    downsizes: int = 0
+    rejected: int = 0  # 503: queue full
+    abandoned: int = 0  # clients that left while waiting
+    watchdog_kills: int = 0
 
 
 class Router:
-    def __init__(self, *, max_models: Callable[[], int], files_for: FilesProvider,
-                 binary_for: BinaryProvider, on_change: Callable[[], None] | None = None) -> None:
-        self._max_models = max_models
+    def __init__(self, *, engines: Engines, config: Config, files_for: FilesProvider,
+                 http: Callable[[], Any] | None = None, on_change: Callable[[], None] | None = None) -> None:
+        self.engines = engines
+        self.config = config
         self._files_for = files_for
-        self._binary_for = binary_for
+        self._http = http  # engine HTTP client, for downsizing
         self._on_change = on_change or (lambda: None)
         self.loaded: dict[str, LoadedModel] = {}
         self.crashed: dict[str, dict[str, Any]] = {}
         self.last_used_name: str | None = None
-        self._load_lock = asyncio.Lock()
-        self._pending: dict[str, asyncio.Future[LoadedModel]] = {}
-        self._retiring: list[LoadedModel] = []  # taken out of service, waiting for requests to finish
+        self.stats = QueueStats()
+        self._queue: list[Waiter] = []
+        self._loading: dict[str, str] = {}  # model name -> its type: loads under way, each holding a slot
+        self._retiring: list[LoadedModel] = []  # leaving; still hold their slot until stopped
+        self._prepares: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # shared installs and downloads
+        self._installing: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._housekeeper: asyncio.Task[None] | None = None
+        self._closed = False
 
     # ----- queries -----------------------------------------------------------------------------
-    def limit(self) -> int:
-        return self._max_models()
+    def limit_for(self, model_type: str) -> int:
+        value = self.config.get("max_loaded_models")
+        if isinstance(value, dict):
+            return int(value.get(model_type, 1))
+        return int(value)
+
+    def limits(self) -> dict[str, int]:
+        return {t: self.limit_for(t) for t in MODEL_TYPES}
 
     def describe(self) -> list[dict[str, Any]]:
         return [lm.describe() for lm in sorted(self.loaded.values(), key=lambda m: m.last_use, reverse=True)]
@@ -104,79 +181,335 @@ class Router:
                 counts[lm.model.type] = counts.get(lm.model.type, 0) + 1
         return counts
 
-    def most_recent(self) -> LoadedModel | None:
-        live = [lm for lm in self.loaded.values() if not lm.retiring]
+    def most_recent(self, recipe: str | None = None) -> LoadedModel | None:
+        live = [lm for lm in self.loaded.values() if lm.usable and (recipe is None or lm.model.recipe == recipe)]
         return max(live, key=lambda m: m.last_use) if live else None
 
-    # ----- loading -----------------------------------------------------------------------------
+    def queue_info(self) -> dict[str, Any]:
+        waiting: dict[str, int] = {}
+        for w in self._queue:
+            waiting[w.model.name] = waiting.get(w.model.name, 0) + 1
+        s = self.stats
+        return {"depth": len(self._queue), "max_depth": self.config.get("max_queue_depth"), "waiting": waiting,
+                "loading": sorted(self._loading), "installing": [f"{r}:{b}" for r, b in sorted(self._installing)],
+                "waits_total": s.waits, "wait_seconds_total": round(s.wait_seconds, 3), "loads_total": s.loads,
+                "swaps_total": s.evictions, "idle_evictions_total": s.idle_evictions,
+                "downsizes_total": s.downsizes, "rejected_total": s.rejected, "abandoned_total": s.abandoned,
+                "watchdog_kills_total": s.watchdog_kills}
+
+    def engine_for(self, model: ModelInfo) -> Engine:
+        engine = self.engines.get(model.recipe)
+        if engine is None or not engine.available:
+            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available in "
+                           "this server yet.", code="model_load_refused")
+        return engine
+
+    # ----- acquiring a model for one request ---------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, model: ModelInfo, options: Options) -> AsyncIterator[LoadedModel]:
+        """Hold a loaded model for one request; it cannot be stopped until the block exits."""
+        lm = await self.acquire(model, options)
+        try:
+            yield lm
+        finally:
+            self.release(lm)
+
+    async def acquire(self, model: ModelInfo, options: Options, pinned: bool | None = None) -> LoadedModel:
+        """A loaded model, taken for one request (`release` gives it back)."""
+        lm = self.loaded.get(model.name)
+        if lm is not None and lm.usable and self._admits(lm, extra=True):
+            self._take(lm, pinned)
+            return lm
+        self._start_housekeeping()
+        engine = self.engine_for(model)
+        await self._prepare(model, engine, options)
+        if len(self._queue) >= self.config.get("max_queue_depth"):
+            self.stats.rejected += 1
+            raise APIError(503, f"The server is busy: {len(self._queue)} requests are already waiting for a model "
+                           "slot. Retry shortly, or raise max_loaded_models so fewer models have to take turns.",
+                           code="queue_full", headers={"Retry-After": "5"})
+        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future())
+        self._queue.append(waiter)
+        self.stats.waits += 1
+        self._dispatch()
+        try:
+            return await until_gone_or(waiter.future)
+        except (ClientGone, asyncio.CancelledError):
+            self.stats.abandoned += 1
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                self.release(waiter.future.result())  # admitted just as the client left
+            else:
+                waiter.future.cancel()
+            self._drop(waiter)
+            raise
+        finally:
+            self.stats.wait_seconds += time.monotonic() - waiter.since
+
+    def release(self, lm: LoadedModel) -> None:
+        lm.active -= 1
+        lm.last_use = time.time()
+        if lm.active == 0:
+            lm.idle.set()
+            if self._queue:
+                self._dispatch()
+
+    def _take(self, lm: LoadedModel, pinned: bool | None = None) -> None:
+        lm.active += 1
+        lm.served += 1
+        lm.idle.clear()
+        lm.last_use = time.time()
+        lm.downsized = False
+        if pinned is not None:
+            lm.pinned = pinned
+        self.last_used_name = lm.name
+
+    @contextlib.asynccontextmanager
+    async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
+        """Like `use` for a model already picked (e.g. the most recently used one)."""
+        if not lm.usable:
+            raise APIError(404, f"Model {lm.name} was unloaded while the request waited for it")
+        self._take(lm)
+        try:
+            yield lm
+        finally:
+            self.release(lm)
+
     async def ensure_loaded(self, model: ModelInfo, options: Options, *, pinned: bool | None = None,
                             reload: bool = False) -> LoadedModel:
-        """Loaded model handle; loads (once, shared by concurrent callers) when needed."""
+        """Load (or keep) `model` without holding it: `/v1/load`, Ollama keep-alive and the like."""
         current = self.loaded.get(model.name)
-        if current is not None and not current.retiring and current.server.alive and not reload:
-            if pinned is not None:
-                current.pinned = pinned
-            return current
-        pending = self._pending.get(model.name)
-        if pending is None or reload:
-            pending = asyncio.ensure_future(self._load(model, options, pinned, reload))
-            self._pending[model.name] = pending
-            pending.add_done_callback(lambda t, n=model.name: self._pending.pop(n, None)
-                                      if self._pending.get(n) is t else None)
-        # shield: a caller that goes away does not cancel a load other callers wait for
-        return await asyncio.shield(pending)
+        if reload and current is not None:
+            pinned = current.pinned if pinned is None else pinned
+            await self._retire(current)
+        lm = await self.acquire(model, options, pinned)
+        self.release(lm)
+        return lm
 
-    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None,
-                    reload: bool) -> LoadedModel:
-        if model.recipe != "llamacpp":  # refused before anything is downloaded
-            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available "
-                           "in this server yet. Only llamacpp models can be loaded.", code="model_load_refused")
-        # Outside the load lock: a download for this model must not hold up loads of other models.
-        files = await self._files_for(model)
-        async with self._load_lock:
-            current = self.loaded.get(model.name)
-            if current is not None and current.server.alive and not current.retiring and not reload:
-                return current
-            if current is not None:
-                pinned = current.pinned if pinned is None else pinned
-                await self._retire(current)
-            await self._make_room(model)
-            lm = await self._start(model, files, options() if callable(options) else options, bool(pinned))
-            self.loaded[model.name] = lm
-            self.crashed.pop(model.name, None)
-            self.last_used_name = model.name
-            self._on_change()
-            return lm
+    # ----- preparing: backend install and model files, before a slot is taken ------------------
+    async def _prepare(self, model: ModelInfo, engine: Engine, options: Options) -> None:
+        opts = options() if callable(options) else options
+        try:
+            backend = engine.ready_backend(engine.requested_backend(opts))
+        except EngineUnavailable as exc:
+            raise APIError(400, str(exc), code=exc.code) from None
+        if engine.needs_install(backend):
+            await self._shared(("install", engine.recipe, backend), lambda: self._install(engine, backend))
+        await self._shared(("files", model.name), lambda: self._files_for(model))
 
-    async def _start(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
-                     pinned: bool) -> LoadedModel:
-        backend, binary = self._binary_for(options.get("llamacpp_backend", "cpu"))
-        port = free_port()
-        argv = build_argv(binary, model, files, options, port)
-        server = WrappedServer(f"llama-server:{model.name}", argv, port)
-        resolved = dict(options)
-        if resolved.get("ctx_size") == -1:
-            resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
-        lm = LoadedModel(model=model, server=server, options=resolved, backend=backend, pinned=pinned)
-        server.on_exit = lambda srv, code, lm=lm: self._crashed(lm, code)
-        log.info("Loading %s (%s, backend %s)", model.name, model.type, backend)
+    async def _shared(self, key: tuple[str, ...], start: Callable[[], Awaitable[Any]]) -> Any:
+        """One run of `start` for every concurrent caller with the same key; a caller that leaves does
+        not cancel it for the others."""
+        fut = self._prepares.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(start())
+            self._prepares[key] = fut
+            fut.add_done_callback(lambda f, k=key: self._prepares.pop(k, None) if self._prepares.get(k) is f else None)
+        return await until_gone_or(asyncio.shield(fut))
+
+    async def _install(self, engine: Engine, backend: str) -> None:
+        """A backend installed on first use, as Lemonade does; never over a working install."""
+        spec = f"{engine.recipe}:{backend}"
+        if self.config.get("offline"):
+            raise APIError(400, f"The {spec} backend is not installed and the server is offline (offline: true). "
+                           f"Connect, then run: {install_action(engine.recipe, backend)}", code="backend_not_installed")
+        listener = load_progress.get()
+        loop = asyncio.get_running_loop()
+        last = [0.0]
+
+        def progress(event: dict[str, Any]) -> None:
+            now = time.monotonic()
+            if now - last[0] > 2.0 or event.get("phase") == "done":
+                last[0] = now
+                log.info("Installing %s: %s", spec, event.get("message", ""))
+            if listener is not None:
+                loop.call_soon_threadsafe(listener, {"phase": "install", "backend": spec, **event})
+
+        log.info("Backend %s is not installed; installing it now (first use)", spec)
+        self._installing.add((engine.recipe, backend))
+        try:
+            await asyncio.to_thread(engine.install, backend, progress, False)
+        except InstallError as exc:
+            raise APIError(500, f"Installing the {spec} backend failed: {exc}\nRetry with: "
+                           f"{install_action(engine.recipe, backend)}", type="server_error",
+                           code="backend_install_failed") from None
+        finally:
+            self._installing.discard((engine.recipe, backend))
+        log.info("Backend %s installed", spec)
+
+    # ----- the scheduler -------------------------------------------------------------------------
+    def _admits(self, lm: LoadedModel, extra: bool = False) -> bool:
+        """May `lm` take one more request now? Not when it is leaving, nor past its batch while
+        another model waits for its slot type."""
+        if lm.draining or lm.retiring:
+            return False
+        if extra and self._queue and self._contended(lm.model.type):
+            return lm.served < self.config.get("swap_batch")
+        return True
+
+    def _contended(self, model_type: str) -> bool:
+        """Does a request wait for a model of this type that is neither resident nor loading?"""
+        return any(w.model.type == model_type and not self._resident(w.model.name) and w.model.name not in self._loading
+                   for w in self._queue)
+
+    def _resident(self, name: str) -> bool:
+        lm = self.loaded.get(name)
+        return lm is not None and lm.usable and not lm.draining
+
+    def _occupied(self, model_type: str) -> int:
+        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type}
+        names |= {n for n, t in self._loading.items() if t == model_type}
+        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type)
+
+    def _drop(self, waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            self._queue.remove(waiter)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Decide what happens next for the waiting requests. Synchronous: decisions never interleave."""
+        if self._closed:
+            return
+        self._queue = [w for w in self._queue if not w.future.done()]
+        batch = self.config.get("swap_batch")
+        for lm in self.loaded.values():
+            if lm.draining and not self._contended(lm.model.type):
+                lm.draining = False  # whoever needed its slot left (or got one): back in service
+        # 1. Admit waiters whose model is resident, FIFO; bounded by the batch when others wait.
+        for w in list(self._queue):
+            lm = self.loaded.get(w.model.name)
+            if lm is None or not lm.usable or lm.draining:
+                continue
+            if self._contended(lm.model.type) and lm.served >= batch:
+                continue  # its batch is served; the slot goes to the model waiting longest
+            self._queue.remove(w)
+            self._take(lm, w.pinned)
+            w.future.set_result(lm)
+        # 2. Models that need a slot, in order of their oldest waiter; one decision per type per pass.
+        decided: set[str] = set()
+        seen: set[str] = set()
+        for w in self._queue:
+            name, mtype = w.model.name, w.model.type
+            if name in seen or mtype in decided:
+                continue
+            seen.add(name)
+            if name in self._loading or self._resident(name):
+                continue
+            if any(lm.name == name for lm in self._retiring):
+                decided.add(mtype)  # its old process is still stopping; load again once it is gone
+                continue
+            limit = self.limit_for(mtype)
+            if limit == -1 or self._occupied(mtype) < limit:
+                self._begin_load(w)
+                continue
+            decided.add(mtype)
+            self._make_room(w, batch)
+
+    def _make_room(self, w: Waiter, batch: int) -> None:
+        mtype = w.model.type
+        same = [lm for lm in self.loaded.values() if lm.model.type == mtype]
+        candidates = [lm for lm in same if not lm.pinned]
+        leaving = any(lm.model.type == mtype for lm in self._retiring)
+        if not candidates:
+            if mtype not in self._loading.values() and not leaving:
+                err = APIError(409, f"Cannot load {w.model.name}: all {self.limit_for(mtype)} {mtype} slot(s) are held "
+                               f"by pinned models ({', '.join(lm.name for lm in same)}). Unload one, or raise "
+                               "max_loaded_models.", type="conflict", code="slots_pinned_error")
+                self._fail_waiters(w.model.name, err)
+            return
+        if leaving:
+            return  # one eviction at a time per type: wait for the one under way
+        draining = [lm for lm in candidates if lm.draining]
+        if draining and draining[0].active > 0:
+            return  # it is finishing its requests; this runs again when it goes idle
+        waiting = {x.model.name for x in self._queue}
+        # Prefer a model nobody is waiting for, then by eviction score (idle longest, cheap to reload).
+        victim = draining[0] if draining else \
+            min(candidates, key=lambda lm: (lm.name in waiting, -self._eviction_score(lm)))
+        if victim.active == 0:
+            log.info("Evicting %s (least recently used %s) to make room for %s (%d request(s) waiting)",
+                     victim.name, mtype, w.model.name, sum(1 for x in self._queue if x.model.name == w.model.name))
+            self.stats.evictions += 1
+            self._take_out_of_service(victim)
+            self._spawn(self._finish_retiring(victim))
+        elif victim.served >= batch or victim.name not in waiting:
+            # Stop admitting; evicted once its requests finish, if someone still waits by then.
+            victim.draining = True
+
+    def _eviction_score(self, lm: LoadedModel) -> float:
+        """guide-configuration-multi-model.md: idle time over load cost; higher = more disposable."""
+        idle_ms = max(0.0, time.time() - lm.last_use) * 1000 + 1.0
+        weight = float(lm.options.get("evict_weight_factor") or 1.0)
+        return idle_ms / (max(lm.load_seconds * 1000, 1.0) * max(weight, 1e-6))
+
+    def _fail_waiters(self, name: str, exc: BaseException) -> None:
+        for x in [x for x in self._queue if x.model.name == name]:
+            self._queue.remove(x)
+            if not x.future.done():
+                x.future.set_exception(exc)
+
+    def _begin_load(self, w: Waiter) -> None:
+        self._loading[w.model.name] = w.model.type
+        pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
+        self._spawn(self._load(w.model, w.options, pinned))  # a pin survives an engine crash
+
+    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None) -> None:
+        try:
+            lm = await self._start(model, options() if callable(options) else options, bool(pinned))
+        except BaseException as exc:
+            self._loading.pop(model.name, None)
+            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load {model.name}: {exc}",
+                                                                  type="server_error", code="model_load_error")
+            self._fail_waiters(model.name, err)
+            self._dispatch()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._loading.pop(model.name, None)
+        if self._closed:
+            await lm.server.stop()
+            return
+        self.loaded[model.name] = lm
+        self.crashed.pop(model.name, None)
+        self.last_used_name = model.name
+        self.stats.loads += 1
+        self._on_change()
+        self._dispatch()
+
+    async def _start(self, model: ModelInfo, options: dict[str, Any], pinned: bool) -> LoadedModel:
+        engine = self.engine_for(model)
+        files = await self._files_for(model)  # normally on disk already (downloaded in _prepare)
+        try:
+            backend = engine.ready_backend(engine.requested_backend(options))
+        except EngineUnavailable as exc:
+            raise APIError(400, str(exc), code=exc.code) from None
+        log.info("Loading %s (%s, %s backend %s)", model.name, model.type, engine.recipe, backend)
+        listener = load_progress.get()
+        if listener is not None:
+            listener({"phase": "load", "message": f"Starting {engine.process} for {model.name}", "percent": None})
         started = time.perf_counter()
         try:
-            await server.start()
+            launch = await engine.launch(model, files, options, backend, free_port())
+        except EngineUnavailable as exc:
+            raise APIError(400, str(exc), code=exc.code) from None
         except BackendStartError as exc:
             raise APIError(500, f"Failed to load {model.name}: {exc}", type="server_error",
                            code="model_load_error") from None
-        log.info("Loaded %s in %.2fs (pid %s)", model.name, time.perf_counter() - started, server.pid)
+        elapsed = time.perf_counter() - started
+        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed)
+        launch.server.on_exit = lambda srv, code, lm=lm: self._crashed(lm, code)
+        log.info("Loaded %s in %.2fs (pid %s)", model.name, elapsed, launch.server.pid)
         return lm
 
+    # ----- leaving ----------------------------------------------------------------------------------
     def _crashed(self, lm: LoadedModel, code: int) -> None:
         if self.loaded.get(lm.name) is lm:
             del self.loaded[lm.name]
             self.crashed[lm.name] = {"model_name": lm.name, "pid": lm.server.pid, "exit_code": code,
-                                     "time": time.time(),
-                                     "message": f"llama-server for {lm.name} exited with code {code}; it is "
+                                     "time": time.time(), "pinned": lm.pinned,
+                                     "message": f"{lm.engine.process} for {lm.name} exited with code {code}; it is "
                                                 "started again on the next request"}
             self._on_change()
+            self._dispatch()
 
     async def confirm_crash(self, lm: LoadedModel, wait: float = 2.0) -> bool:
         """After a failed connection: True (and the model forgotten) when its process has exited."""
@@ -190,90 +523,128 @@ class Router:
         self._crashed(lm, code)
         return True
 
-    async def _make_room(self, model: ModelInfo) -> None:
-        limit = self.limit()
-        if limit == -1:
-            return
-        while True:
-            same = [lm for lm in self.loaded.values() if lm.model.type == model.type and lm.name != model.name
-                    and not lm.retiring]
-            if len(same) < limit:
-                return
-            candidates = [lm for lm in same if not lm.pinned]
-            if not candidates:
-                raise APIError(409, f"Cannot load {model.name}: all {limit} {model.type} slot(s) are held by pinned "
-                               f"models ({', '.join(lm.name for lm in same)}). Unload one, or raise "
-                               "max_loaded_models.", type="conflict", code="slots_pinned_error")
-            victim = min(candidates, key=lambda lm: lm.last_use)
-            log.info("Evicting %s (least recently used %s) to make room for %s", victim.name, model.type,
-                     model.name)
-            await self._retire(victim)
-
-    async def _retire(self, lm: LoadedModel) -> None:
-        """Stop taking requests for `lm`, let in-flight ones finish, then stop the process."""
+    def _take_out_of_service(self, lm: LoadedModel) -> bool:
+        """The synchronous half of retiring: no new requests, not resident. False if already leaving."""
+        if lm.retiring:
+            return False
         lm.retiring = True
         if self.loaded.get(lm.name) is lm:
             del self.loaded[lm.name]
             self._on_change()
         self._retiring.append(lm)
+        return True
+
+    async def _retire(self, lm: LoadedModel) -> None:
+        """Stop taking requests for `lm`, let in-flight ones finish, then stop the process."""
+        if not self._take_out_of_service(lm) and lm not in self._retiring:
+            return
+        await self._finish_retiring(lm)
+
+    async def _finish_retiring(self, lm: LoadedModel) -> None:
         try:
             await lm.idle.wait()
             await lm.server.stop()
         finally:
-            self._retiring.remove(lm)
+            with contextlib.suppress(ValueError):
+                self._retiring.remove(lm)
+            self._dispatch()
 
-    # ----- use ---------------------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def use(self, model: ModelInfo, options: Options) -> AsyncIterator[LoadedModel]:
-        """Hold a loaded model for one request; it cannot be stopped until the block exits."""
-        while True:
-            lm = await self.ensure_loaded(model, options)
-            if not lm.retiring and lm.server.alive:
-                break
-        lm.active += 1
-        lm.idle.clear()
-        lm.last_use = time.time()
-        self.last_used_name = lm.name
-        try:
-            yield lm
-        finally:
-            lm.active -= 1
-            lm.last_use = time.time()
-            if lm.active == 0:
-                lm.idle.set()
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
-        """Like `use` for a model already picked (e.g. the most recently used one)."""
-        if lm.retiring or not lm.server.alive:
-            raise APIError(404, f"Model {lm.name} was unloaded while the request waited for it")
-        lm.active += 1
-        lm.idle.clear()
-        lm.last_use = time.time()
-        try:
-            yield lm
-        finally:
-            lm.active -= 1
-            if lm.active == 0:
-                lm.idle.set()
-
-    # ----- unloading ---------------------------------------------------------------------------
     async def unload(self, name: str | None = None) -> list[str]:
-        async with self._load_lock:
-            targets = [self.loaded[name]] if name is not None and name in self.loaded else \
-                list(self.loaded.values()) if name is None else []
-            for lm in targets:
-                await self._retire(lm)
-            return [lm.name for lm in targets]
+        targets = [self.loaded[name]] if name is not None and name in self.loaded else \
+            list(self.loaded.values()) if name is None else []
+        await asyncio.gather(*(self._retire(lm) for lm in targets))
+        return [lm.name for lm in targets]
 
     async def unload_where(self, predicate: Callable[[LoadedModel], bool]) -> list[str]:
-        async with self._load_lock:
-            targets = [lm for lm in self.loaded.values() if predicate(lm)]
-            for lm in targets:
-                await self._retire(lm)
-            return [lm.name for lm in targets]
+        targets = [lm for lm in self.loaded.values() if predicate(lm)]
+        await asyncio.gather(*(self._retire(lm) for lm in targets))
+        return [lm.name for lm in targets]
 
+    def pin(self, name: str, pinned: bool) -> bool:
+        lm = self.loaded.get(name)
+        if lm is None:
+            return False
+        lm.pinned = pinned
+        self._on_change()
+        return True
+
+    # ----- housekeeping: idle trimming and eviction, the watchdog ---------------------------------
+    def _start_housekeeping(self) -> None:
+        if self._housekeeper is None or self._housekeeper.done():
+            self._housekeeper = asyncio.ensure_future(self._housekeeping())
+
+    async def _housekeeping(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            for lm in list(self.loaded.values()):
+                try:
+                    if lm.active > 0:
+                        self._watch(lm)
+                    else:
+                        await self._trim_if_idle(lm)
+                except Exception:  # one model's trouble must not stop housekeeping for the rest
+                    log.exception("Housekeeping failed for %s", lm.name)
+
+    def _auto_evict(self, lm: LoadedModel) -> bool:
+        own = lm.options.get("auto_evict")
+        return bool(self.config.get("auto_evict") if own is None else own)
+
+    async def _trim_if_idle(self, lm: LoadedModel) -> None:
+        if lm.pinned or not lm.usable or not self._auto_evict(lm):
+            return
+        idle = time.time() - lm.last_use
+        evict_after = float(lm.options.get("evict_idle_timeout", 300))
+        downsize_after = float(lm.options.get("downsize_idle_timeout", 60))
+        if idle >= evict_after:
+            log.info("Unloading %s: idle for %.0f s (evict_idle_timeout %s s)", lm.name, idle, evict_after)
+            self.stats.idle_evictions += 1
+            await self._retire(lm)
+        elif idle >= downsize_after and not lm.downsized and self._http is not None:
+            lm.downsized = True
+            if await lm.engine.downsize(lm.base_url, self._http()):
+                self.stats.downsizes += 1
+                log.info("Downsized %s: idle for %.0f s (downsize_idle_timeout %s s); its KV cache was cleared",
+                         lm.name, idle, downsize_after)
+
+    def _watch(self, lm: LoadedModel) -> None:
+        """A busy engine that neither uses CPU nor sends anything for too long is hung: kill it."""
+        pid = lm.server.pid
+        if pid is None or not lm.server.alive:
+            return
+        try:
+            proc = psutil.Process(pid)
+            cpu = sum(proc.cpu_times()[:2])
+            stopped = proc.status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            return
+        now = time.monotonic()
+        if cpu != lm._cpu_seen:
+            lm._cpu_seen, lm._cpu_changed_at = cpu, now
+        limit = float(self.config.get("engine_watchdog_seconds"))
+        quiet = now - max(lm._cpu_changed_at, lm.last_progress)
+        if quiet >= limit:
+            state = "stopped (SIGSTOP)" if stopped else "making no progress"
+            log.error("Watchdog: %s for %s (pid %s) has been busy but %s for %.0f s; killing it", lm.engine.process,
+                      lm.name, pid, state, quiet)
+            self.stats.watchdog_kills += 1
+            lm.server.kill_now(report=True)
+
+    # ----- shutdown -------------------------------------------------------------------------------
     async def shutdown(self) -> None:
+        self._closed = True
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+        for w in self._queue:
+            if not w.future.done():
+                w.future.set_exception(APIError(503, "The server is shutting down", code="shutting_down"))
+        self._queue.clear()
+        for task in list(self._tasks):
+            task.cancel()
         for lm in list(self.loaded.values()) + list(self._retiring):
             lm.retiring = True
             await lm.server.stop(grace=3.0)

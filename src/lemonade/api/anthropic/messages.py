@@ -24,7 +24,6 @@ from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from lemonade.api.errors import APIError
 from lemonade.api.openai.inference import chat_model
 from lemonade.catalog.models import ModelInfo
-from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.anthropic")
@@ -44,10 +43,7 @@ def _require_vision(svc: Services, model: ModelInfo, body: dict[str, Any]) -> No
     """A 400 for images sent to a model without a vision projector (the engine would answer 500)."""
     has_images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
                      for m in body["messages"])
-    if not has_images or "mmproj" in model.checkpoints or "vision" in model.labels:
-        return
-    files = svc.catalog.local_files(model)
-    if not (files and files.get("mmproj")):
+    if has_images and not svc.accepts_images(model):
         raise APIError(400, f"messages: model {model.name} does not accept images (it has no vision projector); "
                        "use a vision model", code="invalid_argument")
 
@@ -65,7 +61,7 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
     _require_vision(svc, model, tr.body)
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
-    proxy = Proxy(svc)
+    proxy = svc.proxy
     if body.stream:
         payload = {**tr.body, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -86,7 +82,7 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> Response:
     model = chat_model(svc, body.model, "/messages/count_tokens")
     tr = translate.to_openai(body, model.name)
     _log_warnings(model.name, tr.warnings)
-    proxy = Proxy(svc)
+    proxy = svc.proxy
     template_body: dict[str, Any] = {k: v for k, v in tr.body.items() if k in ("messages", "tools", "tool_choice",
                                                                                  "chat_template_kwargs")}
     applied = await proxy.post_json(model, "/apply-template", template_body, "apply-template")

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
-from lemonade.backends.install import InstallError
+from lemonade.backends.engine import Engine, InstallError
 from lemonade.services import Services
 
 router = APIRouter(tags=["backends"])
@@ -42,18 +42,27 @@ def _refuse_cloud(backend: str) -> None:
                        "{'recipe': 'llamacpp', 'backend': 'cpu'}", code="unsupported_backend")
 
 
+def _engine(svc: Services, recipe: str, backend: str) -> Engine:
+    """The engine of `recipe`, after refusing unknown recipes and backends (before any work)."""
+    engine = svc.engines.get(recipe)
+    if engine is None:
+        known = ", ".join(e.recipe for e in svc.engines)
+        raise APIError(400, f"Unknown recipe '{recipe}'. Known recipes: {known}", code="unsupported_backend")
+    try:
+        engine.check_request(backend)
+    except InstallError as exc:
+        raise APIError(400, str(exc), code="unsupported_backend") from None
+    return engine
+
+
 @router.post("/install")
 async def install(request: Request, body: InstallRequest) -> Any:
     svc: Services = request.app.state.services
     _refuse_cloud(body.backend)
-    installer = svc.installer
-    try:
-        installer.check_request(body.recipe, body.backend)
-    except InstallError as exc:
-        raise APIError(400, str(exc), code="unsupported_backend") from None
+    engine = _engine(svc, body.recipe, body.backend)
     if not body.stream:
         try:
-            result = await asyncio.to_thread(installer.install, body.recipe, body.backend, None, body.force)
+            result = await asyncio.to_thread(engine.install, body.backend, None, body.force)
         except InstallError as exc:
             raise APIError(500, str(exc), type="server_error", code="install_failed") from None
         return {"status": "success", "recipe": body.recipe, "backend": body.backend,
@@ -67,7 +76,7 @@ async def install(request: Request, body: InstallRequest) -> Any:
 
     async def run() -> None:
         try:
-            result = await asyncio.to_thread(installer.install, body.recipe, body.backend, progress, body.force)
+            result = await asyncio.to_thread(engine.install, body.backend, progress, body.force)
             await queue.put(sse("complete", {"status": "success", "recipe": body.recipe, "backend": body.backend,
                                              "version": result.get("version")}))
         except InstallError as exc:
@@ -90,13 +99,10 @@ async def install(request: Request, body: InstallRequest) -> Any:
 async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
     _refuse_cloud(body.backend)
-    try:
-        svc.installer.check_request(body.recipe, body.backend)
-    except InstallError as exc:
-        raise APIError(400, str(exc), code="unsupported_backend") from None
+    engine = _engine(svc, body.recipe, body.backend)
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
     try:
-        result = await asyncio.to_thread(svc.installer.uninstall, body.recipe, body.backend)
+        result = await asyncio.to_thread(engine.uninstall, body.backend)
     except InstallError as exc:
         raise APIError(400, str(exc), code="uninstall_failed") from None
     return {"status": "success", "recipe": body.recipe, "backend": body.backend,

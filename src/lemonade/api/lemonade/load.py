@@ -10,18 +10,30 @@ from fastapi.responses import JSONResponse
 from lemonade.api.body import json_object
 from lemonade.api.errors import APIError, bad_request
 from lemonade.api.lemonade.models import body_object
+from lemonade.api.sse import progress_stream
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
 
 router = APIRouter(tags=["residency"])
-LOAD_CONTROL_KEYS = ("model_name", "model", "pinned", "save_options")
+LOAD_CONTROL_KEYS = ("model_name", "model", "pinned", "save_options", "stream")
 
 
 @router.post("/load")
 async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
-        {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192}])) -> dict[str, Any]:
+        {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192}])) -> Any:
+    """Load a model. With `"stream": true` the answer is SSE: `progress` events while the backend
+    installs, the model downloads and the engine starts, then `complete` or `error`."""
     svc: Services = request.app.state.services
     body = body_object(body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("Invalid value for 'stream': must be true or false")
+    if stream:
+        return load_events(lambda: _load(svc, body))
+    return await _load(svc, body)
+
+
+async def _load(svc: Services, body: dict[str, Any]) -> dict[str, Any]:
     name = body.get("model_name", body.get("model"))
     if name is None:
         raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
@@ -53,6 +65,10 @@ async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
     if save:
         svc.options.save_from_load(model.name, requested, body.get("pinned"))
     return {"status": "success", "message": f"Loaded model: {model.name}"}
+
+
+def load_events(run: Any) -> Any:
+    return progress_stream(run, lambda result: {"status": "success", **result})
 
 
 @router.post("/unload")

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lemonade import __version__
-from lemonade.catalog.labels import MODEL_TYPES
 from lemonade.services import Services
 from lemonade.system.info import system_info, system_stats
 
@@ -22,7 +21,6 @@ def services(request: Request) -> Services:
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
-    limit = svc.router.limit()
     loaded = svc.router.describe()
     body: dict[str, Any] = {
         "status": "ok",
@@ -31,10 +29,11 @@ async def health(request: Request) -> dict[str, Any]:
         (loaded[0]["model_name"] if loaded else None),
         "all_models_loaded": loaded,
         "pinned_models": svc.router.pinned_counts(),
-        "max_models": dict.fromkeys(MODEL_TYPES, limit),
+        "max_models": svc.router.limits(),
         "telemetry": {"enabled": False},
         "update_check_done": bool(getattr(svc.downloads, "update_check_done", False)),
         "crashed_models": list(svc.router.crashed.values()),
+        "queue": svc.router.queue_info(),
     }
     port = request.url.port
     if port:
@@ -55,5 +54,5 @@ async def get_system_stats() -> dict[str, Any]:
 @router.get("/system-info")
 async def get_system_info(request: Request) -> dict[str, Any]:
     svc = services(request)
-    recipes = await asyncio.to_thread(svc.installer.recipes_info)
+    recipes = await asyncio.to_thread(svc.engines.system_info)
     return system_info(svc.catalog.hub_cache(), recipes)

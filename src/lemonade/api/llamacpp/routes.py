@@ -13,8 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
-from lemonade.api.openai.inference import require_mode
-from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
 
@@ -45,12 +43,13 @@ class SlotActionRequest(BaseModel):
     filename: str | None = None
 
 
-def _llamacpp_target(svc: Services) -> LoadedModel:
+def _llamacpp_target(svc: Services, endpoint: str) -> LoadedModel:
+    """The most recently used loaded model, which must serve `endpoint` (a llama.cpp model)."""
     lm = svc.router.most_recent()
     if lm is None:
         raise APIError(400, "No model is loaded. Load a llama.cpp model first (POST /v1/load or any chat request).",
                        code="no_model_loaded")
-    if lm.model.recipe != "llamacpp":
+    if endpoint not in lm.engine.endpoints:
         raise APIError(400, f"The most recently used model {lm.name} is not a llama.cpp model",
                        code="invalid_argument")
     return lm
@@ -58,13 +57,10 @@ def _llamacpp_target(svc: Services) -> LoadedModel:
 
 async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    model = svc.resolve(body.model)
-    if model.recipe != "llamacpp":
-        raise APIError(400, f"Model {model.name} is not a llama.cpp model; only llama.cpp reranker models serve "
-                       "/rerank", code="invalid_argument")
-    require_mode(model, "reranking", "/rerank")
+    model = svc.check_model(svc.resolve(body.model), "reranking", "/rerank")
+    svc.engine_path(model, "rerank")
     payload = body.model_dump(exclude_unset=True, exclude={"ctx_size"})
-    p = Proxy(svc)
+    p = svc.proxy
     if body.ctx_size is not None and model.name not in svc.router.loaded:
         options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body.ctx_size})
         await svc.router.ensure_loaded(model, options)
@@ -81,20 +77,18 @@ for _path in ("/rerank", "/reranking", "/reranker"):
 async def tokenize(request: Request, body: TokenizeRequest) -> Any:
     svc: Services = request.app.state.services
     payload = body.model_dump(exclude={"model"})
-    p = Proxy(svc)
+    p = svc.proxy
     if body.model:
         model = svc.resolve(body.model)
-        if model.recipe != "llamacpp":
-            raise APIError(400, f"Model {model.name} is not a llama.cpp model", code="invalid_argument")
-        return await p.post_json(model, "/tokenize", payload, "tokenize")
-    lm = _llamacpp_target(svc)
+        return await p.post_json(model, svc.engine_path(model, "tokenize"), payload, "tokenize")
+    lm = _llamacpp_target(svc, "tokenize")
     return await p.post_json(lm.model, "/tokenize", payload, "tokenize", lm=lm)
 
 
 @router.get("/slots")
 async def slots(request: Request) -> Any:
     svc: Services = request.app.state.services
-    return await Proxy(svc).get_json(_llamacpp_target(svc), "/slots")
+    return await svc.proxy.get_json(_llamacpp_target(svc, "slots"), "/slots")
 
 
 @router.post("/slots/{slot_id}")
@@ -106,6 +100,6 @@ async def slot_action(request: Request, slot_id: int,
     body = await parse_body(request, SlotActionRequest)
     if action in ("save", "restore") and not body.filename:
         raise APIError(400, f"Missing required field 'filename' for action '{action}'", code="missing_argument")
-    lm = _llamacpp_target(svc)
+    lm = _llamacpp_target(svc, "slots")
     payload = {"filename": body.filename} if body.filename else {}
-    return await Proxy(svc).post_json(lm.model, f"/slots/{slot_id}?action={action}", payload, "slots", lm=lm)
+    return await svc.proxy.post_json(lm.model, f"/slots/{slot_id}?action={action}", payload, "slots", lm=lm)

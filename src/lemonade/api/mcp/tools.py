@@ -23,7 +23,6 @@ from lemonade.api.errors import APIError
 from lemonade.api.mcp import schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root
 from lemonade.catalog.models import ModelInfo
-from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.mcp")
@@ -149,12 +148,6 @@ TOOL_NAMES = {tool["name"] for tool in TOOLS}
 
 # ----- helpers -------------------------------------------------------------------------------------
 
-def engine_available(svc: Services, model: ModelInfo) -> bool:
-    """Whether this server can run the model's recipe (checked before anything is downloaded)."""
-    supports = getattr(svc.router, "supports_recipe", None)
-    return bool(supports(model.recipe)) if callable(supports) else model.recipe == "llamacpp"
-
-
 def find_model(svc: Services, name: str) -> ModelInfo:
     model = svc.catalog.find(name)
     if model is None:
@@ -204,14 +197,14 @@ def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
         if model.mode != "chat":
             raise ToolError(f"Model {model.name} is a '{model.mode}' model, not a chat model. Call "
                             "lemonade_list_models and pick an LLM.")
-        if not engine_available(svc, model):
+        if not svc.engine_available(model):
             raise _unavailable("lemonade_chat", model.recipe, model)
         return model
     loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "chat" and not lm.retiring]
     if loaded:
         return max(loaded, key=lambda lm: lm.last_use).model
     for model in svc.catalog.all():
-        if model.mode == "chat" and engine_available(svc, model) and svc.catalog.is_downloaded(model):
+        if model.mode == "chat" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
             return model
     raise ToolError("No chat model is loaded or downloaded. Pass `model` (see lemonade_list_models); a model "
                     "that is not downloaded yet is downloaded first.")
@@ -272,7 +265,7 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     body.setdefault("chat_template_kwargs", {"enable_thinking": False})
     _named_tool_choice(body)
     try:
-        data = await Proxy(svc).post_json(model, "/v1/chat/completions", body, "chat/completions")
+        data = await svc.proxy.post_json(model, "/v1/chat/completions", body, "chat/completions")
     except APIError as exc:
         raise ToolError(f"Chat with {model.name} failed: {exc.message}") from None
     choice = (data.get("choices") or [{}])[0]
@@ -295,7 +288,7 @@ def _requested_model(svc: Services, args: dict[str, Any], mode: str, kind: str, 
     model = find_model(svc, args["model"])
     if model.mode != mode:
         raise ToolError(f"Model {model.name} is a '{model.mode}' model, not {kind}.")
-    if engine_available(svc, model):
+    if svc.engine_available(model):
         raise ToolError(f"{what} through MCP is not wired to the {model.recipe} engine in this server.")
     return model
 

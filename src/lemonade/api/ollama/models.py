@@ -47,23 +47,9 @@ def resolve(svc: Services, name: str) -> ModelInfo:
     return model
 
 
-def engine_available(svc: Services, model: ModelInfo) -> bool:
-    """Whether this server can run the model's recipe (so a request never downloads what it cannot run)."""
-    supports = getattr(svc.router, "supports_recipe", None)
-    return bool(supports(model.recipe)) if callable(supports) else model.recipe == "llamacpp"
-
-
 @lru_cache(maxsize=256)
 def _metadata_cached(path: str, size: int, mtime: float) -> dict[str, Any]:
     return read_metadata(Path(path))
-
-
-def accepts_images(svc: Services, model: ModelInfo) -> bool:
-    """Whether the model has a vision projector (an mmproj file or checkpoint), i.e. can read images."""
-    if "mmproj" in model.checkpoints or "vision" in model.labels:
-        return True
-    files = svc.catalog.local_files(model)
-    return bool(files and files.get("mmproj"))
 
 
 def gguf_metadata(files: dict[str, list[Path]] | None) -> dict[str, Any]:

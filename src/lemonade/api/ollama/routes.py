@@ -33,7 +33,6 @@ from lemonade.api.ollama.protocol import (
     Options,
 )
 from lemonade.catalog.models import ModelInfo
-from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")
@@ -54,33 +53,17 @@ def _unloads(keep_alive: KeepAlive) -> bool:
     return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")
 
 
+OLLAMA_ENDPOINTS = {"chat": "/api/chat or /api/generate", "embeddings": "/api/embed"}
+
+
 def _chat_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
-    model = om.resolve(svc, name)
-    if model.is_collection:
-        raise APIError(400, f"Model {model.name} is a collection; call one of its components instead: "
-                       + ", ".join(model.components or []), code="model_mode_mismatch")
-    _require_mode(model, "chat", endpoint)
-    _require_engine(svc, model)
-    return model
-
-
-def _require_mode(model: ModelInfo, mode: str, endpoint: str) -> None:
-    if model.mode != mode:
-        hint = {"chat": "/api/chat or /api/generate", "embeddings": "/api/embed"}.get(model.mode)
-        raise APIError(400, f"Model {model.name} is a '{model.mode}' model and cannot serve {endpoint}"
-                       + (f"; use {hint} instead" if hint else ""), code="model_mode_mismatch")
+    return svc.check_model(om.resolve(svc, name), "chat", endpoint, hint=OLLAMA_ENDPOINTS)
 
 
 def _require_vision(svc: Services, model: ModelInfo, where: str) -> None:
-    if not om.accepts_images(svc, model):
+    if not svc.accepts_images(model):
         raise APIError(400, f"Invalid value for '{where}': model {model.name} does not accept images (it has no "
                        "vision projector); use a vision model", code="invalid_argument")
-
-
-def _require_engine(svc: Services, model: ModelInfo) -> None:
-    if not om.engine_available(svc, model):
-        raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available in "
-                       "this server yet. Only llamacpp models can be used.", code="model_load_refused")
 
 
 async def _load(svc: Services, model: ModelInfo, options: Options | None, timer: tr.Timer) -> None:
@@ -178,7 +161,7 @@ async def _run(svc: Services, model: ModelInfo, reply_name: str, payload: dict[s
     path, endpoint = (("/v1/completions", "completions") if kind == "generate-raw"
                       else ("/v1/chat/completions", "chat/completions"))
     await _load(svc, model, options, timer)
-    proxy = Proxy(svc)
+    proxy = svc.proxy
     if stream:
         payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -211,7 +194,7 @@ def _unload_when_done(resp: Response, svc: Services, model: ModelInfo) -> None:
 
 async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest) -> Response:
     """`/api/generate` on an image model: one image, returned base64 in `image` (Ollama's field)."""
-    _require_engine(svc, model)
+    svc.check_model(model, "image", "/api/generate")
     if not body.prompt:
         raise APIError(400, "Missing required field 'prompt'", code="missing_argument")
     timer = tr.Timer()
@@ -225,7 +208,7 @@ async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest
     if opts.get("seed") is not None:
         payload["seed"] = opts["seed"]
     await _load(svc, model, None, timer)
-    data = await Proxy(svc).post_json(model, "/v1/images/generations", payload, "images/generations")
+    data = await svc.proxy.post_json(model, "/v1/images/generations", payload, "images/generations")
     image = ((data.get("data") or [{}])[0]).get("b64_json") or ""
     return JSONResponse({"model": body.model, "created_at": tr.now_iso(), "response": "", "image": image,
                          "done": True, "done_reason": "stop", "total_duration": timer.total(),
@@ -235,10 +218,7 @@ async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest
 # ----- embeddings ----------------------------------------------------------------------------------
 
 def _embedding_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
-    model = om.resolve(svc, name)
-    _require_mode(model, "embeddings", endpoint)
-    _require_engine(svc, model)
-    return model
+    return svc.check_model(om.resolve(svc, name), "embeddings", endpoint, hint=OLLAMA_ENDPOINTS)
 
 
 def _truncate(vector: list[float], dimensions: int | None) -> list[float]:
@@ -261,7 +241,7 @@ async def embed(request: Request) -> dict[str, Any]:
     if not inputs:
         return {"model": body.model, "embeddings": [], "total_duration": timer.total(),
                 "load_duration": timer.load_ns, "prompt_eval_count": 0}
-    data = await Proxy(svc).post_json(model, "/v1/embeddings", {"model": model.name, "input": inputs}, "embeddings")
+    data = await svc.proxy.post_json(model, "/v1/embeddings", {"model": model.name, "input": inputs}, "embeddings")
     rows = sorted(data.get("data") or [], key=lambda d: d.get("index", 0))
     usage = data.get("usage") or {}
     result = {"model": body.model, "embeddings": [_truncate(r.get("embedding") or [], body.dimensions) for r in rows],
@@ -282,6 +262,6 @@ async def embeddings(request: Request) -> dict[str, Any]:
     await _load(svc, model, body.options, timer)
     if not body.prompt:
         return {"embedding": []}
-    data = await Proxy(svc).post_json(model, "/v1/embeddings", {"model": model.name, "input": body.prompt},
+    data = await svc.proxy.post_json(model, "/v1/embeddings", {"model": model.name, "input": body.prompt},
                                       "embeddings")
     return {"embedding": ((data.get("data") or [{}])[0]).get("embedding") or []}

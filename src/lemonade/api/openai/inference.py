@@ -24,30 +24,12 @@ from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
 
-ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
-                     "transcription": "/audio/transcriptions", "image": "/images/generations",
-                     "tts": "/audio/speech", "classification": "/classify"}
-
-
-def require_mode(model: ModelInfo, mode: str, endpoint: str) -> None:
-    if model.mode != mode:
-        hint = ENDPOINT_FOR_MODE.get(model.mode)
-        raise APIError(400, f"Model {model.name} is a '{model.mode}' model and cannot serve {endpoint}"
-                       + (f"; use {hint} instead" if hint else ""), code="model_mode_mismatch")
-
-
 def proxy(request: Request) -> Proxy:
-    return Proxy(request.app.state.services)
+    return request.app.state.services.proxy
 
 
-def chat_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
-    model = svc.resolve(name)
-    if model.is_collection:
-        raise APIError(400, f"Model {model.name} is a collection; collection orchestration is not available in "
-                       "this server. Call one of its components instead: " + ", ".join(model.components or []),
-                       code="model_mode_mismatch")
-    require_mode(model, "chat", endpoint)
-    return model
+def chat_model(svc: Services, name: str, endpoint: str, images: bool = False) -> ModelInfo:
+    return svc.check_model(svc.resolve(name), "chat", endpoint, images=images)
 
 
 async def relay(request: Request, model: ModelInfo, path: str, body: dict[str, Any], stream: bool,
@@ -66,11 +48,7 @@ def has_image_parts(body: ChatCompletionRequest) -> bool:
 @router.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/chat/completions")
-    if has_image_parts(body) and "mmproj" not in model.checkpoints and "vision" not in model.labels \
-            and not (model.local_files and model.local_files.get("mmproj")):
-        raise APIError(400, f"Model {model.name} does not accept images (it has no vision projector). Use a "
-                       "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
+    model = chat_model(svc, body.model, "/chat/completions", images=has_image_parts(body))
     payload = body.model_dump(exclude_unset=True)
     if "max_completion_tokens" in payload:
         payload["max_tokens"] = payload.pop("max_completion_tokens")
@@ -99,8 +77,7 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
 @router.post("/embeddings")
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
     svc: Services = request.app.state.services
-    model = svc.resolve(body.model)
-    require_mode(model, "embeddings", "/embeddings")
+    model = svc.check_model(svc.resolve(body.model), "embeddings", "/embeddings")
     return await relay(request, model, "/v1/embeddings", body.model_dump(exclude_unset=True), False, "embeddings")
 
 

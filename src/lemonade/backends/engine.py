@@ -1,0 +1,236 @@
+"""The engine description: everything the rest of the server knows about one recipe.
+
+Lemonade's C++ server keeps one `BackendDescriptor` per engine; this is the same idea. An `Engine`
+says which deployment modes it serves, which backends it has and how each is installed, which
+recipe options it takes, how a loaded model is started (`launch`), how our endpoints map to the
+engine's, and how its idle memory is trimmed. The router, the options layer, `/v1/install`,
+`/v1/system-info`, `/v1/health` and the CLI read these descriptions; no other module names a
+recipe. A new engine is one subclass in `backends/<engine>.py`, registered in `registry.py`.
+
+Residency (LRU, pinning, busy protection, crash restart, idle eviction) is not an engine matter:
+the router applies it to every engine alike.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from lemonade.backends.base import WrappedServer
+    from lemonade.catalog.models import ModelInfo
+    from lemonade.config import Config
+
+Progress = Callable[[dict[str, Any]], None] | None
+
+
+class InstallError(RuntimeError):
+    """An install that could not be done; the message says why and what to do next."""
+
+    def __init__(self, message: str, code: str = "install_failed", log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.log_path = log_path
+
+
+class EngineUnavailable(RuntimeError):
+    """A load that cannot start: backend missing/unsupported. `action` is the command to run."""
+
+    def __init__(self, message: str, code: str = "backend_not_installed", action: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.action = action
+
+
+@dataclass
+class BackendState:
+    recipe: str
+    backend: str
+    state: str  # "installed" | "installable" | "update_required" | "unsupported"
+    message: str = ""
+    action: str = ""
+    version: str | None = None
+    devices: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-backend object of `/v1/system-info` `recipes.<recipe>.backends.<backend>`."""
+        out: dict[str, Any] = {"devices": list(self.devices), "state": self.state, "message": self.message,
+                               "action": self.action}
+        if self.version is not None:
+            out["version"] = self.version
+        return out
+
+
+@dataclass(frozen=True)
+class Option:
+    """One recipe option: its JSON type, where layer 3 (server config) takes it from, and a check."""
+
+    type: type | tuple[type, ...]
+    config_key: str | None = None
+    default: Any = None
+    check: Callable[[Any], str | None] | None = None  # returns an error message, or None when fine
+
+
+@dataclass
+class Launch:
+    """A started engine process for one model, with the options as actually applied."""
+
+    server: WrappedServer
+    options: dict[str, Any]
+    backend: str
+    device: str = "cpu"
+
+
+def install_action(recipe: str, backend: str) -> str:
+    return f"lemonade backends install {recipe}:{backend}"
+
+
+def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], bool] | None = None) -> list[str]:
+    """Tokenise user `*_args`, refusing flags the server sets itself (and, when given, any flag
+    that `allowed` refuses). Raises ValueError naming the flag."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"Cannot parse arguments '{text}': {exc}") from None
+    for token in argv:
+        if not token.startswith("-") or _is_number(token):
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in forbidden:
+            raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: Lemonade sets "
+                             f"{forbidden[flag]} itself. Use the load options instead (e.g. ctx_size).")
+        if allowed is not None and not allowed(flag):
+            raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: it is not on the list of "
+                             "engine flags that are safe to pass from a request.")
+    return argv
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+class Engine(ABC):
+    """One recipe's engine. Class attributes describe it; instances are bound to a cache dir."""
+
+    recipe: ClassVar[str]
+    modes: ClassVar[tuple[str, ...]]  # deployment modes it serves, default first
+    backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists
+    options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
+    args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
+    backend_option: ClassVar[str | None] = None  # the option naming the backend to use
+    process: ClassVar[str] = "engine"  # label of its processes in logs
+    # Our endpoint -> the engine's path for it (a mode's requests are forwarded there).
+    endpoints: ClassVar[dict[str, str]] = {}
+    metrics_path: ClassVar[str | None] = None  # Prometheus text the engine exposes, relayed by /metrics
+    available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
+
+    def __init__(self, cache_dir: Path, config: Config) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.config = config
+
+    # ----- backends and their installation ---------------------------------------------------------
+    @abstractmethod
+    def state(self, backend: str) -> BackendState: ...
+
+    def check_request(self, backend: str) -> None:
+        """Refuse unknown or unsupported backends before any work starts (InstallError)."""
+        if backend not in self.backends:
+            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
+                               code="unknown_backend")
+        st = self.state(backend)
+        if st.state == "unsupported":
+            raise InstallError(f"{self.recipe}:{backend} cannot be installed: {st.message}", code="unsupported_backend")
+
+    @abstractmethod
+    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
+        """Blocking install (the server runs it in a thread). Never leaves a half install in place."""
+
+    @abstractmethod
+    def uninstall(self, backend: str) -> dict[str, Any]: ...
+
+    def default_backend(self) -> str:
+        return self.backends[0]
+
+    def system_info(self) -> dict[str, Any]:
+        """`recipes.<recipe>` of `/v1/system-info`."""
+        return {"default_backend": self.default_backend(),
+                "backends": {b: self.state(b).to_dict() for b in self.backends}}
+
+    def requested_backend(self, options: dict[str, Any]) -> str:
+        value = options.get(self.backend_option) if self.backend_option else None
+        return value or self.default_backend()
+
+    def ready_backend(self, requested: str) -> str:
+        """The backend a load will use; EngineUnavailable when it cannot be installed here."""
+        st = self.state(requested)
+        if st.state == "unsupported":
+            raise EngineUnavailable(f"The {self.recipe} backend '{requested}' cannot run here: {st.message}",
+                                    code="unsupported_backend", action=st.action)
+        return requested
+
+    def needs_install(self, backend: str) -> bool:
+        return self.state(backend).state in ("installable", "update_required")
+
+    # ----- options -----------------------------------------------------------------------------------
+    def check_args(self, text: str) -> list[str]:
+        """User `*_args` as argv; ValueError naming a refused flag."""
+        return check_flags(text, {})
+
+    # ----- running a model ---------------------------------------------------------------------------
+    @abstractmethod
+    async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
+                     backend: str, port: int) -> Launch:
+        """Start (and wait for) the engine process for `model` on a loopback `port`."""
+
+    async def downsize(self, base_url: str, http: Any) -> bool:
+        """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
+        return False
+
+    def describe_command(self, launch: Launch) -> str:
+        return shlex.join(launch.server.argv)
+
+
+class UnavailableEngine(Engine):
+    """A recipe of the original Lemonade whose engine this build does not ship: listed truthfully."""
+
+    available = False
+
+    def __init__(self, cache_dir: Path, config: Config, recipe: str, modes: tuple[str, ...],
+                 backends: tuple[str, ...] = ("default",), options: dict[str, Option] | None = None) -> None:
+        super().__init__(cache_dir, config)
+        self.recipe = recipe  # type: ignore[misc]  # instance-level description
+        self.modes = modes  # type: ignore[misc]
+        self.backends = backends  # type: ignore[misc]
+        self.options = options or {}  # type: ignore[misc]
+
+    def state(self, backend: str) -> BackendState:
+        return BackendState(self.recipe, backend, "unsupported",
+                            message=f"The {self.recipe} engine is not available in this build of Lemonade.")
+
+    def check_request(self, backend: str) -> None:
+        raise InstallError(f"The {self.recipe} engine is not available in this build of Lemonade.",
+                           code="unsupported_backend")
+
+    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
+        self.check_request(backend)
+        return {}
+
+    def uninstall(self, backend: str) -> dict[str, Any]:
+        self.check_request(backend)
+        return {}
+
+    def system_info(self) -> dict[str, Any]:
+        return {"backends": {b: self.state(b).to_dict() for b in self.backends}}
+
+    async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
+                     backend: str, port: int) -> Launch:
+        raise EngineUnavailable(f"Model {model.name} uses recipe '{self.recipe}', whose engine is not available "
+                                "in this server yet.", code="model_load_refused")

@@ -1,0 +1,102 @@
+"""Every recipe this server knows, each with its engine description.
+
+`ENGINE_CLASSES` are the engines this build ships. `UNAVAILABLE` lists the other recipes of
+Lemonade's catalog so that their models are listed and refused truthfully (modes they would serve,
+backend names as upstream, the options they take). Adding an engine = one `backends/<engine>.py`
+and one line in `ENGINE_CLASSES` (and its recipe leaves `UNAVAILABLE`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lemonade.backends.engine import Engine, Option, UnavailableEngine
+from lemonade.backends.fasterwhisper import FasterWhisperEngine
+from lemonade.backends.llamacpp import LlamaCppEngine
+
+if TYPE_CHECKING:
+    from lemonade.config import Config
+
+ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine)
+
+
+def _positive(name: str) -> Any:
+    return lambda v: None if v >= 1 else f"Option '{name}' must be a positive integer, got {v}"
+
+
+_CTX = {"ctx_size": Option(int, "ctx_size")}
+# recipe -> (modes, default first; backends; options)
+UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]]] = {
+    "whispercpp": (("transcription",), ("cpu", "vulkan", "npu"), {
+        "whispercpp_backend": Option(str, "whispercpp.backend"), "whispercpp_args": Option(str, "whispercpp.args")}),
+    "sd-cpp": (("image",), ("cpu", "vulkan", "rocm"), {
+        "steps": Option(int, "sdcpp.steps", check=_positive("steps")),
+        "cfg_scale": Option((int, float), "sdcpp.cfg_scale"),
+        "width": Option(int, "sdcpp.width", check=_positive("width")),
+        "height": Option(int, "sdcpp.height", check=_positive("height"))}),
+    "kokoro": (("tts",), ("cpu",), {}),
+    "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
+    "ryzenai-llm": (("chat",), ("npu",), _CTX),
+    "vllm": (("chat",), ("rocm",), {}),
+    "cloud": (("chat",), ("cloud",), {}),
+    "onnxruntime": (("classification",), ("cpu",), {}),
+    "acestep": (("audio-generation",), ("default",), {}),
+    "thinksound": (("audio-generation",), ("default",), {}),
+    "trellis": (("3d",), ("default",), {}),
+}
+
+
+def recipe_modes() -> dict[str, tuple[str, ...]]:
+    """recipe -> deployment modes it serves, default first (the label rules read this)."""
+    out = {cls.recipe: cls.modes for cls in ENGINE_CLASSES}
+    out.update({recipe: spec[0] for recipe, spec in UNAVAILABLE.items() if recipe not in out})
+    return out
+
+
+class Engines:
+    """The engine descriptions bound to one server's cache dir and config."""
+
+    def __init__(self, cache_dir: Path, config: Config) -> None:
+        self._engines: dict[str, Engine] = {cls.recipe: cls(cache_dir, config) for cls in ENGINE_CLASSES}
+        for recipe, (modes, backends, options) in UNAVAILABLE.items():
+            self._engines.setdefault(recipe, UnavailableEngine(cache_dir, config, recipe, modes, backends, options))
+
+    def get(self, recipe: str) -> Engine | None:
+        return self._engines.get(recipe)
+
+    def __iter__(self) -> Iterator[Engine]:
+        return iter(self._engines.values())
+
+    def available(self, recipe: str) -> bool:
+        engine = self._engines.get(recipe)
+        return engine is not None and engine.available
+
+    def system_info(self) -> dict[str, Any]:
+        """The `recipes` object of `/v1/system-info`."""
+        return {engine.recipe: engine.system_info() for engine in self}
+
+
+def recipe_options(recipe: str) -> dict[str, Option]:
+    """The options a recipe's engine takes (the router's common ones are not included)."""
+    for cls in ENGINE_CLASSES:
+        if cls.recipe == recipe:
+            return dict(cls.options)
+    spec = UNAVAILABLE.get(recipe)
+    return dict(spec[2]) if spec else {}
+
+
+def all_option_names() -> set[str]:
+    names = {k for cls in ENGINE_CLASSES for k in cls.options}
+    return names | {k for spec in UNAVAILABLE.values() for k in spec[2]}
+
+
+def args_options() -> dict[str, str]:
+    """`*_args` option -> its server-wide config key, for every engine that has one."""
+    out: dict[str, str] = {}
+    for recipe in recipe_modes():
+        for key, opt in recipe_options(recipe).items():
+            if key.endswith("_args") and opt.config_key:
+                out[key] = opt.config_key
+    return out

@@ -1,0 +1,200 @@
+"""Model swapping under load (issue: livelock with two models and one slot), client disconnects,
+the queue limit, idle eviction and the hung-engine watchdog, on the real Gemma 3 270M.
+
+Two names for the same GGUF (hard links in the extra models dir) make two models that compete for
+the one `llm` slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+A, B = "extra.a.gguf", "extra.b.gguf"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def wait_for(predicate, timeout=60.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture(scope="module")
+def two_models(gemma_dir, tmp_path_factory):
+    extra = tmp_path_factory.mktemp("two-models")
+    for name in ("a.gguf", "b.gguf"):
+        os.link(gemma_dir / "gemma-3-270m-q4_k_m.gguf", extra / name)
+    return extra
+
+
+def health(c: httpx.Client) -> dict:
+    return c.get("/v1/health").json()
+
+
+def loaded_names(c: httpx.Client) -> set[str]:
+    return {m["model_name"] for m in health(c)["all_models_loaded"]}
+
+
+def test_alternating_clients_complete_without_livelock(make_server, two_models):
+    """16 concurrent clients alternating between two models on one slot: every request is answered,
+    and the router swaps in batches (a livelocked router loads once or more per request)."""
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
+
+    async def client_run(i: int, c: httpx.AsyncClient) -> list[int]:
+        codes = []
+        for j in range(2):
+            model = (A, B)[(i + j) % 2]
+            body = {"model": model, "messages": HELLO, "max_tokens": 4}
+            if (i + j) % 3 == 0:
+                async with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                    text = "".join([chunk async for chunk in r.aiter_text()])
+                    codes.append(r.status_code if "[DONE]" in text else 599)
+            else:
+                codes.append((await c.post("/v1/chat/completions", json=body)).status_code)
+        return codes
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=600) as c:
+            results = await asyncio.gather(*(client_run(i, c) for i in range(16)))
+        return [code for codes in results for code in codes]
+
+    codes = asyncio.run(run())
+    assert codes == [200] * 32
+    with srv.client() as c:
+        queue = health(c)["queue"]
+    assert queue["depth"] == 0
+    assert queue["loads_total"] <= 10, queue  # 32 requests; a livelock swaps for nearly every one
+    assert queue["waits_total"] >= 1
+
+
+def test_client_that_leaves_the_queue_causes_no_load(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
+    with srv.client() as c:
+        assert c.post("/v1/load", json={"model_name": A}).status_code == 200
+        long_body = {"model": A, "messages": HELLO, "max_tokens": 300, "stream": True,
+                     "ignore_eos": True}
+        done = threading.Event()
+
+        def long_stream() -> None:
+            with httpx.Client(base_url=srv.url, timeout=300) as c2, \
+                    c2.stream("POST", "/v1/chat/completions", json=long_body) as r:
+                for _ in r.iter_bytes():
+                    pass
+            done.set()
+
+        threading.Thread(target=long_stream, daemon=True).start()
+        wait_for(lambda: any(m["is_busy"] for m in health(c)["all_models_loaded"]))
+        loads_before = health(c)["queue"]["loads_total"]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/chat/completions", json={"model": B, "messages": HELLO, "max_tokens": 2},
+                       timeout=1.5)
+        wait_for(lambda: health(c)["queue"]["abandoned_total"] == 1, timeout=10)
+        assert done.wait(300)
+        time.sleep(1.0)
+        h = health(c)
+        assert h["queue"]["loads_total"] == loads_before and h["queue"]["depth"] == 0
+        assert loaded_names(c) == {A}
+
+
+def test_non_streamed_request_is_cancelled_at_the_engine(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
+    with srv.client() as c:
+        assert c.post("/v1/load", json={"model_name": A}).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/chat/completions", timeout=2.0,
+                       json={"model": A, "messages": HELLO, "max_tokens": 4000, "ignore_eos": True})
+
+        def engine_idle() -> bool:
+            slots = c.get("/v1/slots").json()
+            return all(not s.get("is_processing") for s in slots)
+
+        wait_for(engine_idle, timeout=15)  # 4000 tokens would take well over a minute on this machine
+        assert "the engine request was cancelled" in srv.log()
+
+
+def test_queue_limit_answers_503_with_retry_after(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"max_queue_depth": 1})
+    with srv.client() as c:
+        assert c.post("/v1/load", json={"model_name": A}).status_code == 200
+        stop = threading.Event()
+
+        def long_stream() -> None:
+            with httpx.Client(base_url=srv.url, timeout=300) as c2, c2.stream(
+                    "POST", "/v1/chat/completions",
+                    json={"model": A, "messages": HELLO, "max_tokens": 300, "stream": True, "ignore_eos": True}) as r:
+                for _ in r.iter_bytes():
+                    if stop.is_set():
+                        break
+
+        threading.Thread(target=long_stream, daemon=True).start()
+        wait_for(lambda: any(m["is_busy"] for m in health(c)["all_models_loaded"]))
+        waiting = threading.Thread(target=lambda: httpx.post(
+            srv.url + "/v1/chat/completions", json={"model": B, "messages": HELLO, "max_tokens": 2}, timeout=300),
+            daemon=True)
+        waiting.start()
+        wait_for(lambda: health(c)["queue"]["depth"] == 1)
+        refused = c.post("/v1/chat/completions", json={"model": B, "messages": HELLO, "max_tokens": 2})
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "5" and refused.json()["error"]["code"] == "queue_full"
+        stop.set()
+        waiting.join(300)
+        assert health(c)["queue"]["rejected_total"] == 1
+        metrics = c.get("/metrics").text
+        assert 'lemonade_router{figure="rejected_total"} 1.0' in metrics
+
+
+def test_idle_models_are_downsized_then_unloaded_unless_pinned(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"max_loaded_models": 2})
+    idle = {"auto_evict": True, "evict_idle_timeout": 6, "downsize_idle_timeout": 2, "save_options": True}
+    with srv.client() as c:
+        opts = c.get(f"/v1/models/{A}/options").json()["effective"]
+        assert {"auto_evict", "evict_idle_timeout", "downsize_idle_timeout", "evict_weight_factor"} <= set(opts)
+        assert c.post("/v1/load", json={"model_name": B, **idle, "pinned": True}).status_code == 200
+        assert c.post("/v1/load", json={"model_name": A, **idle}).status_code == 200
+        wait_for(lambda: any(m["downsized"] for m in health(c)["all_models_loaded"] if m["model_name"] == A),
+                 timeout=10)
+        wait_for(lambda: loaded_names(c) == {B}, timeout=15)
+        assert health(c)["queue"]["idle_evictions_total"] == 1
+        bad = c.post("/v1/load", json={"model_name": A, "evict_idle_timeout": -1})
+        assert bad.status_code == 400 and "evict_idle_timeout" in bad.json()["error"]["message"]
+    assert "idle for" in srv.log() and "evict_idle_timeout" in srv.log()
+
+
+def test_watchdog_kills_a_stopped_engine(make_server, two_models):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"engine_watchdog_seconds": 3})
+    with srv.client() as c:
+        assert c.post("/v1/load", json={"model_name": A}).status_code == 200
+        pid = next(m["pid"] for m in health(c)["all_models_loaded"])
+        events: list[str] = []
+
+        def stream() -> None:
+            with httpx.Client(base_url=srv.url, timeout=120) as c2, c2.stream(
+                    "POST", "/v1/chat/completions",
+                    json={"model": A, "messages": HELLO, "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+                events.extend(r.iter_lines())
+
+        worker = threading.Thread(target=stream, daemon=True)
+        worker.start()
+        wait_for(lambda: len(events) > 3, timeout=60, interval=0.05)
+        os.kill(pid, signal.SIGSTOP)
+        worker.join(60)
+        assert not worker.is_alive()
+        assert any(line.startswith("event: error") for line in events), events[-3:]
+        h = wait_for(lambda: (x := health(c))["crashed_models"] and x)
+        assert h["queue"]["watchdog_kills_total"] == 1
+        assert wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        again = c.post("/v1/chat/completions", json={"model": A, "messages": HELLO, "max_tokens": 2})
+        assert again.status_code == 200
+    assert "Watchdog" in srv.log()
