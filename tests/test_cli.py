@@ -139,7 +139,7 @@ def test_backends_without_a_server_show_the_local_state(nowhere):
     ("llamacpp", 2, "RECIPE:BACKEND"),
     (":cpu", 2, "RECIPE:BACKEND"),
     ("llamacpp:vulkan", 1, "vulkan"),
-    ("nosuch:cpu", 1, "nosuch"),
+    ("nosuch:cpu", 2, "nosuch"),  # refused before asking anyone: exit 2
 ])
 def test_backends_install_refuses_bad_specs(nowhere, spec, code, text):
     proc = lemonade("backends", "install", spec, env=nowhere)
@@ -407,3 +407,20 @@ def test_backends_uninstall_through_the_server(make_server, tmp_path, llama_back
     assert (llama_backend / "install.json").is_file()
     rows = json.loads(ok(lemonade("backends", "--json", env=env)).stdout)
     assert next(r for r in rows if r["backend"] == "cpu")["state"] == "installable"
+
+
+@pytest.mark.parametrize("args", [["pull", "No-Such-Model-GGUF"], ["delete", "No-Such-Model-GGUF"],
+                                  ["check-updates"], ["export", GEMMA_NAME, "-o", "-"], ["import", "{file}"]])
+def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
+    """`port` in config.json is where these commands look for the server (no flags, no env)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "config.json").write_text(json.dumps({"port": gemma_server.port}))
+    exported = tmp_path / "exported.json"
+    exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF"}))
+    proc = lemonade(*[a.replace("{file}", str(exported)) for a in args], env=cli_env(cache))
+    assert NO_SERVER not in proc.stderr, proc.stderr  # it reached the configured server
+    if args[0] == "export":
+        assert proc.returncode == 0 and json.loads(proc.stdout)["model_name"] == GEMMA_NAME
+    elif args[0] != "check-updates":  # (offline-free servers may answer either way; reaching it is the point)
+        assert proc.returncode != 0 and "No-Such-Model-GGUF" in proc.stderr, proc.stderr

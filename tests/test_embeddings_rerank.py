@@ -250,7 +250,7 @@ def test_rerank_error_table(server: Server) -> None:
         # a model that is not a reranker, and one that is not a llama.cpp model
         assert_error(post({**ok, "model": EMBED}), 400, mentions=EMBED)
         assert_error(post({**ok, "model": GEMMA_NAME}), 400, mentions=GEMMA_NAME)
-        assert_error(post({**ok, "model": "Whisper-Tiny"}), 400, mentions="llama.cpp")
+        assert_error(post({**ok, "model": "Whisper-Tiny"}), 400, "model_mode_mismatch", "Whisper-Tiny")
         # unknown model
         assert_error(post({**ok, "model": "no-such-reranker"}), 404, "model_not_found")
         # after all that, the endpoint still works

@@ -502,8 +502,14 @@ def test_uninstall_unloads_models_first(make_server, gemma_dir, llama_backend, t
         assert not (cache / "backends" / "llamacpp" / "cpu").exists()
         info = c.get("/v1/system-info").json()["recipes"]["llamacpp"]["backends"]["cpu"]
         assert info["state"] == "installable" and "lemonade backends install" in info["action"]
+        # online, the next request would install the backend again (install on first use); offline it
+        # is refused at once, naming the backend and the command to run
+        assert c.post("/internal/set", json={"offline": True}).status_code == 200
         resp = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT})
-        assert resp.status_code == 400 and "not installed" in resp.json()["error"]["message"]
+        error = resp.json()["error"]
+        assert resp.status_code == 400 and error["code"] == "backend_not_installed", error
+        assert "lemonade backends install llamacpp:cpu" in error["message"]
+        assert not (cache / "backends" / "llamacpp" / "cpu").exists()
 
 
 def test_engine_output_reaches_log_stream(server, client):
@@ -571,7 +577,7 @@ def test_system_backend_and_prefer_system(make_server, gemma_dir, llama_backend,
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "PATH": "/usr/bin:/bin"})
     with srv.client() as c:
         resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "system"})
-        assert resp.status_code == 400 and "not installed" in resp.json()["error"]["message"]
+        assert resp.status_code == 400 and "llama-server not found on PATH" in resp.json()["error"]["message"]
 
 
 def test_model_of_an_unavailable_engine_is_refused_before_any_download(make_server):

@@ -15,6 +15,7 @@ release archive does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -305,11 +306,19 @@ def sdist_filename() -> str:
     return f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 
 
-_PIP_PROGRESS_RE = re.compile(r"Progress (\d+) of (\d+)")
+PIP_HINT = (
+    "Check network access to your package index (pip config), or download {name} yourself "
+    "(`pip download --no-deps --no-binary :all: llama-cpp-python=={version}`) and set ${env} to its path."
+)
 
 
 def fetch_sdist(downloads_dir: Path, blog: BuildLog, progress: Progress | None) -> Path:
-    """The llama-cpp-python sdist: $LEMONADE_LLAMACPP_SDIST, a cached download, or `pip download`."""
+    """The llama-cpp-python sdist: $LEMONADE_LLAMACPP_SDIST, a cached download, or `pip download`.
+
+    Only pip options that every pip since 10 understands are used (`--progress-bar raw` exists only
+    from pip 24.1, and the pip a fresh venv bundles may be older), so progress is measured here: pip
+    downloads into its temp dir, which we point at a folder of ours and watch grow.
+    """
     override = os.environ.get(ENV_SDIST)
     if override:
         path = Path(override).expanduser()
@@ -327,37 +336,55 @@ def fetch_sdist(downloads_dir: Path, blog: BuildLog, progress: Progress | None) 
         blog.write(f"== using cached sdist {cached}")
         return cached
 
+    hint = PIP_HINT.format(name=sdist_filename(), version=LLAMA_CPP_PYTHON_VERSION, env=ENV_SDIST)
     downloads_dir.mkdir(parents=True, exist_ok=True)
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        raise InstallError(
+            f"Building llama.cpp needs the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sources, and this Python "
+            f"({sys.executable}) has no pip to download them. Run `{sys.executable} -m ensurepip`, or: {hint}",
+            code="download_failed",
+        )
     cmd = [
         sys.executable, "-m", "pip", "download",
-        "--no-deps", "--no-binary", ":all:", "--progress-bar", "raw",
+        "--no-deps", "--no-binary", ":all:", "--progress-bar", "off",
         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
         "-d", str(downloads_dir),
     ]  # fmt: skip
-    emit(progress, "download", f"Downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sources", 0.0)
-    last = -1
+    emit(progress, "download", f"Downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sources", None)
+    pip_tmp = Path(tempfile.mkdtemp(prefix=".pip-tmp-", dir=downloads_dir))
+    stop = threading.Event()
 
-    def on_line(line: str) -> None:
-        nonlocal last
-        m = _PIP_PROGRESS_RE.search(line)
-        if m:
-            total = int(m.group(2))
-            pct = int(int(m.group(1)) * 100 / total) if total else 0
-            if pct != last:
-                last = pct
-                emit(progress, "download", "Downloading llama-cpp-python sources", float(pct))
-            return  # raw progress lines are noise in the log
-        blog.write(line)
+    def watch() -> None:
+        while not stop.wait(1.0):
+            size = _tree_size(pip_tmp)
+            if size:
+                emit(progress, "download",
+                     f"pip is fetching llama-cpp-python sources ({size / 1e6:.0f} MB of work files so far)", None)
 
-    rc = run_logged(cmd, blog, on_line)
+    watcher = threading.Thread(target=watch, name="sdist-progress", daemon=True)
+    watcher.start()
+    try:
+        rc = run_logged(cmd, blog, env={"TMPDIR": str(pip_tmp)})
+    finally:
+        stop.set()
+        watcher.join()
+        shutil.rmtree(pip_tmp, ignore_errors=True)
     if rc != 0 or not cached.is_file():
         raise InstallError(
-            f"Downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist with pip failed "
-            f"(exit {rc}). Check network access to your package index (pip config), or download "
-            f"{sdist_filename()} yourself and set ${ENV_SDIST} to its path.",
+            f"Downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist with pip failed (exit {rc}). {hint}",
             code="download_failed",
         )
     return cached
+
+
+def _tree_size(root: Path) -> int:
+    """Bytes under `root`, tolerating files that another process removes meanwhile."""
+    total = 0
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total
 
 
 def extract_llama_cpp(sdist: Path, src_root: Path, blog: BuildLog, progress: Progress | None) -> Path:
@@ -427,12 +454,13 @@ def extract_llama_cpp(sdist: Path, src_root: Path, blog: BuildLog, progress: Pro
 
 
 def run_logged(
-    cmd: list[str], blog: BuildLog, on_line: Callable[[str], None] | None = None, cwd: Path | None = None
+    cmd: list[str], blog: BuildLog, on_line: Callable[[str], None] | None = None, cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Run a command, streaming stdout+stderr line by line into the log (and `on_line`)."""
     blog.write("$ " + " ".join(cmd))
     log.info("running %s", " ".join(cmd))
-    env = dict(os.environ, LC_ALL="C")  # stable, parseable tool output
+    env = dict(os.environ, LC_ALL="C", **(env or {}))  # stable, parseable tool output
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import httpx
 import psutil
 import typer
 from rich.markup import escape
@@ -111,6 +112,37 @@ def _find_by_port(port: int, cache: Path) -> psutil.Process | None:
                 if _is_lemonade_server(proc) and _same_cache(proc, cache):
                     return proc
     return None
+
+
+def check_server_is_ours(c: ServerClient) -> str | None:
+    """None when nothing answers at `c.url`; a description of the server when it keeps its state in
+    this installation's cache dir; `typer.Exit` (with a message naming it and the way out) when
+    the server there belongs to someone else (another user, a test, another cache dir, another
+    program on the port). Used by the quick start, which must not install into or chat through a
+    server it did not start."""
+    from lemonade import __version__
+    from lemonade.paths import cache_dir
+
+    if not c.is_running():
+        return None
+    ours = cache_dir().resolve()
+    other = "Stop that server, or give this installation another port: LEMONADE_PORT=13306 scripts/quickstart.sh"
+    try:
+        resp = c.http.get("/v1/system-info", params={"include_paths": "true"}, timeout=10)
+        info = resp.json() if resp.status_code == 200 else {}
+        health = c.http.get("/v1/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        info, health = {}, {}
+    theirs = info.get("cache_dir") if isinstance(info, dict) else None
+    version = health.get("version", "unknown") if isinstance(health, dict) else "unknown"
+    if not theirs:
+        raise fail(f"Something answers at {c.url}, but it does not say which Lemonade installation it belongs "
+                   f"to (version {version}). {other}")
+    if Path(theirs).resolve() != ours:
+        raise fail(f"The Lemonade server at {c.url} (version {version}) keeps its state in {theirs}, not in this "
+                   f"installation's {ours}. {other}")
+    note = "" if version == __version__ else f"; this installation is {__version__}, restart it with `lemonade stop`"
+    return f"Lemonade server at {c.url}: version {version}, cache dir {theirs}{note}"
 
 
 def stop(host: HostOpt = None, port: PortOpt = None,

@@ -12,6 +12,7 @@ replies go to stdout (one per line block), so `echo "hi" | lemonade run MODEL` a
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -25,13 +26,49 @@ from lemonade.cli.common import EXIT_ERROR, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.residency import ArgsOpt, BackendOpt, CtxOpt, do_load, load_body
 
 HELP = "Commands: /clear forgets the conversation, /exit (or Ctrl-D) leaves, /help shows this."
+# A reply whose end is one short unit over and over (small base models print "#####..." or the same
+# line forever) is stopped: nobody wants to wait for max_tokens of it.
+_RUNAWAY = re.compile(r"(.{1,60}?)\1{5,}$", re.S)
+RUNAWAY_SPAN = 80  # characters of repetition before a reply counts as runaway
+
+
+# A base model (no chat template, e.g. the quick start's Gemma 3 270M) does not know chat turns; it
+# continues text. `--base` talks to it through a conversation transcript on /v1/completions, with
+# a few example turns and stops at the next turn, which keeps its replies short and on topic.
+BASE_PREAMBLE = ("This is a conversation between a user and a friendly, helpful assistant. The assistant answers "
+                 "briefly, clearly and politely.")
+BASE_SHOTS = (("Good morning!", "Good morning! How can I help you today?"),
+              ("What is the capital of Italy?", "The capital of Italy is Rome."),
+              ("Thanks!", "You're welcome!"))
+BASE_STOPS = ["\nUser:", "\nAssistant:", "\n\n"]
+BASE_DEFAULTS = {"max_tokens": 200, "temperature": 0.7, "repeat_penalty": 1.1}
+
+
+def transcript(history: list[dict[str, str]]) -> str:
+    """The conversation as the text a base model continues: preamble (or the system prompt),
+    example turns, then every turn so far, ending where the assistant speaks next."""
+    system = next((m["content"] for m in history if m["role"] == "system"), None)
+    lines = [system or BASE_PREAMBLE, ""]
+    for user, assistant in BASE_SHOTS:
+        lines += [f"User: {user}", f"Assistant: {assistant}"]
+    for m in history:
+        if m["role"] in ("user", "assistant"):
+            lines.append(f"{m['role'].capitalize()}: {m['content'].strip()}")
+    return "\n".join(lines) + "\nAssistant:"
+
+
+def runaway(text: str) -> bool:
+    """Whether `text` ends in at least RUNAWAY_SPAN characters of one repeated unit."""
+    m = _RUNAWAY.search(text[-400:])
+    return m is not None and len(m.group(0)) >= RUNAWAY_SPAN
 
 
 class Chat:
     """One conversation with one model; `send()` streams the reply and keeps the history."""
 
     def __init__(self, c: ServerClient, model: str, system: str | None = None,
-                 max_tokens: int | None = None, temperature: float | None = None) -> None:
+                 max_tokens: int | None = None, temperature: float | None = None,
+                 repeat_penalty: float | None = None, base: bool = False) -> None:
         try:
             from openai import OpenAI
         except ImportError:
@@ -41,11 +78,13 @@ class Chat:
         self.openai = OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0, timeout=None)
         self.model = model
         self.system = system
-        self.params: dict[str, Any] = {}
-        if max_tokens is not None:
-            self.params["max_tokens"] = max_tokens
-        if temperature is not None:
-            self.params["temperature"] = temperature
+        self.base = base
+        wanted = {"max_tokens": max_tokens, "temperature": temperature, "repeat_penalty": repeat_penalty}
+        if base:
+            wanted = {k: BASE_DEFAULTS[k] if v is None else v for k, v in wanted.items()}
+        self.params: dict[str, Any] = {k: v for k, v in wanted.items() if v is not None and k != "repeat_penalty"}
+        if wanted["repeat_penalty"] is not None:  # llama.cpp's sampler option, passed through by the server
+            self.params["extra_body"] = {"repeat_penalty": wanted["repeat_penalty"]}
         self.history: list[dict[str, str]] = []
         self.clear()
 
@@ -53,23 +92,35 @@ class Chat:
         self.history = [{"role": "system", "content": self.system}] if self.system else []
 
     def send(self, text: str) -> Iterator[tuple[str, str]]:
-        """Yields ("content" | "reasoning", piece); the reply joins the history when done or stopped."""
+        """Yields ("content" | "reasoning", piece), then ("runaway", "") if the reply was stopped for
+        repeating itself; the reply joins the history when done or stopped."""
         self.history.append({"role": "user", "content": text})
         reply: list[str] = []
         stream: Any = None
         try:
-            stream = self.openai.chat.completions.create(model=self.model, messages=self.history,  # type: ignore
-                                                         stream=True, **self.params)
+            if self.base:
+                stream = self.openai.completions.create(model=self.model, prompt=transcript(self.history),
+                                                        stream=True, stop=BASE_STOPS, **self.params)
+            else:
+                stream = self.openai.chat.completions.create(model=self.model, messages=self.history,  # type: ignore
+                                                             stream=True, **self.params)
             for chunk in stream:
                 if not chunk.choices:
                     continue
-                delta = chunk.choices[0].delta
+                choice = chunk.choices[0]
+                delta = getattr(choice, "delta", None)
                 reasoning = getattr(delta, "reasoning_content", None)
                 if reasoning:
                     yield "reasoning", reasoning
-                if delta.content:
-                    reply.append(delta.content)
-                    yield "content", delta.content
+                piece = choice.text if self.base else delta.content  # type: ignore[union-attr]
+                if piece and not reply and self.base:
+                    piece = piece.lstrip()  # "Assistant: Hi" continues with " Hi"
+                if piece:
+                    reply.append(piece)
+                    yield "content", piece
+                    if runaway("".join(reply[-400:])):
+                        yield "runaway", ""
+                        break
         finally:
             if stream is not None:
                 stream.close()
@@ -89,6 +140,10 @@ def _print_reply(chat: Chat, text: str, interactive: bool) -> bool:
             if kind == "reasoning":
                 if interactive:
                     err.print(escape(piece), end="", style="dim", highlight=False)
+                continue
+            if kind == "runaway":
+                sys.stdout.write("\n")
+                err.print("[dim](stopped: the reply kept repeating itself)[/dim]", highlight=False)
                 continue
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -183,6 +238,10 @@ def run(
     system: Annotated[str | None, typer.Option("--system", help="System prompt for the conversation")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Longest reply, in tokens")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature")] = None,
+    repeat_penalty: Annotated[float | None, typer.Option("--repeat-penalty", help="Penalty for repeated tokens "
+                                                         "(llama.cpp; 1.0 = off), helps small base models")] = None,
+    base: Annotated[bool, typer.Option("--base", help="The model is a base model (no chat template): talk to it "
+                                       "through a conversation transcript on /v1/completions")] = False,
     no_start: Annotated[bool, typer.Option("--no-start", help="Fail instead of starting a server")] = False,
     host: HostOpt = None, port: PortOpt = None,
 ) -> None:
@@ -197,7 +256,7 @@ def run(
         err.print(f"[green]{escape(do_load(c, body))}[/green]", highlight=False)
     interactive = sys.stdin.isatty()
     try:
-        failed = repl(Chat(c, model, system, max_tokens, temperature), interactive)
+        failed = repl(Chat(c, model, system, max_tokens, temperature, repeat_penalty, base), interactive)
     except BrokenPipeError:  # `... | lemonade run M | head -1`: the reader is gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None

@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from lemonade.cli.client import ServerClient, console, err_console
+from lemonade.cli.common import client as server_client
 
 MENU_SIZE = 5
 EXPORT_DROP = ("id", "created", "object", "owned_by", "downloaded", "suggested", "update_available",
@@ -175,7 +176,7 @@ def register(app: typer.Typer) -> None:
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
         """Download a model (and register it first when it is a repository or has --checkpoint)."""
-        client = ServerClient(host, port, timeout=None)
+        client = server_client(host, port, timeout=None)
         from lemonade.downloads.hub import split_repo_url
 
         target, url_source = split_repo_url(model)
@@ -210,7 +211,7 @@ def register(app: typer.Typer) -> None:
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
         """Delete a model's files (a collection: only its entry; components stay)."""
-        client = ServerClient(host, port)
+        client = server_client(host, port)
         result = client.post("/v1/delete", {"model_name": model})
         console.print(result.get("message", f"Deleted model: {model}"))
 
@@ -220,7 +221,7 @@ def register(app: typer.Typer) -> None:
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
         """Ask the registries whether downloaded models have newer versions."""
-        client = ServerClient(host, port, timeout=None)
+        client = server_client(host, port, timeout=None)
         result = client.post("/v1/models/check-updates")
         models = result.get("models") or []
         if not models:
@@ -239,7 +240,7 @@ def register(app: typer.Typer) -> None:
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
         """Write an import-ready /v1/pull body for a model (collections embed their components)."""
-        client = ServerClient(host, port)
+        client = server_client(host, port)
         body = export_body(client, model)
         text = json.dumps(body, indent=2) + "\n"
         if output == "-":
@@ -267,7 +268,7 @@ def register(app: typer.Typer) -> None:
         if not isinstance(body, dict) or not isinstance(body.get("model_name"), str):
             err_console.print(f"[red]Error:[/red] {file} is not an exported model (no 'model_name')")
             raise typer.Exit(1)
-        run_pull(ServerClient(host, port, timeout=None), body)
+        run_pull(server_client(host, port, timeout=None), body)
 
 
 # ----- export -----------------------------------------------------------------------------------------

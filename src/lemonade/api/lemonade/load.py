@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
@@ -28,12 +29,14 @@ async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("Invalid value for 'stream': must be true or false")
+    work = _prepare_load(svc, body)  # bad input is a plain 4xx, before any stream starts
     if stream:
-        return load_events(lambda: _load(svc, body))
-    return await _load(svc, body)
+        return load_events(work)
+    return await work()
 
 
-async def _load(svc: Services, body: dict[str, Any]) -> dict[str, Any]:
+def _prepare_load(svc: Services, body: dict[str, Any]) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """Validate a load request (name, flags, options) and return the work that performs it."""
     name = body.get("model_name", body.get("model"))
     if name is None:
         raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
@@ -45,12 +48,17 @@ async def _load(svc: Services, body: dict[str, Any]) -> dict[str, Any]:
     for key, value in (("pinned", pinned), ("save_options", save)):
         if value is not None and not isinstance(value, bool):
             raise bad_request(f"Invalid value for '{key}': must be true or false")
+    done = {"status": "success", "message": f"Loaded model: {model.name}"}
     if model.is_collection:
-        for comp in model.components or []:
-            comp_model = svc.resolve(comp)
-            await svc.router.ensure_loaded(comp_model, lambda m=comp_model: svc.options.resolve(m.name, m.recipe),
-                                           pinned=pinned)
-        return {"status": "success", "message": f"Loaded model: {model.name}"}
+        components = [svc.resolve(comp) for comp in model.components or []]
+
+        async def load_collection() -> dict[str, Any]:
+            for comp in components:
+                await svc.router.ensure_loaded(comp, lambda c=comp: svc.options.resolve(c.name, c.recipe),
+                                               pinned=pinned)
+            return done
+
+        return load_collection
     try:
         requested = svc.options.parse_request(model.recipe, body, ignore=LOAD_CONTROL_KEYS)
     except OptionsError as exc:
@@ -58,13 +66,17 @@ async def _load(svc: Services, body: dict[str, Any]) -> dict[str, Any]:
     effective = svc.options.resolve(model.name, model.recipe, request=requested)
     if pinned is None:
         pinned = svc.options.saved(model.name).get("pinned")
-    current = svc.router.loaded.get(model.name)
-    reload = current is not None and {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} \
-        != effective
-    await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
-    if save:
-        svc.options.save_from_load(model.name, requested, body.get("pinned"))
-    return {"status": "success", "message": f"Loaded model: {model.name}"}
+
+    async def load_model() -> dict[str, Any]:
+        current = svc.router.loaded.get(model.name)
+        reload = current is not None and \
+            {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} != effective
+        await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
+        if save:
+            svc.options.save_from_load(model.name, requested, body.get("pinned"))
+        return done
+
+    return load_model
 
 
 def load_events(run: Any) -> Any:

@@ -52,7 +52,12 @@ async def get_system_stats() -> dict[str, Any]:
 
 
 @router.get("/system-info")
-async def get_system_info(request: Request) -> dict[str, Any]:
+async def get_system_info(request: Request, include_paths: bool = False) -> dict[str, Any]:
+    """`include_paths=true` adds `cache_dir`, so a client can tell whose server it talks to
+    (the quick start refuses to use a server of another installation)."""
     svc = services(request)
     recipes = await asyncio.to_thread(svc.engines.system_info)
-    return system_info(svc.catalog.hub_cache(), recipes)
+    info = system_info(svc.catalog.hub_cache(), recipes)
+    if include_paths:
+        info["cache_dir"] = str(svc.cache_dir)
+    return info
