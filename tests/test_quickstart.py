@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lemonade.cli.chat import runaway
+from tests.conftest import GEMMA_NAME
 from tests.test_cli import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +69,35 @@ def test_quickstart_refuses_a_server_of_another_installation(gemma_server, tmp_p
     with gemma_server.client() as c:
         assert c.get("/v1/health").json()["all_models_loaded"] == before
     assert not (mine / "config.json").exists()
+
+
+def test_transcript_of_a_conversation():
+    from lemonade.cli.chat import BASE_PREAMBLE, transcript
+
+    text = transcript([{"role": "user", "content": "Hi "}, {"role": "assistant", "content": "Hello!"},
+                       {"role": "user", "content": "Who are you?"}])
+    assert text.startswith(BASE_PREAMBLE + "\n\nUser: Good morning!\n")
+    assert text.endswith("\nUser: Hi\nAssistant: Hello!\nUser: Who are you?\nAssistant:")
+    assert transcript([{"role": "system", "content": "Be terse."}]).startswith("Be terse.\n\n")
+
+
+def test_run_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_path):
+    """The quick start's first contact: Gemma 3 270M (a base model) answers a question in one short
+    paragraph of words, through /v1/completions with the transcript's stops."""
+    import re
+
+    from tests.test_cli import lemonade, ok
+
+    def completions_served() -> float:
+        with gemma_server.client() as c:
+            metrics = c.get("/metrics").text
+        line = f'lemonade_model_requests_total{{endpoint="completions",model="{GEMMA_NAME}"}}'
+        return next((float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)), 0.0)
+
+    before = completions_served()
+    env = cli_env(tmp_path / "cache", gemma_server.url)
+    proc = ok(lemonade("run", GEMMA_NAME, "--base", env=env, stdin="What is the capital of France?\n"))
+    reply = proc.stdout.strip()
+    assert len(re.findall(r"[A-Za-z]{2,}", reply)) >= 2, reply
+    assert "\n\n" not in reply and "User:" not in reply and len(reply) < 1500, reply
+    assert completions_served() == before + 1
