@@ -12,12 +12,12 @@ from typing import Any
 import aiohttp
 import httpx
 
-from lemonade.api.errors import APIError, model_not_found
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.models import ModelInfo
 from lemonade.config import Config
 from lemonade.downloads.manager import DownloadManager
+from lemonade.errors import APIError, model_not_found
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.options import RecipeOptions

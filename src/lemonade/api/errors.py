@@ -16,23 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lemonade.errors import APIError, bad_request, model_not_found  # noqa: F401 - the api layer imports them from here
 from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
 
-_OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found",
-    405: "invalid_request_error",
-    409: "conflict",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    501: "not_implemented",
-    502: "upstream_error",
-    503: "service_unavailable",
-}
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -42,29 +30,6 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
-
-
-class APIError(Exception):
-    """An error meant for the client: HTTP status, a message saying what to do, an optional code."""
-
-    def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
-                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.headers = headers  # e.g. Retry-After on a 503
-        self.status = status
-        self.message = message
-        self.type = type or _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-        self.code = code
-        self.extra = extra or {}
-
-
-def bad_request(message: str, code: str | None = "invalid_argument") -> APIError:
-    return APIError(400, message, code=code)
-
-
-def model_not_found(name: str) -> APIError:
-    return APIError(404, f"Model {name} has not been found. Run `lemonade list` to see available models.",
-                    type="not_found", code="model_not_found")
 
 
 def api_family(path: str) -> str:

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.api.errors import APIError
 from lemonade.catalog.models import ModelInfo
 from lemonade.downloads import cache as cache_ops
 from lemonade.downloads.hub import HubError
@@ -31,6 +30,7 @@ from lemonade.downloads.plan import plan_model
 from lemonade.downloads.transfer import DiskFull, IntegrityError, Stopped, fetch_file
 from lemonade.downloads.updates import find_updates
 from lemonade.downloads.variants import match_variant, parse_checkpoint
+from lemonade.errors import APIError
 
 if TYPE_CHECKING:
     from lemonade.catalog.catalog import Catalog
