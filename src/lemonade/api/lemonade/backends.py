@@ -18,32 +18,45 @@ from lemonade.services import Services
 router = APIRouter(tags=["backends"])
 
 
-class InstallRequest(BaseModel):
+class UninstallRequest(BaseModel):
+    """A local backend (`recipe` + `backend`), or a cloud provider (`backend: "cloud"` + `provider`)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
-    recipe: str = Field(..., examples=["llamacpp"])
+    recipe: str | None = Field(None, examples=["llamacpp"], description="Required unless backend is \"cloud\"")
     backend: str = Field(..., examples=["cpu"])
+    provider: str | None = Field(None, description="Cloud provider name (backend \"cloud\")")
+
+
+class InstallRequest(UninstallRequest):
+    base_url: str | None = Field(None, description="Cloud provider's OpenAI-compatible base URL")
+    api_key: str | None = Field(None, description="Cloud provider's key, kept in memory only")
     stream: bool = False
     force: bool = False
-
-
-class UninstallRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    recipe: str
-    backend: str
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def _refuse_cloud(backend: str) -> None:
-    if backend == "cloud":
-        raise APIError(400, "Cloud providers are not supported by this server; install a local backend such as "
-                       "{'recipe': 'llamacpp', 'backend': 'cpu'}", code="unsupported_backend")
+def _local_recipe(body: UninstallRequest) -> str:
+    """The recipe of a local-backend request; cloud-shaped bodies are read, then refused (no cloud engine yet)."""
+    if body.backend == "cloud":
+        what = f"provider '{body.provider}'" if body.provider else "providers"
+        raise APIError(400, f"Cloud {what} cannot be registered: this server has no cloud engine yet. Install a "
+                       "local backend instead, such as {'recipe': 'llamacpp', 'backend': 'cpu'}",
+                       code="unsupported_backend")
+    if body.recipe is None:
+        raise APIError(400, "Missing required field 'recipe' (needed for every backend but \"cloud\")",
+                       code="missing_argument")
+    for field in ("provider", "base_url", "api_key"):
+        if getattr(body, field, None) is not None:
+            raise APIError(400, f"Field '{field}' applies only to backend \"cloud\"", code="invalid_argument")
+    return body.recipe
 
 
-def _engine(svc: Services, recipe: str, backend: str) -> Engine:
-    """The engine of `recipe`, after refusing unknown recipes and backends (before any work)."""
+def _engine(svc: Services, body: UninstallRequest) -> Engine:
+    """The engine of the body's recipe, after refusing unknown recipes and backends (before any work)."""
+    recipe, backend = _local_recipe(body), body.backend
     engine = svc.engines.get(recipe)
     if engine is None:
         known = ", ".join(e.recipe for e in svc.engines)
@@ -58,8 +71,7 @@ def _engine(svc: Services, recipe: str, backend: str) -> Engine:
 @router.post("/install")
 async def install(request: Request, body: InstallRequest) -> Any:
     svc: Services = request.app.state.services
-    _refuse_cloud(body.backend)
-    engine = _engine(svc, body.recipe, body.backend)
+    engine = _engine(svc, body)
     if not body.stream:
         try:
             result = await asyncio.to_thread(engine.install, body.backend, None, body.force)
@@ -98,8 +110,7 @@ async def install(request: Request, body: InstallRequest) -> Any:
 @router.post("/uninstall")
 async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    _refuse_cloud(body.backend)
-    engine = _engine(svc, body.recipe, body.backend)
+    engine = _engine(svc, body)
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
     try:
         result = await asyncio.to_thread(engine.uninstall, body.backend)
