@@ -12,7 +12,6 @@ replies go to stdout (one per line block), so `echo "hi" | lemonade run MODEL` a
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -28,8 +27,9 @@ from lemonade.cli.residency import ArgsOpt, BackendOpt, CtxOpt, do_load, load_bo
 HELP = "Commands: /clear forgets the conversation, /exit (or Ctrl-D) leaves, /help shows this."
 # A reply whose end is one short unit over and over (small base models print "#####..." or the same
 # line forever) is stopped: nobody wants to wait for max_tokens of it.
-_RUNAWAY = re.compile(r"(.{1,60}?)\1{5,}$", re.S)
-RUNAWAY_SPAN = 80  # characters of repetition before a reply counts as runaway
+RUNAWAY_UNIT = 60  # longest repeated unit looked for, in characters
+RUNAWAY_SPAN = 80  # characters of repetition (and at least 6 units) before a reply counts as runaway
+RUNAWAY_TAIL = 6 * RUNAWAY_UNIT  # the part of a reply the check needs
 
 
 # A base model (no chat template, e.g. the quick start's Gemma 3 270M) does not know chat turns; it
@@ -58,9 +58,16 @@ def transcript(history: list[dict[str, str]]) -> str:
 
 
 def runaway(text: str) -> bool:
-    """Whether `text` ends in at least RUNAWAY_SPAN characters of one repeated unit."""
-    m = _RUNAWAY.search(text[-400:])
-    return m is not None and len(m.group(0)) >= RUNAWAY_SPAN
+    """Whether `text` ends in at least RUNAWAY_SPAN characters (and six units) of one repeated unit:
+    its last n characters have period p. Runs once per streamed piece, so it compares slices only."""
+    for period in range(1, RUNAWAY_UNIT + 1):
+        n = max(RUNAWAY_SPAN, 6 * period)
+        if len(text) < n:
+            return False  # n only grows with the period
+        tail = text[-n:]
+        if tail[period:] == tail[:-period]:
+            return True
+    return False
 
 
 class Chat:
@@ -96,6 +103,7 @@ class Chat:
         repeating itself; the reply joins the history when done or stopped."""
         self.history.append({"role": "user", "content": text})
         reply: list[str] = []
+        tail = ""  # the end of the reply, for the runaway check
         stream: Any = None
         try:
             if self.base:
@@ -118,7 +126,8 @@ class Chat:
                 if piece:
                     reply.append(piece)
                     yield "content", piece
-                    if runaway("".join(reply[-400:])):
+                    tail = (tail + piece)[-RUNAWAY_TAIL:]
+                    if runaway(tail):
                         yield "runaway", ""
                         break
         finally:
