@@ -98,6 +98,6 @@ def test_run_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_p
     env = cli_env(tmp_path / "cache", gemma_server.url)
     proc = ok(lemonade("run", GEMMA_NAME, "--base", env=env, stdin="What is the capital of France?\n"))
     reply = proc.stdout.strip()
-    assert len(re.findall(r"[A-Za-z]{2,}", reply)) >= 2, reply
+    assert re.search(r"[A-Za-z]{2,}", reply), reply  # a sampled reply: "Paris." is as good as a sentence
     assert "\n\n" not in reply and "User:" not in reply and len(reply) < 1500, reply
     assert completions_served() == before + 1
