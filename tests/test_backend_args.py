@@ -7,19 +7,21 @@ from pathlib import Path
 import pytest
 
 from lemonade.backends.llamacpp import build_argv
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from tests.gguf_factory import write_gguf
 
 
 def argv_for(tmp_path: Path, mode: str = "chat", *, template: str | None = None, mmproj: bool = False,
-             labels: list[str] | None = None, args: str = "", ctx: int = -1) -> list[str]:
+             labels: list[str] | None = None, args: str = "", ctx: int = -1, backend: str = "cpu",
+             device: str = "") -> list[str]:
     main = write_gguf(tmp_path / "m.gguf", "gemma3" if mode == "chat" else "bert", context_length=4096,
                       pooling_type={"chat": None, "embeddings": 1, "reranking": 4}[mode], chat_template=template)
     files = {"main": [main]}
     if mmproj:
         files["mmproj"] = [write_gguf(tmp_path / "mmproj.gguf", clip=True)]
     model = ModelInfo(name="user.M", recipe="llamacpp", mode=mode, labels=labels or [])
-    return build_argv(Path("/bin/llama-server"), model, files, {"ctx_size": ctx, "llamacpp_args": args}, 4242)
+    options = {"ctx_size": ctx, "llamacpp_args": args, "llamacpp_device": device}
+    return build_argv(Path("/bin/llama-server"), model, files, options, 4242, backend)
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -65,3 +67,14 @@ def test_forbidden_user_args(tmp_path, bad):
     with pytest.raises(ValueError) as err:
         argv_for(tmp_path, args=bad)
     assert bad.split()[0].split("=")[0] in str(err.value)
+
+
+def test_gpu_layers_and_device_follow_the_backend(tmp_path, caplog):
+    gpu = argv_for(tmp_path, backend="vulkan", device="Vulkan1")
+    assert flag(gpu, "-ngl") == "99" and flag(gpu, "--device") == "Vulkan1"
+    assert "--device" not in argv_for(tmp_path, backend="rocm") and "-ngl" in argv_for(tmp_path, backend="rocm")
+    cpu = argv_for(tmp_path, backend="cpu", device="Vulkan1")
+    assert flag(cpu, "-ngl") == "0" and "--device" not in cpu  # the cpu backend has no device to choose
+    assert "llamacpp_device='Vulkan1' is ignored" in caplog.text
+    system = argv_for(tmp_path, backend="system", device="CUDA0")
+    assert "-ngl" not in system and flag(system, "--device") == "CUDA0"  # its own defaults, the device asked

@@ -217,7 +217,7 @@ def test_pull_4xx(client, hub):
         ({"model_name": "user.Lost", "recipe": "collection.omni", "components": ["user.nowhere"]}, 400,
          "user.nowhere"),
         ("{not json", 400, "JSON"),
-        ("[1, 2]", 400, "valid"),
+        ("[1, 2]", 400, "JSON object"),
     ]
     for body, status, needle in cases:
         resp = post(body)

@@ -14,10 +14,10 @@ import httpx
 
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
-from lemonade.catalog.models import ModelInfo
 from lemonade.config import Config
 from lemonade.downloads.manager import DownloadManager
-from lemonade.errors import APIError, model_not_found
+from lemonade.errors import APIError, bad_request, model_not_found
+from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.options import RecipeOptions
@@ -136,6 +136,34 @@ class Services:
             raise APIError(500, f"Model {model.name} was downloaded but its files are not complete on disk",
                            code="model_load_error")
         return files
+
+    async def delete_model(self, model: ModelInfo) -> bool:
+        """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:
+        files in the extra models dir are the user's and are refused (naming the path); a user
+        collection loses only its entry (its components stay); anything else is unloaded, its
+        download stopped, its files removed, and a `user.` model unregistered. False when there was
+        nothing to delete (each API family words that its own way)."""
+        if model.origin == "extra" or model.local_files is not None:
+            paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
+            where = ", ".join(paths) or self.config.get("extra_models_dir")
+            raise bad_request(f"Model {model.name} is a file of yours in the extra models directory ({where}); "
+                              "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
+                              "longer want it.", code="model_not_deletable")
+        if model.is_collection:
+            if model.origin != "user":
+                raise bad_request(f"Model {model.name} is a built-in collection and cannot be deleted",
+                                  code="model_not_deletable")
+            self.catalog.unregister(model.name)
+            return True
+        await self.router.unload(model.name)
+        removed = await self.downloads.delete(model)
+        if model.origin == "user":
+            self.catalog.unregister(model.name)
+            removed = True
+        self.downloads.updates_available.discard(model.name)
+        if removed:
+            log.info("Deleted %s", model.name)
+        return removed
 
     def engine_http(self) -> aiohttp.ClientSession:
         """The client for requests to engines on loopback (aiohttp: about 1 ms less per request than

@@ -73,7 +73,7 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
                 if kind == "json_invalid" else "Request body must be a JSON object"), "invalid_json"
     if kind == "missing":
         return f"Missing required field '{field}'", "missing_argument"
-    msg = first.get("msg", "invalid value")
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     got = first.get("input")
     shown = json.dumps(got)[:80] if isinstance(got, (str, int, float, bool, list, dict, type(None))) else repr(got)
     if field:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from lemonade.backends.base import WrappedServer
-    from lemonade.catalog.models import ModelInfo
     from lemonade.config import Config
+    from lemonade.model_info import ModelInfo
 
 Progress = Callable[[dict[str, Any]], None] | None
 
@@ -130,6 +130,9 @@ class Engine(ABC):
     # Our endpoint -> the engine's path for it (a mode's requests are forwarded there).
     endpoints: ClassVar[dict[str, str]] = {}
     metrics_path: ClassVar[str | None] = None  # Prometheus text the engine exposes, relayed by /metrics
+    # The weight file format it loads ("gguf"): a bare file of that format in the extra models dir,
+    # or a repository of such files, is a model of this recipe.
+    file_format: ClassVar[str | None] = None
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
 
     def __init__(self, cache_dir: Path, config: Config) -> None:

@@ -25,8 +25,8 @@ from lemonade.backends.engine import (
 from lemonade.backends.venv_install import VenvBackend
 
 if TYPE_CHECKING:
-    from lemonade.catalog.models import ModelInfo
     from lemonade.config import Config
+    from lemonade.model_info import ModelInfo
 
 FASTER_WHISPER_VERSION = "1.2.1"
 PACKAGES = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)

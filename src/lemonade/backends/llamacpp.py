@@ -30,10 +30,11 @@ from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 
 if TYPE_CHECKING:
-    from lemonade.catalog.models import ModelInfo
     from lemonade.config import Config
+    from lemonade.model_info import ModelInfo
 
 log = logging.getLogger("lemonade.llamacpp")
+GPU_BACKENDS = ("vulkan", "rocm", "metal", "cuda")  # backends whose llama-server offloads to a device
 
 AUTO_CTX_CAP = 8192       # automatic context: the model's trained length, capped to keep RAM modest
 FALLBACK_CTX = 4096       # when the GGUF does not say
@@ -60,8 +61,22 @@ def resolved_ctx_size(ctx_size: int, main_file: Path | None) -> int:
     return min(trained, AUTO_CTX_CAP) if trained else FALLBACK_CTX
 
 
+def device_args(backend: str, device: str) -> list[str]:
+    """GPU layers and device for a backend. A GPU backend offloads every layer (`-ngl 99`, as
+    Lemonade does; the flag is ours, users cannot set it) to `llamacpp_device` if given (llama.cpp
+    device names such as `Vulkan0`, or a comma list); the cpu backend has no device to pick and
+    offloads nothing; a `system` llama-server keeps its own defaults."""
+    if backend == "cpu":
+        if device:
+            log.warning("llamacpp_device=%r is ignored: the cpu backend has no devices (choose a GPU backend "
+                        "with llamacpp_backend)", device)
+        return ["-ngl", "0"]
+    argv = ["-ngl", "99"] if backend in GPU_BACKENDS else []
+    return argv + (["--device", device] if device else [])
+
+
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
-               port: int) -> list[str]:
+               port: int, backend: str = "cpu") -> list[str]:
     main = files["main"][0]
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
             "--ctx-size", str(resolved_ctx_size(options.get("ctx_size", -1), main)),
@@ -80,8 +95,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             argv += ["--chat-template-file", str(fallback_template(info.architecture))]
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
-    if options.get("llamacpp_device"):
-        argv += ["--device", str(options["llamacpp_device"])]
+    argv += device_args(backend, str(options.get("llamacpp_device") or ""))
     user_args = check_llamacpp_args(options.get("llamacpp_args", ""))
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
@@ -142,6 +156,7 @@ class LlamaCppEngine(Engine):
                  "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",
                  "tokenize": "/tokenize", "slots": "/slots"}
     metrics_path = "/metrics"
+    file_format = "gguf"
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)
@@ -185,13 +200,13 @@ class LlamaCppEngine(Engine):
             raise EngineUnavailable(f"The llama.cpp '{backend}' backend is not installed ({st.message}). Install it "
                                     f"with: {st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
-        argv = build_argv(binary, model, files, options, port)
+        argv = build_argv(binary, model, files, options, port, backend)
         resolved = dict(options)
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
         server = WrappedServer(f"{self.process}:{model.name}", argv, port)
         await server.start()
-        return Launch(server, resolved, backend, device="gpu" if backend not in ("cpu", "system") else "cpu")
+        return Launch(server, resolved, backend, device="gpu" if backend in GPU_BACKENDS else "cpu")
 
     async def downsize(self, base_url: str, http: Any) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""

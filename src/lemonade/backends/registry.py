@@ -78,6 +78,19 @@ class Engines:
         return {engine.recipe: engine.system_info() for engine in self}
 
 
+def recipe_for_format(file_format: str) -> str:
+    """The recipe whose engine loads weight files of `file_format` (e.g. "gguf")."""
+    for cls in ENGINE_CLASSES:
+        if cls.file_format == file_format:
+            return cls.recipe
+    raise LookupError(f"No engine of this build loads {file_format} files")
+
+
+def file_format(recipe: str) -> str | None:
+    """The weight file format a recipe's engine loads, if it is a single-file format."""
+    return next((cls.file_format for cls in ENGINE_CLASSES if cls.recipe == recipe), None)
+
+
 def recipe_options(recipe: str) -> dict[str, Option]:
     """The options a recipe's engine takes (the router's common ones are not included)."""
     for cls in ENGINE_CLASSES:

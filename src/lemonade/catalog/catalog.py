@@ -14,12 +14,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lemonade.backends.registry import file_format
 from lemonade.catalog.extra_dir import scan_extra_dir
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
-from lemonade.catalog.labels import COLLECTION_RECIPES, LabelError, deployment_mode
-from lemonade.catalog.models import ModelInfo
-from lemonade.downloads.local import hub_cache_dir, resolve_local
-from lemonade.downloads.variants import parse_checkpoint
+from lemonade.checkpoints.local import hub_cache_dir, resolve_local
+from lemonade.checkpoints.variants import parse_checkpoint
+from lemonade.labels import COLLECTION_RECIPES, LabelError, deployment_mode
+from lemonade.model_info import ModelInfo
 from lemonade.util.atomic import atomic_write_json, read_json
 
 log = logging.getLogger("lemonade.catalog")
@@ -341,7 +342,7 @@ class Catalog:
         return self.local_files(model) is not None
 
     def max_context_window(self, model: ModelInfo, files: dict[str, list[Path]] | None) -> int | None:
-        if model.recipe != "llamacpp" or not files or not files.get("main"):
+        if file_format(model.recipe) != "gguf" or not files or not files.get("main"):
             return None
         try:
             return gguf_info(files["main"][0]).context_length

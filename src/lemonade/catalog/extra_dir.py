@@ -13,9 +13,10 @@ import logging
 import os
 from pathlib import Path
 
+from lemonade.backends.registry import recipe_for_format
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
-from lemonade.catalog.models import ModelInfo
-from lemonade.downloads.variants import is_mmproj, shard_info
+from lemonade.checkpoints.variants import is_mmproj, shard_info
+from lemonade.model_info import ModelInfo
 
 log = logging.getLogger("lemonade.catalog")
 PREFIX = "extra."
@@ -87,6 +88,6 @@ def _describe(name: str, files: list[Path], mmprojs: list[Path]) -> ModelInfo | 
         labels.append("vision")
         local["mmproj"] = mmprojs[:1]
     size = sum(f.stat().st_size for group in local.values() for f in group)
-    return ModelInfo(name=name, recipe="llamacpp", mode=info.deployment_mode, labels=labels,
+    return ModelInfo(name=name, recipe=recipe_for_format("gguf"), mode=info.deployment_mode, labels=labels,
                      size=round(size / 1e9, 3), suggested=False, source="local", origin="extra",
                      checkpoints={"main": str(files[0])}, local_files=local)

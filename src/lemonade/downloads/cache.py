@@ -22,8 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lemonade.downloads.local import PENDING_DIR, list_snapshot_files, pending_files, repo_folder
-from lemonade.downloads.variants import match_variant, parse_checkpoint
+from lemonade.checkpoints.local import PENDING_DIR, list_snapshot_files, pending_files, repo_folder
+from lemonade.checkpoints.variants import match_variant, parse_checkpoint
 from lemonade.util.atomic import atomic_write_bytes, atomic_write_json
 
 log = logging.getLogger("lemonade.downloads")

@@ -19,21 +19,30 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from lemonade.catalog.models import ModelInfo
+from lemonade.checkpoints.local import list_snapshot_files, pending_files, repo_folder, snapshot_dirs
+from lemonade.checkpoints.variants import match_variant, parse_checkpoint
 from lemonade.downloads import cache as cache_ops
 from lemonade.downloads.hub import HubError
 from lemonade.downloads.jobs import Job, JobStore, job_id
-from lemonade.downloads.local import list_snapshot_files, pending_files, repo_folder, snapshot_dirs
 from lemonade.downloads.plan import plan_model
 from lemonade.downloads.transfer import DiskFull, IntegrityError, Stopped, fetch_file
 from lemonade.downloads.updates import find_updates
-from lemonade.downloads.variants import match_variant, parse_checkpoint
 from lemonade.errors import APIError
+from lemonade.model_info import ModelInfo
 
-if TYPE_CHECKING:
-    from lemonade.catalog.catalog import Catalog
+
+class ModelFiles(Protocol):
+    """What the download manager needs of the catalog (the catalog satisfies it; typed here so that
+    `downloads/` does not import `catalog/`)."""
+
+    def hub_cache(self) -> Path: ...
+    def find(self, name: str) -> ModelInfo | None: ...
+    def local_files(self, model: ModelInfo) -> dict[str, list[Path]] | None: ...
+    def is_downloaded(self, model: ModelInfo) -> bool: ...
+    def all(self, rescan: bool = True) -> list[ModelInfo]: ...
+
 
 log = logging.getLogger("lemonade.downloads")
 EMIT_INTERVAL = 0.2        # seconds between progress events of one transfer
@@ -136,7 +145,7 @@ class Transfer:
 class DownloadManager:
     """Server-owned downloads: pulls, jobs that survive restarts, the update check."""
 
-    def __init__(self, cache_dir: Path, catalog: Catalog, offline: Callable[[], bool]) -> None:
+    def __init__(self, cache_dir: Path, catalog: ModelFiles, offline: Callable[[], bool]) -> None:
         self.catalog = catalog
         self._offline = offline
         self.update_check_done = False

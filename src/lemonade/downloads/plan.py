@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lemonade.catalog.models import ModelInfo
+from lemonade.checkpoints.local import repo_folder
+from lemonade.checkpoints.variants import is_exact_file_variant, match_variant, missing_shards, parse_checkpoint
 from lemonade.downloads.hub import HubError, RemoteFile, RepoListing, list_repo
-from lemonade.downloads.local import repo_folder
 from lemonade.downloads.variant_listing import group_variants
-from lemonade.downloads.variants import is_exact_file_variant, match_variant, missing_shards, parse_checkpoint
+from lemonade.model_info import ModelInfo
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import logging
 import os
 from pathlib import Path
 
-from lemonade.catalog.models import ModelInfo
+from lemonade.checkpoints.local import resolve_local
+from lemonade.checkpoints.variants import match_variant, parse_checkpoint
 from lemonade.downloads.hub import HubError, RepoListing, list_repo
-from lemonade.downloads.local import resolve_local
-from lemonade.downloads.variants import match_variant, parse_checkpoint
+from lemonade.model_info import ModelInfo
 
 log = logging.getLogger("lemonade.downloads")
 

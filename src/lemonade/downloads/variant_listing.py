@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lemonade.backends.registry import recipe_for_format
+from lemonade.checkpoints.variants import is_mmproj, match_variant, shard_info
 from lemonade.downloads.hub import RepoListing
-from lemonade.downloads.variants import is_mmproj, match_variant, shard_info
 
 PREFERRED = ("Q4_K_M", "UD-Q4_K_XL", "Q8_0", "Q4_0")  # most used in the built-in model list
 TOP_N = 5
@@ -84,7 +85,7 @@ def describe_repo(listing: RepoListing, checkpoint: str) -> dict[str, Any]:
     return {
         "checkpoint": checkpoint,
         "source": listing.source,
-        "recipe": "llamacpp",
+        "recipe": recipe_for_format("gguf"),
         "suggested_name": listing.repo.split("/", 1)[1],
         "suggested_labels": labels,
         "mmproj_files": mmproj,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.engine import Option
-from lemonade.backends.registry import all_option_names, args_options, recipe_options
+from lemonade.backends.registry import all_option_names, args_options, recipe_modes, recipe_options
 from lemonade.config import Config
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -43,6 +43,14 @@ class OptionsError(ValueError):
 
 def options_for(recipe: str) -> dict[str, Option]:
     return {**recipe_options(recipe), **COMMON_OPTIONS}
+
+
+def all_options() -> dict[str, Option]:
+    """Every option of any recipe (what /openapi.json documents for load and options bodies)."""
+    out: dict[str, Option] = {}
+    for recipe in recipe_modes():
+        out.update(recipe_options(recipe))
+    return {**out, **COMMON_OPTIONS}
 
 
 def _flag_groups(argv: list[str]) -> list[list[str]]:

@@ -20,8 +20,8 @@ import aiohttp
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from lemonade.catalog.models import ModelInfo
 from lemonade.errors import APIError
+from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, until_gone_or

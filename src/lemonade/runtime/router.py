@@ -37,10 +37,10 @@ import psutil
 from lemonade.backends.base import BackendStartError, free_port
 from lemonade.backends.engine import Engine, EngineUnavailable, InstallError, Launch, install_action
 from lemonade.backends.registry import Engines
-from lemonade.catalog.labels import MODEL_TYPES
-from lemonade.catalog.models import ModelInfo
 from lemonade.config import Config
 from lemonade.errors import APIError
+from lemonade.labels import MODEL_TYPES
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
 
 log = logging.getLogger("lemonade.router")

@@ -21,9 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.anthropic import translate
 from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
-from lemonade.api.errors import APIError
 from lemonade.api.openai.inference import chat_model
-from lemonade.catalog.models import ModelInfo
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.anthropic")
@@ -39,15 +37,6 @@ def warning_header(warnings: list[str]) -> dict[str, str]:
     return {WARNING_HEADER: re.sub(r"[^\x20-\x7e]", "?", text)[:4000]}
 
 
-def _require_vision(svc: Services, model: ModelInfo, body: dict[str, Any]) -> None:
-    """A 400 for images sent to a model without a vision projector (the engine would answer 500)."""
-    has_images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
-                     for m in body["messages"])
-    if has_images and not svc.accepts_images(model):
-        raise APIError(400, f"messages: model {model.name} does not accept images (it has no vision projector); "
-                       "use a vision model", code="invalid_argument")
-
-
 def _log_warnings(model: str, warnings: list[str]) -> None:
     if warnings:
         log.warning("/v1/messages (%s): %s", model, "; ".join(warnings))
@@ -56,9 +45,11 @@ def _log_warnings(model: str, warnings: list[str]) -> None:
 @router.post("/messages")
 async def messages(request: Request, body: MessagesRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/messages")
+    model = svc.resolve(body.model)
     tr = translate.to_openai(body, model.name)
-    _require_vision(svc, model, tr.body)
+    images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                 for m in tr.body["messages"])
+    svc.check_model(model, "chat", "/messages", images=images)
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
     proxy = svc.proxy

@@ -15,15 +15,15 @@ from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import StreamingResponse
 
 from lemonade.api.errors import APIError, bad_request
-from lemonade.api.lemonade.models import body_object
+from lemonade.api.lemonade.protocol import DeleteRequest, DownloadControlRequest, PullRequest
 from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
-from lemonade.catalog.models import ModelInfo
+from lemonade.checkpoints.variants import parse_checkpoint
 from lemonade.downloads import search as registry_search
 from lemonade.downloads.hub import HubError, canonical_source, list_repo, split_repo_url
 from lemonade.downloads.manager import hub_api_error, offline_error
 from lemonade.downloads.plan import plan_model
 from lemonade.downloads.variant_listing import describe_repo
-from lemonade.downloads.variants import parse_checkpoint
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
 
@@ -32,33 +32,11 @@ router = APIRouter(tags=["downloads"])
 REGISTRATION_KEYS = ("checkpoint", "checkpoints", "recipe", "components", "models", "mmproj")
 PROGRESS_EVENT_FIELDS = ("file", "file_index", "total_files", "bytes_downloaded", "bytes_total", "percent",
                          "total_download_size", "bytes_previously_downloaded")
-CONTROL_ACTIONS = ("pause", "cancel", "remove")
 
 
 def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
-    if svc.downloads is None:
-        raise APIError(503, "The download manager is not running yet; try again in a moment",
-                       code="service_unavailable")
     return svc
-
-
-def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"Invalid value for '{key}': must be true or false (got {json.dumps(value)[:40]})")
-    return value
-
-
-def _model_name(body: dict[str, Any]) -> str:
-    name = body.get("model_name", body.get("model"))
-    if name is None:
-        raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
-    if not isinstance(name, str) or not name.strip():
-        raise bad_request("Invalid value for 'model_name': must be a non-empty string")
-    return name.strip()
 
 
 def _source(svc: Services, body: dict[str, Any]) -> str | None:
@@ -160,16 +138,16 @@ async def _stream(first: dict[str, Any] | None, events: AsyncIterator[dict[str, 
 
 
 @router.post("/pull")
-async def pull(request: Request, body: dict[str, Any] = Body(..., examples=[
+async def pull(request: Request, req: PullRequest = Body(..., examples=[
         {"model_name": "Qwen3-0.6B-GGUF"},
         {"model_name": "user.Phi-4-Mini-GGUF", "checkpoint": "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M",
          "recipe": "llamacpp", "stream": True}])) -> Any:
     svc = _services(request)
-    body = body_object(body)
-    name = _model_name(body)
-    stream = _flag(body, "stream", False)
-    subscribe = _flag(body, "subscribe", True)
-    upgrade = not _flag(body, "do_not_upgrade", False)
+    body = req.model_dump(exclude_unset=True)  # registration reads the definition as given
+    body["model_name"] = name = req.model_name
+    stream = bool(req.stream)
+    subscribe = req.subscribe is not False
+    upgrade = not req.do_not_upgrade
     source = _source(svc, body)
     existing = svc.catalog.find(name)
     registering = any(body.get(k) is not None for k in REGISTRATION_KEYS) and not (
@@ -209,19 +187,9 @@ async def downloads(request: Request) -> list[dict[str, Any]]:
 
 
 @router.post("/downloads/control")
-async def downloads_control(request: Request, body: dict[str, Any] = Body(..., examples=[
+async def downloads_control(request: Request, body: DownloadControlRequest = Body(..., examples=[
         {"id": "model:Qwen3-0.6B-GGUF", "action": "pause"}])) -> dict[str, Any]:
-    svc = _services(request)
-    body = body_object(body)
-    for key in ("id", "action"):
-        if body.get(key) is None:
-            raise APIError(400, f"Missing required field '{key}'", code="missing_argument")
-        if not isinstance(body[key], str) or not body[key]:
-            raise bad_request(f"Invalid value for '{key}': must be a non-empty string")
-    if body["action"] not in CONTROL_ACTIONS:
-        raise bad_request(f"Invalid value for 'action': must be one of {', '.join(CONTROL_ACTIONS)} "
-                          f"(got {json.dumps(body['action'])[:40]})")
-    return svc.downloads.control(body["id"], body["action"])
+    return _services(request).downloads.control(body.id, body.action)
 
 
 @router.get("/registry/search")
@@ -288,30 +256,11 @@ async def pull_variants(request: Request, checkpoint: str | None = Query(None),
 
 
 @router.post("/delete")
-async def delete(request: Request, body: dict[str, Any] = Body(..., examples=[
+async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
         {"model_name": "Qwen3-0.6B-GGUF"}])) -> dict[str, Any]:
     svc = _services(request)
-    body = body_object(body)
-    model = svc.resolve(_model_name(body))
-    if model.origin == "extra" or model.local_files is not None:
-        paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
-        where = paths[0] if paths else svc.config.get("extra_models_dir")
-        raise bad_request(f"Model {model.name} is a file of the extra models dir ({where}); Lemonade only deletes "
-                          f"models it downloaded. Delete {where} yourself if you no longer want it.",
-                          code="model_not_deletable")
-    if model.is_collection:
-        if model.origin != "user":
-            raise bad_request(f"Model {model.name} is a built-in collection and cannot be deleted",
-                              code="model_not_deletable")
-        svc.catalog.unregister(model.name)  # its components stay on disk
-        return {"status": "success", "message": f"Deleted model: {model.name}"}
-    await svc.router.unload(model.name)
-    removed = await svc.downloads.delete(model)
-    if model.origin == "user":
-        svc.catalog.unregister(model.name)
-        removed = True
-    svc.downloads.updates_available.discard(model.name)
-    if not removed:
+    model = svc.resolve(body.model_name)
+    if not await svc.delete_model(model):
         raise bad_request(f"Model {model.name} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")
     return {"status": "success", "message": f"Deleted model: {model.name}"}

@@ -8,46 +8,32 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
-from lemonade.api.body import json_object
-from lemonade.api.errors import APIError, bad_request
-from lemonade.api.lemonade.models import body_object
+from lemonade.api.errors import bad_request
+from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.sse import progress_stream
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
 
 router = APIRouter(tags=["residency"])
-LOAD_CONTROL_KEYS = ("model_name", "model", "pinned", "save_options", "stream")
+NAME_KEYS = ("model_name", "model")  # the alias not taken as the name is no option either
 
 
 @router.post("/load")
-async def load(request: Request, body: dict[str, Any] = Body(..., examples=[
+async def load(request: Request, body: LoadRequest = Body(..., examples=[
         {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192}])) -> Any:
     """Load a model. With `"stream": true` the answer is SSE: `progress` events while the backend
     installs, the model downloads and the engine starts, then `complete` or `error`."""
     svc: Services = request.app.state.services
-    body = body_object(body)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("Invalid value for 'stream': must be true or false")
     work = _prepare_load(svc, body)  # bad input is a plain 4xx, before any stream starts
-    if stream:
+    if body.stream:
         return load_events(work)
     return await work()
 
 
-def _prepare_load(svc: Services, body: dict[str, Any]) -> Callable[[], Awaitable[dict[str, Any]]]:
-    """Validate a load request (name, flags, options) and return the work that performs it."""
-    name = body.get("model_name", body.get("model"))
-    if name is None:
-        raise APIError(400, "Missing required field 'model_name'", code="missing_argument")
-    if not isinstance(name, str):
-        raise bad_request("Invalid value for 'model_name': must be a string")
-    model = svc.resolve(name)
-    pinned = body.get("pinned")
-    save = body.get("save_options", False)
-    for key, value in (("pinned", pinned), ("save_options", save)):
-        if value is not None and not isinstance(value, bool):
-            raise bad_request(f"Invalid value for '{key}': must be true or false")
+def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """Resolve the model, check its options and return the work that performs the load."""
+    model = svc.resolve(body.model_name)
+    pinned = body.pinned
     done = {"status": "success", "message": f"Loaded model: {model.name}"}
     if model.is_collection:
         components = [svc.resolve(comp) for comp in model.components or []]
@@ -60,7 +46,7 @@ def _prepare_load(svc: Services, body: dict[str, Any]) -> Callable[[], Awaitable
 
         return load_collection
     try:
-        requested = svc.options.parse_request(model.recipe, body, ignore=LOAD_CONTROL_KEYS)
+        requested = svc.options.parse_request(model.recipe, body.model_extra or {}, ignore=NAME_KEYS)
     except OptionsError as exc:
         raise bad_request(str(exc)) from None
     effective = svc.options.resolve(model.name, model.recipe, request=requested)
@@ -72,8 +58,8 @@ def _prepare_load(svc: Services, body: dict[str, Any]) -> Callable[[], Awaitable
         reload = current is not None and \
             {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} != effective
         await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
-        if save:
-            svc.options.save_from_load(model.name, requested, body.get("pinned"))
+        if body.save_options:
+            svc.options.save_from_load(model.name, requested, body.pinned)
         return done
 
     return load_model
@@ -84,15 +70,14 @@ def load_events(run: Any) -> Any:
 
 
 @router.post("/unload")
-async def unload(request: Request) -> Any:
+async def unload(request: Request, body: UnloadRequest | None = Body(None, examples=[
+        {"model_name": "Qwen3-0.6B-GGUF"}, {}])) -> Any:
+    """Unload one model (a collection: its components), or every loaded model without a name."""
     svc: Services = request.app.state.services
-    body = await json_object(request)
-    name = body.get("model_name", body.get("model"))
+    name = body.model_name if body is not None else None
     if name is None:
         await svc.router.unload(None)
         return {"status": "success", "message": "Model unloaded successfully"}
-    if not isinstance(name, str):
-        raise bad_request("Invalid value for 'model_name': must be a string")
     model = svc.catalog.find(name)
     target = model.name if model else name
     names = [target] if not (model and model.is_collection) else list(model.components or [])

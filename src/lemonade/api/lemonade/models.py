@@ -7,21 +7,16 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
 
-from lemonade.api.errors import APIError, bad_request
+from lemonade.api.errors import bad_request
+from lemonade.api.lemonade.protocol import OptionsRequest
 from lemonade.api.openai.models import model_object
 from lemonade.backends.llamacpp import resolved_ctx_size
 from lemonade.catalog.catalog import RegistrationError
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
-
-def body_object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise APIError(400, "Request body must be a JSON object", code="invalid_json")
-    return body
-
 
 @router.post("/models/register")
 async def register(request: Request, body: dict[str, Any] = Body(..., examples=[{
@@ -29,7 +24,7 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
         "recipe": "llamacpp"}])) -> dict[str, Any]:
     svc: Services = request.app.state.services
     try:
-        model = svc.catalog.register(body_object(body))
+        model = svc.catalog.register(body)
     except RegistrationError as exc:
         raise bad_request(str(exc)) from None
     obj = model_object(svc, model)
@@ -77,17 +72,13 @@ async def get_options(request: Request, model_id: str) -> dict[str, Any]:
 
 
 @router.post("/models/{model_id}/options")
-async def set_options(request: Request, model_id: str, body: dict[str, Any] = Body(..., examples=[
+async def set_options(request: Request, model_id: str, body: OptionsRequest = Body(..., examples=[
         {"ctx_size": 8192}])) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = _model_for_options(svc, model_id)
-    body = dict(body_object(body))
-    dry_run = body.pop("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise bad_request("Invalid value for 'dry_run': must be true or false")
-    body.pop("model_name", None)
+    dry_run = body.dry_run
     try:
-        changes = svc.options.parse_request(model.recipe, body)
+        changes = svc.options.parse_request(model.recipe, body.model_extra or {}, ignore=("model_name",))
     except OptionsError as exc:
         raise bad_request(str(exc)) from None
     entry = svc.options.merge_saved(model.name, changes, dry_run=dry_run)
@@ -111,7 +102,7 @@ async def model_files(request: Request, model_id: str, include_paths: bool = Que
     model = svc.resolve(model_id)
     entries: list[dict[str, Any]] = []
     files = svc.catalog.local_files(model)
-    if files is None and not model.is_collection and svc.downloads is not None:
+    if files is None and not model.is_collection:
         files = svc.downloads.known_files(model)  # partially present or never downloaded
     for role, paths in (files or {}).items():
         for path in paths:

@@ -31,7 +31,7 @@ async def health(request: Request) -> dict[str, Any]:
         "pinned_models": svc.router.pinned_counts(),
         "max_models": svc.router.limits(),
         "telemetry": {"enabled": False},
-        "update_check_done": bool(getattr(svc.downloads, "update_check_done", False)),
+        "update_check_done": svc.downloads.update_check_done,
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
     }

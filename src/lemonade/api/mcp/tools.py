@@ -22,8 +22,8 @@ from typing import Any
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root
-from lemonade.catalog.models import ModelInfo
-from lemonade.services import Services
+from lemonade.model_info import ModelInfo
+from lemonade.services import ENDPOINT_FOR_MODE, Services
 
 log = logging.getLogger("lemonade.mcp")
 
@@ -155,12 +155,6 @@ def find_model(svc: Services, name: str) -> ModelInfo:
     return model
 
 
-def _unavailable(tool: str, what: str, model: ModelInfo | None) -> ToolError:
-    named = f" (model {model.name}, recipe '{model.recipe}')" if model is not None else ""
-    return ToolError(f"{tool} cannot run: the {what} engine{named} is not available in this server. Only "
-                     "llama.cpp models run here; use lemonade_chat for text generation.")
-
-
 def _output_dirs(svc: Services, args: dict[str, Any]) -> tuple[Path | None, Path | None]:
     """Validated (output_path, output_dir), confined to the sandbox."""
     if args.get("output_path") is not None and args.get("output_dir") is not None:
@@ -188,18 +182,22 @@ def _chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# Where a model of each mode is used through MCP ("use X instead" in refusals).
+TOOL_FOR_MODE = {"chat": "lemonade_chat", "transcription": "lemonade_transcribe_audio",
+                 "image": "lemonade_generate_image"}
+
+
+def checked_model(svc: Services, name: str, mode: str, tool: str) -> ModelInfo:
+    """The server's one model check (`svc.check_model`), its refusal as a tool error."""
+    try:
+        return svc.check_model(find_model(svc, name), mode, tool, hint=TOOL_FOR_MODE)
+    except APIError as exc:
+        raise ToolError(exc.message) from None
+
+
 def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
     if name:
-        model = find_model(svc, name)
-        if model.is_collection:
-            raise ToolError(f"Model {model.name} is a collection; use lemonade_omni for collections, or pass one of "
-                            f"its components: {', '.join(model.components or [])}")
-        if model.mode != "chat":
-            raise ToolError(f"Model {model.name} is a '{model.mode}' model, not a chat model. Call "
-                            "lemonade_list_models and pick an LLM.")
-        if not svc.engine_available(model):
-            raise _unavailable("lemonade_chat", model.recipe, model)
-        return model
+        return checked_model(svc, name, "chat", "lemonade_chat")
     loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "chat" and not lm.retiring]
     if loaded:
         return max(loaded, key=lambda lm: lm.last_use).model
@@ -243,7 +241,7 @@ async def list_models(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
             suggested.append(entry)
     llms = [m["model_name"] for m in loaded if m.get("type") == "llm"]
     recommended = llms[0] if llms else next((m["model_name"] for m in available
-                                             if m["type"] == "llm" and m["recipe"] == "llamacpp"), "")
+                                             if m["type"] == "llm" and svc.engines.available(m["recipe"])), "")
     payload = {"loaded": loaded, "available": available, "suggested_to_pull": suggested,
                "recommended_chat_model": recommended}
     if loaded:
@@ -281,16 +279,16 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
 
 
 
-def _requested_model(svc: Services, args: dict[str, Any], mode: str, kind: str, what: str) -> ModelInfo | None:
-    """The model a media tool names, checked to be of the tool's mode (None when it names none)."""
+def _refuse_media_tool(svc: Services, args: dict[str, Any], mode: str, tool: str, what: str) -> ToolError:
+    """Why a media tool cannot run here: the named model fails the model check, or its engine is
+    not wired to MCP yet, or (no model named) the tool's engine is not available."""
     if not args.get("model"):
-        return None
-    model = find_model(svc, args["model"])
-    if model.mode != mode:
-        raise ToolError(f"Model {model.name} is a '{model.mode}' model, not {kind}.")
-    if svc.engine_available(model):
-        raise ToolError(f"{what} through MCP is not wired to the {model.recipe} engine in this server.")
-    return model
+        return ToolError(f"{tool} cannot run: the {what} engine is not available in this server. Use "
+                         "lemonade_chat for text generation.")
+    model = checked_model(svc, args["model"], mode, tool)
+    return ToolError(f"{tool} is not wired to the {model.recipe} engine in this server yet; call the HTTP API "
+                    f"(/v1{ENDPOINT_FOR_MODE[mode]}) instead.")
+
 
 async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     has_path, has_b64 = args.get("audio_path") is not None, args.get("audio_base64") is not None
@@ -309,8 +307,7 @@ async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any
             raise ToolError("`audio_base64` is not valid base64. To pass a file, use `audio_path`.") from None
         if not raw:
             raise ToolError("`audio_base64` decoded to zero bytes. To pass a file, use `audio_path`.")
-    model = _requested_model(svc, args, "transcription", "a transcription model", "Transcription")
-    raise _unavailable("lemonade_transcribe_audio", "transcription (whisper.cpp)", model)
+    raise _refuse_media_tool(svc, args, "transcription", "lemonade_transcribe_audio", "transcription (whisper.cpp)")
 
 
 async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
@@ -319,8 +316,7 @@ async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError("`output_path` names one file; use `output_dir` for n > 1.")
     if args.get("size") is not None and not SIZE_RE.match(args["size"]):
         raise ToolError(f"`size` must look like 512x512, got {args['size']!r}")
-    model = _requested_model(svc, args, "image", "an image generation model", "Image generation")
-    raise _unavailable("lemonade_generate_image", "image generation (stable-diffusion.cpp)", model)
+    raise _refuse_media_tool(svc, args, "image", "lemonade_generate_image", "image generation (stable-diffusion.cpp)")
 
 
 async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from lemonade.api.errors import APIError
 from lemonade.api.ollama import models as om
 from lemonade.api.ollama import translate as tr
 from lemonade.api.ollama.protocol import NamedRequest, PullRequest, ShowRequest
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")
@@ -71,13 +71,6 @@ async def version() -> dict[str, Any]:
     return {"version": OLLAMA_COMPAT_VERSION, "lemonade_version": __version__}
 
 
-def _downloads(svc: Services, action: str) -> Any:
-    if svc.downloads is None:
-        raise APIError(503, f"Cannot {action}: the download manager is not available in this server",
-                       type="service_unavailable", code="downloads_unavailable")
-    return svc.downloads
-
-
 @router.delete("/delete")
 async def delete(request: Request) -> Response:
     body = await parse_body(request, NamedRequest)
@@ -86,27 +79,9 @@ async def delete(request: Request) -> Response:
     if not svc.catalog.is_downloaded(model):
         raise APIError(404, f"model '{body.target}' not found (it is not downloaded)", type="not_found",
                        code="model_not_found")
-    if model.local_files is not None:
-        where = ", ".join(str(p) for ps in model.local_files.values() for p in ps)
-        raise APIError(400, f"Model {model.name} is a file of yours in the extra models directory; Lemonade does "
-                       f"not delete it. Remove the file itself: {where}", code="invalid_argument")
-    if model.is_collection:
-        raise APIError(400, f"Model {model.name} is a collection; delete its components instead: "
-                       + ", ".join(model.components or []), code="model_not_deletable")
-    downloads = _downloads(svc, f"delete {model.name}")
-    await om.unload(svc, model)
-    removed = await downloads.delete(model)
-    # As POST /v1/delete does: a deleted `user.` model is also unregistered.
-    if model.origin == "user":
-        svc.catalog.unregister(model.name)
-        removed = True
-    updates = getattr(downloads, "updates_available", None)
-    if isinstance(updates, set):
-        updates.discard(model.name)
-    if not removed:
+    if not await svc.delete_model(model):
         raise APIError(404, f"model '{body.target}' not found (no files to delete)", type="not_found",
                        code="model_not_found")
-    log.info("Deleted %s (Ollama API)", model.name)
     return Response(status_code=200)
 
 
@@ -115,7 +90,7 @@ async def pull(request: Request) -> Response:
     body = await parse_body(request, PullRequest)
     svc = _svc(request)
     model = om.resolve(svc, body.target)
-    downloads = _downloads(svc, f"pull {model.name}")
+    downloads = svc.downloads
     if not body.stream:
         async for _event in downloads.pull_events(model):
             pass

@@ -18,8 +18,9 @@ from typing import Any
 
 from lemonade.api.errors import APIError
 from lemonade.backends.llamacpp import fallback_template
+from lemonade.backends.registry import file_format
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
-from lemonade.catalog.models import CREATED, ModelInfo
+from lemonade.model_info import CREATED, ModelInfo
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")
@@ -133,7 +134,7 @@ def details(model: ModelInfo, files: dict[str, list[Path]] | None,
             meta: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = gguf_metadata(files) if meta is None else meta
     family = str(meta.get("general.architecture") or model.recipe)
-    return {"parent_model": "", "format": "gguf" if model.recipe == "llamacpp" else model.recipe,
+    return {"parent_model": "", "format": file_format(model.recipe) or model.recipe,
             "family": family, "families": [family], "parameter_size": _parameter_size(meta, model),
             "quantization_level": _quantization(meta, model, files)}
 

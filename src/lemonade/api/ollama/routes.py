@@ -32,7 +32,7 @@ from lemonade.api.ollama.protocol import (
     KeepAlive,
     Options,
 )
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")

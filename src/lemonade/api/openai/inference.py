@@ -18,7 +18,7 @@ from lemonade.api.openai.protocol import (
     EmbeddingRequest,
     ResponsesRequest,
 )
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 

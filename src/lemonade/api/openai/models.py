@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from lemonade.catalog.models import ModelInfo
+from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
@@ -30,8 +30,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False)
         obj["max_context_window"] = ctx
     obj["downloaded"] = downloaded
     obj["suggested"] = model.suggested
-    updates = getattr(svc.downloads, "updates_available", None)
-    obj["update_available"] = bool(downloaded and updates and model.name in updates)
+    obj["update_available"] = downloaded and model.name in svc.downloads.updates_available
     obj["labels"] = list(model.labels)
     if len(model.checkpoints) > 1:
         obj["checkpoints"] = dict(model.checkpoints)

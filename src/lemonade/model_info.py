@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lemonade.catalog.labels import model_type
+from lemonade.labels import model_type
 
 CREATED = 1744173590  # the timestamp Lemonade reports for catalog entries
 

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from lemonade.downloads.variants import match_variant, missing_shards, parse_checkpoint
+from lemonade.checkpoints.variants import match_variant, missing_shards, parse_checkpoint
 
 PENDING_DIR = ".lemonade-pending"
 
