@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lemonade.backends.llamacpp import build_argv
+from lemonade.backends.llamacpp_flags import SAFE_FLAGS, check_llamacpp_args, installed_flags, unknown_flags
 from lemonade.model_info import ModelInfo
 from tests.gguf_factory import write_gguf
 
@@ -78,3 +79,36 @@ def test_gpu_layers_and_device_follow_the_backend(tmp_path, caplog):
     assert "llamacpp_device='Vulkan1' is ignored" in caplog.text
     system = argv_for(tmp_path, backend="system", device="CUDA0")
     assert "-ngl" not in system and flag(system, "--device") == "CUDA0"  # its own defaults, the device asked
+
+
+def test_slot_folder_is_ours(tmp_path):
+    model = ModelInfo(name="user.M", recipe="llamacpp", mode="chat")
+    main = write_gguf(tmp_path / "m.gguf", "gemma3", context_length=4096, chat_template="{{ messages }}")
+    argv = build_argv(Path("/bin/llama-server"), model, {"main": [main]}, {}, 4242, "cpu", tmp_path / "slots")
+    assert flag(argv, "--slot-save-path") == str(tmp_path / "slots")
+
+
+@pytest.mark.parametrize("args", ["--log-file victim.txt", "--slot-save-path /tmp", "--rpc 10.0.0.1:50052",
+                                  "--lora x.gguf", "--api-key k", "--path /", "--tools all", "-hf a/b",
+                                  "--threads 2 --grammar-file g.txt", "--media-path /"])
+def test_request_args_cannot_touch_files_or_the_network(args):
+    with pytest.raises(ValueError) as err:
+        check_llamacpp_args(args)
+    assert repr(args.split()[-2] if args.startswith("--threads") else args.split()[0]) in str(err.value)
+    assert "llamacpp.args" in str(err.value)  # says where an admin can set it instead
+
+
+def test_safe_args_pass_and_the_admin_may_use_others():
+    assert check_llamacpp_args("--threads 2 -np 2 --temp 0.5 -ctk q8_0 --spec-type none") == [
+        "--threads", "2", "-np", "2", "--temp", "0.5", "-ctk", "q8_0", "--spec-type", "none"]
+    assert check_llamacpp_args("--log-file /var/log/llama.txt", trusted=True)[0] == "--log-file"
+    with pytest.raises(ValueError, match="Lemonade sets -m itself"):
+        check_llamacpp_args("-m other.gguf", trusted=True)
+
+
+def test_allow_list_is_known_to_the_pinned_llama_server(llama_backend):
+    binary = llama_backend / "llama-server"
+    known = installed_flags(binary)
+    assert "--threads" in known and "-kvo" in known and "--no-kv-offload" in known  # aliases on one help line
+    assert sorted(SAFE_FLAGS - known) == []
+    assert unknown_flags(["--no-mmap", "--threads", "2", "-1"], binary) == ["--no-mmap"]

@@ -223,6 +223,20 @@ def test_offline_load_of_a_missing_backend_says_what_to_run(make_server, tmp_pat
     assert "fasterwhisper:cpu" in err["message"] and "lemonade backends install fasterwhisper:cpu" in err["message"]
 
 
+def test_offline_install_answers_at_once(make_server):
+    """offline: /v1/install never reaches for the network (nor builds for minutes): 400 at once; an
+    installed backend is still a no-op success."""
+    srv = make_server(engines=("llamacpp",), config={"offline": True})
+    with srv.client() as c:
+        resp = c.post("/v1/install", json={"recipe": "fasterwhisper", "backend": "cpu"})
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "lemond_offline", resp.text
+        assert "offline=false" in resp.json()["error"]["message"]
+        assert c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cpu"}).status_code == 200
+        forced = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cpu", "force": True})
+        assert forced.status_code == 400 and forced.json()["error"]["code"] == "lemond_offline"
+    assert not (srv.cache / "backends" / "fasterwhisper").exists()
+
+
 def test_per_type_limits_map(make_server, gemma_dir, tmp_path):
     """`max_loaded_models` as a map: two LLMs may stay loaded while other types keep one slot."""
     extra = tmp_path / "two"

@@ -109,12 +109,16 @@ def test_config_get_set_persists_and_applies(make_server):
         assert cfg["port"] == srv.port and cfg["max_loaded_models"] == 1 and cfg["ctx_size"] == -1
         assert set(cfg["llamacpp"]) >= {"backend", "args", "prefer_system"}
         assert set(cfg["sdcpp"]) >= {"backend", "args", "steps", "cfg_scale", "width", "height"}
+        # The spec's example flag is one the pinned llama-server no longer has: refused, nothing saved.
         resp = c.post("/internal/set", json={"max_loaded_models": 3, "llamacpp": {"args": "--no-mmap"}})
+        assert resp.status_code == 400 and "'--no-mmap'" in resp.json()["error"]["message"], resp.text
+        assert not (srv.cache / "config.json").exists() or "no-mmap" not in (srv.cache / "config.json").read_text()
+        resp = c.post("/internal/set", json={"max_loaded_models": 3, "llamacpp": {"args": "--threads 2"}})
         assert resp.status_code == 200, resp.text
         on_disk = json.loads((srv.cache / "config.json").read_text())
-        assert on_disk == {"max_loaded_models": 3, "llamacpp": {"args": "--no-mmap"}}
+        assert on_disk == {"max_loaded_models": 3, "llamacpp": {"args": "--threads 2"}}
         assert c.get("/v1/health").json()["max_models"]["llm"] == 3  # applied live
-        assert c.get("/internal/config").json()["llamacpp"]["args"] == "--no-mmap"
+        assert c.get("/internal/config").json()["llamacpp"]["args"] == "--threads 2"
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -219,6 +223,26 @@ def test_api_key_guards_every_api_route(make_server):
         assert json.loads(ws.recv(timeout=5))["type"] == "logs.snapshot"
 
 
+def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
+    """Browsers cannot set Authorization on a WebSocket: the key rides in Sec-WebSocket-Protocol
+    (OpenAI's `openai-insecure-api-key.<KEY>`), and the chosen subprotocol is echoed. Log lines show
+    filesystem paths only to admins."""
+    srv = make_server(env={"LEMONADE_API_KEY": "sekret", "LEMONADE_ADMIN_API_KEY": "admin"})
+    url = srv.url.replace("http", "ws") + "/logs/stream"
+
+    def first_lines(key: str) -> str:
+        with ws_client.connect(url, subprotocols=["lemonade-logs", f"openai-insecure-api-key.{key}"]) as ws:
+            assert ws.subprotocol == "lemonade-logs"
+            ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+            return json.dumps(json.loads(ws.recv(timeout=5))["entries"])
+
+    with pytest.raises(websockets.exceptions.InvalidStatus):
+        first_lines("wrong")
+    user_view, admin_view = first_lines("sekret"), first_lines("admin")
+    assert "cache dir <cache>" in user_view and str(srv.cache) not in user_view
+    assert f"cache dir {srv.cache}" in admin_view
+
+
 def test_admin_key_alone_leaves_api_open_and_metrics_open(make_server):
     srv = make_server(env={"LEMONADE_ADMIN_API_KEY": "admin"})
     with srv.client() as c:
@@ -228,12 +252,62 @@ def test_admin_key_alone_leaves_api_open_and_metrics_open(make_server):
         assert c.get("/internal/config", headers={"Authorization": "Bearer admin"}).status_code == 200
 
 
-def test_cors_allows_browser_apps(server):
+@pytest.mark.parametrize(("origin", "allowed"), [
+    ("http://localhost:5173", True), ("http://127.0.0.1:3000", True), ("http://[::1]:8080", True),
+    ("http://app.localhost", True), ("vscode-webview://1234", True), ("app://.", True), ("file://", True),
+    ("https://evil.example", False), ("http://localhost.evil.example", False), ("null", False),
+])
+def test_origin_policy(server, origin, allowed):
+    """guide-configuration-README.md "Allowed Origins": loopback pages and desktop apps, nothing else."""
     with server.client() as c:
-        resp = c.options("/v1/models", headers={"Origin": "http://localhost:5173",
-                                                "Access-Control-Request-Method": "GET"})
-    assert resp.status_code == 200
-    assert resp.headers["access-control-allow-origin"] in ("*", "http://localhost:5173")
+        preflight = c.options("/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,authorization"})
+        call = c.get("/v1/models", headers={"Origin": origin})
+    if allowed:
+        assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == origin
+        assert "authorization" in preflight.headers["access-control-allow-headers"]
+        assert call.status_code == 200 and call.headers["access-control-allow-origin"] == origin
+    else:
+        assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
+        assert call.status_code == 403 and "LEMONADE_ALLOWED_ORIGINS" in call.json()["error"]["message"]
+        assert "access-control-allow-origin" not in call.headers
+
+
+def test_foreign_pages_cannot_drive_the_server(server):
+    """A cross-site "simple" request (text/plain, no preflight) is refused, and even an allowed page's
+    text/plain body is not read as JSON; curl-style bodies from non-browsers still are."""
+    body = json.dumps({"model_name": "No-Such-Model"})
+    with server.client() as c:
+        foreign = c.post("/v1/load", content=body, headers={"Origin": "https://evil.example",
+                                                            "Content-Type": "text/plain"})
+        assert foreign.status_code == 403
+        page = c.post("/v1/load", content=body, headers={"Origin": "http://localhost:3000",
+                                                         "Content-Type": "text/plain"})
+        assert page.status_code == 400 and page.json()["error"]["code"] == "invalid_json"
+        curl = c.post("/v1/load", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert curl.status_code == 404  # read as JSON: the model name was understood
+        # DNS rebinding: the browser thinks evil.example is same-origin, but it sends its own Host.
+        rebound = c.get("/v1/models", headers={"Host": f"evil.example:{server.port}"})
+        assert rebound.status_code == 403 and "DNS rebinding" in rebound.json()["error"]["message"]
+        assert c.get("/v1/models", headers={"Host": f"localhost:{server.port}"}).status_code == 200
+
+
+def test_allowed_origins_widen_the_list_and_apply_to_websockets(make_server):
+    srv = make_server(env={"LEMONADE_ALLOWED_ORIGINS": "https://app.example.com, null"})
+    with srv.client() as c:
+        for origin, status in (("https://app.example.com", 200), ("null", 200), ("https://evil.example", 403)):
+            assert c.get("/v1/models", headers={"Origin": origin}).status_code == status, origin
+        # The listed origin's host is a served name too (a reverse proxy in front of the server).
+        assert c.get("/v1/models", headers={"Host": "app.example.com"}).status_code == 200
+    url = srv.url.replace("http", "ws") + "/logs/stream"
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:  # no cross-site WebSocket hijacking
+        with ws_client.connect(url, origin="https://evil.example"):
+            pass
+    assert refused.value.response.status_code == 403
+    with ws_client.connect(url, origin="https://app.example.com") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "logs.snapshot"
 
 
 # ----- logs ------------------------------------------------------------------------------------

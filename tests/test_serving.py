@@ -207,8 +207,10 @@ def test_tokenize_and_slots(server, client):
         assert c.post("/v1/tokenize", json={}).status_code == 400
         slots = c.get("/v1/slots").json()
         assert isinstance(slots, list) and "n_ctx" in slots[0]
-        resp = c.post("/v1/slots/0?action=erase")  # llama-server needs --slot-save-path; its status is relayed
-        assert resp.status_code == 501 and "--slot-save-path" in resp.json()["error"]["message"]
+        resp = c.post("/v1/slots/0?action=erase")  # works: every engine gets a slot folder of ours
+        assert resp.status_code == 200 and resp.json()["id_slot"] == 0, resp.text
+        traversal = c.post("/v1/slots/0?action=save", json={"filename": "../escape.bin"})
+        assert traversal.status_code == 400, traversal.text  # the engine refuses paths in file names
         assert c.post("/v1/slots/0?action=nope").status_code == 400
         assert c.post("/v1/slots/0").status_code == 400
         assert c.post("/v1/slots/99999999999?action=erase").status_code == 400
@@ -216,13 +218,13 @@ def test_tokenize_and_slots(server, client):
 
 
 def test_slot_save_restore(make_server, gemma_dir, tmp_path):
-    saves = tmp_path / "slots"
-    saves.mkdir()
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    saves = srv.cache / "slots" / GEMMA_NAME  # ours: a request cannot point the engine at a folder
     with srv.client() as c:
         assert c.post("/v1/slots/0?action=erase").status_code == 400  # no model loaded yet
-        assert c.post("/v1/load", json={"model_name": GEMMA_NAME,
-                                        "llamacpp_args": f"--slot-save-path {saves} -np 1"}).status_code == 200
+        refused = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": f"--slot-save-path {tmp_path}"})
+        assert refused.status_code == 400 and "'--slot-save-path'" in refused.json()["error"]["message"]
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": "-np 1"}).status_code == 200
         c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 2})
         saved = c.post("/v1/slots/0?action=save", json={"filename": "conv.bin"})
         assert saved.status_code == 200, saved.text
@@ -596,3 +598,16 @@ def test_model_of_an_unavailable_engine_is_refused_before_any_download(make_serv
     with srv.client() as c:
         resp = c.post("/v1/load", json={"model_name": "Whisper-Tiny"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_load_refused"
+
+
+def test_paths_of_the_users_files_only_when_asked(server):
+    """An extra-dir model's absolute path names the user's folders: by file name unless include_paths."""
+    with httpx.Client(base_url=server.url) as c:
+        plain = c.get(f"/v1/models/{GEMMA_NAME}").json()
+        assert plain["checkpoint"] == "gemma-3-270m-q4_k_m.gguf"
+        listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+        assert listed[GEMMA_NAME]["checkpoint"] == "gemma-3-270m-q4_k_m.gguf"
+        full = c.get(f"/v1/models/{GEMMA_NAME}?include_paths=true").json()["checkpoint"]
+        assert os.path.isabs(full) and full.endswith("gemma-3-270m-q4_k_m.gguf")
+        show = c.post("/api/show", json={"model": GEMMA_NAME}).json()
+        assert "FROM gemma-3-270m-q4_k_m.gguf" in show["modelfile"] and full not in json.dumps(show)

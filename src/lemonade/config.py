@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
 MODEL_SOURCES = ("huggingface", "modelscope")
+MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
 LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")
 
 
@@ -124,7 +125,9 @@ def _validate_type_map(key: str, value: dict[str, Any]) -> dict[str, int]:
 def _check_range(key: str, value: Any) -> None:
     if key == "port" and not 1 <= value <= 65535:
         raise ConfigError(f"Config key 'port' must be between 1 and 65535, got {value}")
-    if key in ("ctx_size", "max_loaded_models") and value != -1 and value < 1:
+    if key == "ctx_size" and value != -1 and not 1 <= value <= MAX_CTX_SIZE:
+        raise ConfigError(f"Config key 'ctx_size' must be from 1 to {MAX_CTX_SIZE} tokens, or -1; got {value}")
+    if key == "max_loaded_models" and value != -1 and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer or -1, got {value}")
     if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds") and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer, got {value}")
@@ -220,6 +223,12 @@ class Config:
         if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
             self._overrides["offline"] = True
         self._listeners: list[Any] = []
+        self._checks: dict[str, Any] = {}
+
+    def add_check(self, key: str, check: Any) -> None:
+        """A check that needs more than the schema (e.g. engine flags against the installed binary):
+        `check(value)` raises ConfigError; `set` runs it before anything is written."""
+        self._checks[key] = check
 
     def _load_file(self) -> dict[str, Any]:
         raw = read_json(self.path, {})
@@ -254,6 +263,9 @@ class Config:
     def set(self, updates: dict[str, Any]) -> dict[str, Any]:
         """Validate all, then persist atomically and notify listeners. Nothing is written on error."""
         flat = validate_tree(updates)
+        for key, value in flat.items():
+            if key in self._checks:
+                self._checks[key](value)
         with self._lock:
             new_file = copy.deepcopy(self._file)
             for key, value in flat.items():

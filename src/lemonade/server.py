@@ -45,7 +45,8 @@ def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None
     config = Config(cache, cli_overrides)
     logs = setup_logging(config.get("log_level"))
     services = Services(cache, config, logs, api_key=os.environ.get("LEMONADE_API_KEY") or None,
-                        admin_key=os.environ.get("LEMONADE_ADMIN_API_KEY") or None)
+                        admin_key=os.environ.get("LEMONADE_ADMIN_API_KEY") or None,
+                        allowed_origins=os.environ.get("LEMONADE_ALLOWED_ORIGINS") or None)
     return config, services, create_app(services)
 
 

@@ -6,15 +6,17 @@ No module keeps global state; tests can build several of these side by side.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
 
+from lemonade.backends.engine import Engine
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
-from lemonade.config import Config
+from lemonade.config import Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.model_info import ModelInfo
@@ -36,12 +38,13 @@ ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "
 
 class Services:
     def __init__(self, cache_dir: Path, config: Config, logs: LogBuffer, *, api_key: str | None = None,
-                 admin_key: str | None = None) -> None:
+                 admin_key: str | None = None, allowed_origins: str | None = None) -> None:
         self.cache_dir = Path(cache_dir)
         self.config = config
         self.logs = logs
         self.api_key = api_key
         self.admin_key = admin_key
+        self.allowed_origins = allowed_origins  # LEMONADE_ALLOWED_ORIGINS (api/origins.py)
         values = config.values
         self.catalog = Catalog(self.cache_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)
@@ -60,6 +63,19 @@ class Services:
         self._engine_http: aiohttp.ClientSession | None = None
         self.proxy = Proxy(self.router, self.engine_http, self.options, self.stats, self.metrics)
         config.on_change(self._config_changed)
+        for engine in self.engines:
+            if engine.args_option and engine.available:
+                config.add_check(engine.options[engine.args_option].config_key, self._args_check(engine))
+
+    @staticmethod
+    def _args_check(engine: Engine) -> Callable[[str], None]:
+        """The server-wide `*.args` is the admin's: any flag but ours, if the installed engine knows it."""
+        def check(value: str) -> None:
+            try:
+                engine.check_args(value, trusted=True)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        return check
 
     async def start(self) -> None:
         """Startup work that needs the event loop: download jobs and the update check."""

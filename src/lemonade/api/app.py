@@ -12,7 +12,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.middleware.cors import CORSMiddleware
 
 from lemonade import __version__
 from lemonade.api import internal
@@ -26,6 +25,7 @@ from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, Metr
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
+from lemonade.api.origins import OriginGuard, OriginPolicy
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -86,7 +86,7 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(DefaultJSONContentType)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
     app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)
-    # CORS outermost, so browser apps get the headers even on a 401.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
-                       expose_headers=["*"])
+    # Origins outermost: a foreign page is refused before anything runs, allowed pages get CORS
+    # headers even on a 401.
+    app.add_middleware(OriginGuard, policy=OriginPolicy(services.allowed_origins))
     return app

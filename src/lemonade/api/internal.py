@@ -23,7 +23,7 @@ async def get_config(request: Request) -> dict[str, Any]:
 
 @router.post("/set")
 async def set_config(request: Request, body: dict[str, Any] = Body(..., examples=[
-        {"max_loaded_models": 2, "llamacpp": {"args": "--no-mmap"}}])) -> dict[str, Any]:
+        {"max_loaded_models": 2, "llamacpp": {"args": "--threads 4"}}])) -> dict[str, Any]:
     svc: Services = request.app.state.services
     if not isinstance(body, dict):
         raise APIError(400, "Request body must be a JSON object of settings", code="invalid_json")

@@ -21,30 +21,56 @@ ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitabl
 OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico")
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
             return value.decode("latin-1")
     return None
 
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers, which cannot set headers on a WebSocket, send a key
+
+
+def subprotocols(scope: Scope) -> list[str]:
+    return [p.strip() for p in (header(scope, b"sec-websocket-protocol") or "").split(",") if p.strip()]
+
+
 def presented_key(scope: Scope) -> str | None:
-    """The key a client sent: `Authorization: Bearer`, Anthropic's `x-api-key`, or WS `?api_key=`."""
-    auth = _header(scope, b"authorization")
+    """The key a client sent: `Authorization: Bearer`, Anthropic's `x-api-key`, or on a WebSocket
+    `?api_key=` or the `openai-insecure-api-key.<KEY>` subprotocol (OpenAI's browser clients)."""
+    auth = header(scope, b"authorization")
     if auth and auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    api_key = _header(scope, b"x-api-key")
+    api_key = header(scope, b"x-api-key")
     if api_key:
         return api_key.strip()
     if scope["type"] == "websocket":
         query = parse_qs(scope.get("query_string", b"").decode())
         if "api_key" in query:
             return query["api_key"][0]
+        for proto in subprotocols(scope):
+            if proto.startswith(KEY_SUBPROTOCOL):
+                return proto[len(KEY_SUBPROTOCOL):]
     return None
+
+
+def chosen_subprotocol(scope: Scope) -> str | None:
+    """The subprotocol to accept a WebSocket with: a browser that offered some fails the handshake
+    when none is chosen. The first one that is not a key carrier, else the key carrier itself."""
+    offered = subprotocols(scope)
+    plain = [p for p in offered if not p.startswith(KEY_SUBPROTOCOL)]
+    return (plain or offered or [None])[0]
 
 
 def _matches(given: str | None, *keys: str | None) -> bool:
     return given is not None and any(k and hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+
+
+def is_admin(scope: Scope, api_key: str | None, admin_key: str | None) -> bool:
+    """Whether the client may use `/internal/*` (and so may see filesystem paths): the admin key,
+    or the API key when no admin key is set, or anyone when the server has no key at all."""
+    required = admin_key or api_key
+    return required is None or _matches(presented_key(scope), required)
 
 
 class AuthMiddleware:
@@ -67,8 +93,7 @@ class AuthMiddleware:
             return True
         given = presented_key(scope)
         if path.startswith("/internal"):
-            required = self.admin_key or self.api_key
-            return required is None or _matches(given, self.admin_key or self.api_key)
+            return is_admin(scope, self.api_key, self.admin_key)
         if self.api_key is None:
             return True
         return _matches(given, self.api_key, self.admin_key)
@@ -141,7 +166,8 @@ class MetricsMiddleware:
 
 
 class DefaultJSONContentType:
-    """Treat a POST body without a JSON content type (e.g. `curl -d '{...}'`) as JSON.
+    """Treat a POST body without a JSON content type (e.g. `curl -d '{...}'`) as JSON, for clients
+    that are not browsers.
 
     llama-server and Lemonade accept such requests, and the spec's curl examples rely on it;
     multipart uploads keep their own content type.
@@ -151,8 +177,11 @@ class DefaultJSONContentType:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
-            ctype = _header(scope, b"content-type")
+        # Browsers (they send Origin) keep their content type: read as JSON, a cross-site "simple"
+        # text/plain POST would pass without a CORS preflight.
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH") \
+                and header(scope, b"origin") is None:
+            ctype = header(scope, b"content-type")
             if ctype is None or ctype.startswith(("application/x-www-form-urlencoded", "text/plain")):
                 headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                 scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])

@@ -96,17 +96,21 @@ def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], b
         argv = shlex.split(text)
     except ValueError as exc:
         raise ValueError(f"Cannot parse arguments '{text}': {exc}") from None
-    for token in argv:
-        if not token.startswith("-") or _is_number(token):
-            continue
-        flag = token.split("=", 1)[0]
+    for flag in flags_of(argv):
         if flag in forbidden:
             raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: Lemonade sets "
                              f"{forbidden[flag]} itself. Use the load options instead (e.g. ctx_size).")
         if allowed is not None and not allowed(flag):
-            raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: it is not on the list of "
-                             "engine flags that are safe to pass from a request.")
+            raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: only engine flags that touch "
+                             "neither files nor the network may be set per model or per request (threads, batch "
+                             "sizes, cache types, sampling, ...). An admin can set other flags server-wide in the "
+                             "engine's config (e.g. llamacpp.args).")
     return argv
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    """The flag tokens of an argument list (values, negative numbers included, are skipped)."""
+    return [t.split("=", 1)[0] for t in argv if t.startswith("-") and not _is_number(t)]
 
 
 def _is_number(token: str) -> bool:
@@ -183,8 +187,10 @@ class Engine(ABC):
         return self.state(backend).state in ("installable", "update_required")
 
     # ----- options -----------------------------------------------------------------------------------
-    def check_args(self, text: str) -> list[str]:
-        """User `*_args` as argv; ValueError naming a refused flag."""
+    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
+        """`*_args` as argv; ValueError naming a refused flag. `trusted`: the admin's server-wide
+        setting (request and per-model values get the engine's allow-list); `backend`: also check
+        against that installed backend's binary, where the engine can."""
         return check_flags(text, {})
 
     # ----- running a model ---------------------------------------------------------------------------

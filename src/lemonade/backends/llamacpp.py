@@ -8,6 +8,7 @@ into a `llama-server` command line.
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 from importlib import resources
 from pathlib import Path
@@ -23,11 +24,12 @@ from lemonade.backends.engine import (
     Launch,
     Option,
     Progress,
-    check_flags,
     install_action,
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
+from lemonade.backends.llamacpp_flags import EngineArgsError, check_llamacpp_args, unknown_flags
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
+from lemonade.config import MAX_CTX_SIZE
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -76,11 +78,15 @@ def device_args(backend: str, device: str) -> list[str]:
 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
-               port: int, backend: str = "cpu") -> list[str]:
+               port: int, backend: str = "cpu", slot_dir: Path | None = None) -> list[str]:
+    """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
+    llama-server refuses file names with a path in them)."""
     main = files["main"][0]
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
             "--ctx-size", str(resolved_ctx_size(options.get("ctx_size", -1), main)),
             "--alias", model.name, "--metrics", "--slots", "--no-webui"]
+    if slot_dir is not None:
+        argv += ["--slot-save-path", str(slot_dir)]
     if model.mode == "embeddings":
         argv.append("--embeddings")
     elif model.mode == "reranking":
@@ -96,7 +102,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
     argv += device_args(backend, str(options.get("llamacpp_device") or ""))
-    user_args = check_llamacpp_args(options.get("llamacpp_args", ""))
+    user_args = check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True)  # checked when set
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
     return argv + user_args
@@ -106,22 +112,9 @@ def describe_command(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-# Flags Lemonade sets itself; a user value would fight ours (lemonade.md, POST /v1/load).
-FORBIDDEN_FLAGS = {
-    "-m": "-m", "--model": "-m", "--port": "--port", "--host": "--host", "-c": "--ctx-size",
-    "--ctx-size": "--ctx-size", "-ngl": "-ngl", "--n-gpu-layers": "-ngl", "--gpu-layers": "-ngl",
-    "--jinja": "--jinja", "--mmproj": "--mmproj", "-mm": "--mmproj", "--embeddings": "--embeddings",
-    "--embedding": "--embeddings", "--reranking": "--reranking", "--rerank": "--reranking",
-}
-
-
-def check_llamacpp_args(text: str) -> list[str]:
-    return check_flags(text, FORBIDDEN_FLAGS)
-
-
 def _check_ctx(value: int) -> str | None:
-    if value != -1 and value < 1:
-        return f"Option 'ctx_size' must be a positive integer or -1 (automatic), got {value}"
+    if value != -1 and not 1 <= value <= MAX_CTX_SIZE:
+        return f"Option 'ctx_size' must be from 1 to {MAX_CTX_SIZE} tokens, or -1 (automatic); got {value}"
     return None
 
 
@@ -177,8 +170,21 @@ class LlamaCppEngine(Engine):
     def default_backend(self) -> str:
         return self.installer.default_backend()
 
-    def check_args(self, text: str) -> list[str]:
-        return check_llamacpp_args(text)
+    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
+        argv = check_llamacpp_args(text, trusted=trusted)
+        binary = self.installer.llama_server_path(backend or self.default_backend())
+        if binary is not None:
+            self._refuse_unknown_flags(argv, binary, backend or self.default_backend())
+        return argv
+
+    @staticmethod
+    def _refuse_unknown_flags(argv: list[str], binary: Path, backend: str) -> None:
+        unknown = unknown_flags(argv, binary)
+        if unknown:
+            raise EngineArgsError(f"The installed llama-server ({backend} backend, {binary}) does not know "
+                                  f"{', '.join(repr(f) for f in unknown)}: remove it from llamacpp_args (the "
+                                  "model's options or this request) or from the server-wide llamacpp.args. "
+                                  "`llama-server --help` lists the flags this build takes.")
 
     def ready_backend(self, requested: str) -> str:
         """`llamacpp.prefer_system` picks a llama-server on PATH over the requested backend."""
@@ -200,7 +206,14 @@ class LlamaCppEngine(Engine):
             raise EngineUnavailable(f"The llama.cpp '{backend}' backend is not installed ({st.message}). Install it "
                                     f"with: {st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
-        argv = build_argv(binary, model, files, options, port, backend)
+        slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
+        slot_dir.mkdir(parents=True, exist_ok=True)
+        argv = build_argv(binary, model, files, options, port, backend, slot_dir)
+        try:
+            self._refuse_unknown_flags(check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True), binary,
+                                       backend)
+        except EngineArgsError as exc:
+            raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
         resolved = dict(options)
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])

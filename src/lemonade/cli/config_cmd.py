@@ -84,7 +84,7 @@ def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.
 
 @config_app.command("set", no_args_is_help=True)
 def set_(assignments: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs, e.g. max_loaded_models=2 "
-                                                               "llamacpp.args=\"--no-mmap\"")],
+                                                               "llamacpp.args=\"--threads 4\"")],
          host: HostOpt = None, port: PortOpt = None) -> None:
     """Change settings; all are validated first, and nothing is written if one is refused."""
     try:

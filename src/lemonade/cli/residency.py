@@ -13,7 +13,7 @@ from lemonade.cli.progress import ProgressView
 
 CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic")]
 ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
-                                                                     "\"--no-mmap --threads 2\"")]
+                                                                     "\"--threads 2 -np 2\"")]
 BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend", help="llama.cpp backend: cpu or system")]
 
 

@@ -9,6 +9,7 @@ backend argument building all go through `resolve()`.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from lemonade.backends.registry import all_option_names, args_options, recipe_mo
 from lemonade.config import Config
 from lemonade.util.atomic import atomic_write_json, read_json
 
+log = logging.getLogger("lemonade.options")
 UNSET = object()  # "not in the request" as opposed to an explicit null
 
 
@@ -145,7 +147,7 @@ class RecipeOptions:
                 saved: dict[str, Any] | None = None) -> dict[str, Any]:
         """The effective options: request > saved > config > defaults, args merged per merge_args."""
         request = request or {}
-        saved = self.saved(model_name) if saved is None else saved
+        saved = self._usable(model_name, recipe, self.saved(model_name) if saved is None else saved)
         effective = self.defaults(recipe)
         for key in effective:
             if key in request and request[key] is not None:
@@ -159,6 +161,21 @@ class RecipeOptions:
                 if model_args != global_args:
                     effective[args_key] = merge_args(global_args, model_args)
         return effective
+
+    @staticmethod
+    def _usable(model_name: str, recipe: str, saved: dict[str, Any]) -> dict[str, Any]:
+        """Saved values that pass today's checks. An entry written before a check existed (say, a
+        `llamacpp_args` flag that is no longer allowed) is skipped with a warning, not used."""
+        out: dict[str, Any] = {}
+        for key, value in saved.items():
+            try:
+                if key != "pinned":  # stored next to the options, not one of them
+                    validate_option(recipe, key, value)
+            except OptionsError as exc:
+                log.warning("Ignoring the saved option %s of %s: %s", key, model_name, exc)
+                continue
+            out[key] = value
+        return out
 
     def save_from_load(self, model_name: str, request: dict[str, Any], pinned: bool | None) -> None:
         """`save_options: true` on /v1/load: replace the entry; a null keeps the old value."""

@@ -72,6 +72,11 @@ def _engine(svc: Services, body: UninstallRequest) -> Engine:
 async def install(request: Request, body: InstallRequest) -> Any:
     svc: Services = request.app.state.services
     engine = _engine(svc, body)
+    if svc.offline and (body.force or engine.needs_install(body.backend)):
+        raise APIError(400, f"Lemonade is in offline mode (offline=true in config, LEMONADE_OFFLINE=1 or "
+                       f"HF_HUB_OFFLINE=1), so it does not download or build the {body.recipe}:{body.backend} "
+                       "backend. Turn offline mode off (lemonade config set offline=false) and install again.",
+                       code="lemond_offline")
     if not body.stream:
         try:
             result = await asyncio.to_thread(engine.install, body.backend, None, body.force)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from lemonade.api.middleware import chosen_subprotocol, is_admin
 from lemonade.observability.logs import LogEntry
+from lemonade.services import Services
 
 router = APIRouter(tags=["logs"])
 
@@ -29,10 +34,30 @@ def _parse_subscribe(text: str) -> tuple[int | None, str | None]:
     return after, None
 
 
+def path_redactor(svc: Services) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Log entries with this machine's paths (cache dir, model dirs, home) shown as placeholders, for
+    readers without admin rights: engine command lines and errors name files there."""
+    values = svc.config.values
+    places = [(str(svc.cache_dir), "<cache>"), (values.get("extra_models_dir") or "", "<extra_models_dir>"),
+              (values.get("models_dir") or "", "<models_dir>"), (sys.prefix, "<python>"), (str(Path.home()), "~")]
+    places = sorted(((str(Path(p).expanduser()), name) for p, name in places if p and p != "/"),
+                    key=lambda item: -len(item[0]))
+
+    def redact(entry: dict[str, Any]) -> dict[str, Any]:
+        line = entry["line"]
+        for path, name in places:
+            line = line.replace(path, name)
+        return {**entry, "line": line}
+
+    return redact
+
+
 @router.websocket("/logs/stream")
 async def logs_stream(ws: WebSocket) -> None:
-    await ws.accept()
-    logs = ws.app.state.services.logs
+    svc: Services = ws.app.state.services
+    await ws.accept(subprotocol=chosen_subprotocol(ws.scope))
+    show = (lambda entry: entry) if is_admin(ws.scope, svc.api_key, svc.admin_key) else path_redactor(svc)
+    logs = svc.logs
     queue: asyncio.Queue[LogEntry] | None = None
     sender: asyncio.Task[None] | None = None
     try:
@@ -47,9 +72,9 @@ async def logs_stream(ws: WebSocket) -> None:
             # Subscribe before the snapshot, and skip anything the snapshot already covered.
             queue = logs.subscribe()
             entries = logs.snapshot(after)
-            await ws.send_json({"type": "logs.snapshot", "entries": entries})
+            await ws.send_json({"type": "logs.snapshot", "entries": [show(e) for e in entries]})
             last = entries[-1]["seq"] if entries else (after or 0)
-            sender = asyncio.create_task(_forward(ws, queue, last))
+            sender = asyncio.create_task(_forward(ws, queue, last, show))
     except WebSocketDisconnect:
         pass
     finally:
@@ -61,10 +86,11 @@ async def logs_stream(ws: WebSocket) -> None:
             logs.unsubscribe(queue)
 
 
-async def _forward(ws: WebSocket, queue: asyncio.Queue[LogEntry], last_seq: int) -> None:
+async def _forward(ws: WebSocket, queue: asyncio.Queue[LogEntry], last_seq: int,
+                   show: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     while True:
         entry = await queue.get()
         if entry.seq <= last_seq:
             continue
         last_seq = entry.seq
-        await ws.send_json({"type": "logs.entry", "entry": asdict(entry)})
+        await ws.send_json({"type": "logs.entry", "entry": show(asdict(entry))})

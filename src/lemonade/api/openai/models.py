@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -10,9 +10,19 @@ from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
+IncludePaths = Annotated[bool, Query(description="Show extra-dir files by absolute path (privacy-sensitive)")]
 
 
-def model_object(svc: Services, model: ModelInfo, with_components: bool = False) -> dict[str, Any]:
+def shown_checkpoint(model: ModelInfo, include_paths: bool = False) -> str:
+    """A model's checkpoint as clients see it. A file of the extra models dir goes by its file name:
+    its absolute path names the user's folders, so it is shown only when asked (`include_paths`)."""
+    if include_paths or model.local_files is None or not model.local_files.get("main"):
+        return model.checkpoint
+    return model.local_files["main"][0].name
+
+
+def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
+                 include_paths: bool = False) -> dict[str, Any]:
     files = svc.catalog.local_files(model) if not model.is_collection else None
     downloaded = files is not None if not model.is_collection else svc.catalog.is_downloaded(model)
     obj: dict[str, Any] = {
@@ -20,7 +30,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False)
         "created": model.created,
         "object": "model",
         "owned_by": "lemonade",
-        "checkpoint": model.checkpoint,
+        "checkpoint": shown_checkpoint(model, include_paths),
         "recipe": model.recipe,
     }
     if model.size is not None:
@@ -48,21 +58,23 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False)
 
 @router.get("/models")
 async def list_models(request: Request, show_all: bool = Query(False, description="Include models that are not "
-                                                                                   "downloaded")) -> dict[str, Any]:
+                                                                                   "downloaded"),
+                      include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
     data = []
     for model in svc.catalog.all():
-        obj = model_object(svc, model)
+        obj = model_object(svc, model, include_paths=include_paths)
         if show_all or obj["downloaded"]:
             data.append(obj)
     return {"object": "list", "data": data}
 
 
 @router.get("/models/{model_id}")
-async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+async def get_model(request: Request, model_id: str,
+                    include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = svc.resolve(model_id)
-    obj = model_object(svc, model, with_components=True)
+    obj = model_object(svc, model, with_components=True, include_paths=include_paths)
     saved = svc.options.saved(model.name)
     if saved:
         obj["recipe_options"] = saved
