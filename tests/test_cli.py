@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -424,3 +425,44 @@ def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
         assert proc.returncode == 1 and "extra models dir" in proc.stderr, proc.stderr
     elif args[0] != "check-updates":  # (offline-free servers may answer either way; reaching it is the point)
         assert proc.returncode != 0 and "No-Such-Model-GGUF" in proc.stderr, proc.stderr
+
+
+# ----- pinning and what health shows ----------------------------------------------------------------
+
+def test_pin_unpin_survives_a_crash_and_launch_command_paths_are_for_admins(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_API_KEY": "user",
+                           "LEMONADE_ADMIN_API_KEY": "admin"})
+    env = cli_env(srv.cache, srv.url, LEMONADE_ADMIN_API_KEY="admin")
+    user, admin = {"Authorization": "Bearer user"}, {"Authorization": "Bearer admin"}
+
+    def loaded(headers: dict[str, str]) -> dict:
+        with srv.client(headers=headers) as c:
+            return c.get("/v1/health").json()["all_models_loaded"][0]
+
+    with srv.client(headers=admin) as c:
+        gone = c.post("/internal/pin", json={"model_name": GEMMA_NAME})
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_loaded"
+        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": "yes"}).status_code == 400
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME}).status_code == 200
+    with srv.client(headers=user) as c:
+        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME}).status_code == 401  # admin only
+    assert "Pinned" in ok(lemonade("pin", GEMMA_NAME, env=env)).stdout
+    assert loaded(user)["pinned"] is True
+    # An engine that dies keeps its pin when the next request starts it again.
+    os.kill(loaded(admin)["pid"], signal.SIGKILL)
+    with srv.client(headers=user) as c:
+        for _ in range(100):
+            if not c.get("/v1/health").json()["all_models_loaded"]:
+                break
+            time.sleep(0.1)
+        chat = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "Hi"}]})
+        assert chat.status_code == 200, chat.text
+    assert loaded(user)["pinned"] is True
+    assert "Unpinned" in ok(lemonade("unpin", GEMMA_NAME, env=env)).stdout
+    assert loaded(user)["pinned"] is False
+    # launch_command is the argv; only an admin sees this machine's paths in it.
+    for_admin, for_user = loaded(admin)["launch_command"], loaded(user)["launch_command"]
+    assert for_admin[0].endswith("llama-server") and str(srv.cache) in for_admin[0] and "--port" in for_admin
+    assert for_user[0].startswith("<cache>/") and not any(str(srv.cache) in arg for arg in for_user)
+    assert len(for_user) == len(for_admin)

@@ -31,6 +31,14 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
+
+def listed_names(client: ollama.Client) -> set[str]:
+    return {m.model.removesuffix(":latest") for m in client.list().models}
+
+
+def running_names(client: ollama.Client) -> set[str]:
+    return {m.model.removesuffix(":latest") for m in client.ps().models}
+
 def weather_history() -> list[dict]:
     """Three worked tool-call rounds, then a new question: the base model continues the pattern."""
     history: list[dict] = []
@@ -85,7 +93,9 @@ def test_version(client: ollama.Client, server: Server) -> None:
 
 
 def test_list_shows_downloaded_models_with_gguf_details(client: ollama.Client) -> None:
-    models = {m.model: m for m in client.list().models}
+    listed = client.list().models
+    assert all(m.model.endswith(":latest") for m in listed)  # as Ollama lists them
+    models = {m.model.removesuffix(":latest"): m for m in listed}
     assert GEMMA_NAME in models and EMBED in models
     gemma = models[GEMMA_NAME]
     assert gemma.size > 100_000_000 and gemma.modified_at is not None and len(gemma.digest) == 64
@@ -120,7 +130,7 @@ def test_chat_maps_options_and_reports_timings(client: ollama.Client) -> None:
     check_durations(resp)
     assert resp.load_duration > 0  # this request loaded the model
     assert resp.eval_count <= 8
-    running = {m.model: m for m in client.ps().models}
+    running = {m.model.removesuffix(":latest"): m for m in client.ps().models}
     assert running[GEMMA_NAME].context_length == 2048
     assert running[GEMMA_NAME].details.family == "gemma3" and running[GEMMA_NAME].expires_at is not None
 
@@ -185,10 +195,10 @@ def test_images_reach_the_model_or_are_refused_with_400(client: ollama.Client) -
 def test_empty_chat_loads_and_keep_alive_zero_unloads(client: ollama.Client) -> None:
     resp = client.chat(model=GEMMA_NAME, messages=[])
     assert resp.done is True and resp.done_reason == "load"
-    assert GEMMA_NAME in {m.model for m in client.ps().models}
+    assert GEMMA_NAME in running_names(client)
     resp = client.generate(model=GEMMA_NAME, prompt="", keep_alive=0)
     assert resp.done_reason == "unload"
-    assert GEMMA_NAME not in {m.model for m in client.ps().models}
+    assert GEMMA_NAME not in running_names(client)
 
 
 def test_engine_dying_mid_stream_ends_with_an_error_line(client: ollama.Client, server: Server) -> None:
@@ -204,7 +214,7 @@ def test_engine_dying_mid_stream_ends_with_an_error_line(client: ollama.Client, 
     assert "engine" in err.value.error
     # once the server has noticed the crash, the next request starts the engine again
     deadline = time.monotonic() + 30
-    while GEMMA_NAME in {m.model for m in client.ps().models} and time.monotonic() < deadline:
+    while GEMMA_NAME in running_names(client) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.chat(model=GEMMA_NAME, messages=[{"role": "user", "content": "Hi"}], options=SHORT).done
 
@@ -233,16 +243,16 @@ def test_pull_and_delete(client: ollama.Client, server: Server) -> None:
         reg = c.post("/v1/models/register", json={"model_name": PULL_NAME, "checkpoint": PULL_CHECKPOINT,
                                                   "recipe": "llamacpp"})
         assert reg.status_code == 200, reg.text
-    assert PULL_NAME not in {m.model for m in client.list().models}
+    assert PULL_NAME not in listed_names(client)
     progress = list(client.pull(PULL_NAME, stream=True))
     assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
     downloading = [p for p in progress if p.digest]
     assert downloading and all(p.digest.startswith("sha256:") for p in downloading)
     assert downloading[-1].completed == downloading[-1].total > 0
-    assert PULL_NAME in {m.model for m in client.list().models}
+    assert PULL_NAME in listed_names(client)
     assert client.pull(PULL_NAME).status == "success"  # already there: non-streamed pull succeeds at once
     assert client.delete(PULL_NAME).status == "success"
-    assert PULL_NAME not in {m.model for m in client.list().models}
+    assert PULL_NAME not in listed_names(client)
     with pytest.raises(ollama.ResponseError) as err:
         client.delete(PULL_NAME)
     assert err.value.status_code == 404
@@ -307,4 +317,15 @@ def test_ollama_paths_need_the_api_key(make_server, gemma_dir: Path) -> None:
     resp = httpx.get(srv.url + "/api/tags")
     assert resp.status_code == 401 and isinstance(resp.json()["error"], str)
     authed = ollama.Client(host=srv.url, headers={"Authorization": "Bearer s3cret"})
-    assert GEMMA_NAME in {m.model for m in authed.list().models}
+    assert GEMMA_NAME in listed_names(authed)
+
+
+def test_root_answers_ollama_probes(server: Server) -> None:
+    """Ollama clients check `GET /` (and `HEAD /`) before anything else; browsers go to the docs."""
+    with httpx.Client(base_url=server.url) as c:
+        probe = c.get("/")
+        assert probe.status_code == 200 and probe.text == "Ollama is running"
+        assert c.head("/").status_code == 200
+        browser = c.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
+        assert browser.status_code == 307 and browser.headers["location"] == "/docs"
+    assert ollama.Client(host=server.url).list().models  # the official client connects

@@ -611,3 +611,34 @@ def test_paths_of_the_users_files_only_when_asked(server):
         assert os.path.isabs(full) and full.endswith("gemma-3-270m-q4_k_m.gguf")
         show = c.post("/api/show", json={"model": GEMMA_NAME}).json()
         assert "FROM gemma-3-270m-q4_k_m.gguf" in show["modelfile"] and full not in json.dumps(show)
+
+
+def test_ollama_style_latest_tag_on_every_family(server, client):
+    """`MODEL:latest` (what Ollama users type) is MODEL on the OpenAI and Anthropic APIs too."""
+    tagged = GEMMA_NAME + ":latest"
+    reply = client.chat.completions.create(model=tagged, messages=CHAT, max_tokens=2)
+    assert reply.choices[0].message.content is not None
+    chunks = list(client.chat.completions.create(model=tagged, messages=CHAT, max_tokens=2, stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason is not None
+    with httpx.Client(base_url=server.url) as c:
+        assert c.get(f"/v1/models/{tagged}").json()["id"] == GEMMA_NAME
+        msg = c.post("/v1/messages", json={"model": tagged, "max_tokens": 2, "messages": CHAT})
+        assert msg.status_code == 200, msg.text
+        assert c.get("/v1/models/No-Such-Model:latest").status_code == 404
+
+
+def test_context_length_is_what_the_model_gets(make_server, gemma_dir):
+    """current/api-openai.md: the loaded value while running, else the configured ctx_size, with
+    automatic sizing resolved (never -1)."""
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        def context() -> int:
+            return c.get(f"/v1/models/{GEMMA_NAME}").json()["context_length"]
+
+        assert context() == 8192  # automatic: the trained 32768, capped at 8192
+        assert c.post("/internal/set", json={"ctx_size": 4096}).status_code == 200
+        assert context() == 4096
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 2048}).status_code == 200
+        assert context() == 2048
+        listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+        assert listed[GEMMA_NAME]["context_length"] == 2048

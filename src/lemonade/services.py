@@ -153,6 +153,21 @@ class Services:
                            code="model_load_error")
         return files
 
+    def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None) -> int | None:
+        """The context a model has: the value it was loaded with, else what its options (`options`, or
+        the effective ones) would give, automatic sizing resolved; None when unknown."""
+        loaded = self.router.loaded.get(model.name)
+        if loaded is not None and options is None:
+            ctx = loaded.options.get("resolved_ctx_size") or loaded.options.get("ctx_size")
+            if isinstance(ctx, int) and ctx > 0:
+                return ctx
+        engine = self.engines.get(model.recipe)
+        if engine is None or model.is_collection:
+            return None
+        if options is None:
+            options = self.options.resolve(model.name, model.recipe)
+        return engine.context_length(options, self.catalog.local_files(model))
+
     async def delete_model(self, model: ModelInfo) -> bool:
         """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:
         files in the extra models dir are the user's and are refused (naming the path); a user

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse, RedirectResponse
 
 from lemonade import __version__
 from lemonade.api import internal
@@ -60,6 +61,13 @@ def create_app(services: Services) -> FastAPI:
         if request.method == "HEAD":
             return Response(status_code=200)
         return Response(b'{"status":"ok"}', media_type="application/json")
+
+    @app.api_route("/", methods=["GET", "HEAD"], tags=["status"], response_class=PlainTextResponse)
+    async def root(request: Request) -> Response:
+        """Ollama clients probe `/` and expect Ollama's answer; a browser is sent to the API docs."""
+        if "text/html" in request.headers.get("accept", ""):
+            return RedirectResponse("/docs")
+        return PlainTextResponse("Ollama is running")
 
     @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["status"])
     async def metrics(request: Request) -> Response:

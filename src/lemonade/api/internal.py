@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from lemonade.api.errors import APIError, bad_request
 from lemonade.catalog.catalog import RegistrationError
@@ -37,6 +37,24 @@ async def set_config(request: Request, body: dict[str, Any] = Body(..., examples
         out["warning"] = (f"Saved, but {', '.join(shadowed)} is overridden by an environment variable or "
                           "`lemonade serve` flag, which wins until the server restarts without it")
     return out
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model_name: str = Field(..., min_length=1, validation_alias=AliasChoices("model_name", "model"))
+    pinned: bool = Field(True, description="false unpins")
+
+
+@router.post("/pin")
+async def pin(request: Request, body: PinRequest) -> dict[str, Any]:
+    """Pin (or unpin) a loaded model: a pinned model is never evicted to make room for another."""
+    svc: Services = request.app.state.services
+    model = svc.resolve(body.model_name)
+    names = list(model.components or []) if model.is_collection else [model.name]
+    if not all(svc.router.pin(name, body.pinned) for name in names):
+        raise APIError(404, f"Model {model.name} is not loaded; load it with \"pinned\": true instead "
+                       f"(lemonade load {model.name} --pinned)", type="not_found", code="model_not_loaded")
+    return {"status": "success", "model_name": model.name, "pinned": body.pinned}
 
 
 class AliasRequest(BaseModel):

@@ -199,12 +199,19 @@ class Engine(ABC):
                      backend: str, port: int) -> Launch:
         """Start (and wait for) the engine process for `model` on a loopback `port`."""
 
+    def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
+        """Tokens a model loaded with these options could take: `ctx_size` as given (engines that
+        size it automatically say what automatic means for these files)."""
+        ctx = options.get("ctx_size")
+        return ctx if isinstance(ctx, int) and ctx > 0 else None
+
     async def downsize(self, base_url: str, http: Any) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
         return False
 
-    def describe_command(self, launch: Launch) -> str:
-        return shlex.join(launch.server.argv)
+    def launch_command(self, launch: Launch) -> list[str]:
+        """The command the engine was started with, program first (health `launch_command`)."""
+        return list(launch.server.argv)
 
 
 class UnavailableEngine(Engine):

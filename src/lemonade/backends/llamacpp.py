@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shlex
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,10 +105,6 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
     return argv + user_args
-
-
-def describe_command(argv: list[str]) -> str:
-    return shlex.join(argv)
 
 
 def _check_ctx(value: int) -> str | None:
@@ -220,6 +215,10 @@ class LlamaCppEngine(Engine):
         server = WrappedServer(f"{self.process}:{model.name}", argv, port)
         await server.start()
         return Launch(server, resolved, backend, device="gpu" if backend in GPU_BACKENDS else "cpu")
+
+    def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
+        main = files["main"][0] if files and files.get("main") else None
+        return resolved_ctx_size(options.get("ctx_size", -1), main)
 
     async def downsize(self, base_url: str, http: Any) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""

@@ -24,6 +24,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.util.atomic import atomic_write_json, read_json
 
 log = logging.getLogger("lemonade.catalog")
+DEFAULT_TAG = ":latest"  # Ollama's tag for "the" version of a model
 USER_PREFIX = "user."
 LEGACY_LABEL_FLAGS = {"reasoning": "reasoning", "vision": "vision", "embedding": "embeddings",
                       "reranking": "reranking"}
@@ -203,7 +204,8 @@ class Catalog:
             return lowered.get(name.lower())
 
     def find(self, name: str) -> ModelInfo | None:
-        """Resolve a name as any API receives it: alias, built-in, `user.`, `extra.`."""
+        """Resolve a name as any API receives it: alias, built-in, `user.`, `extra.`, with or without
+        Ollama's default `:latest` tag."""
         if not isinstance(name, str) or not name:
             return None
         target = self._aliases.get(name, name)
@@ -211,6 +213,8 @@ class Catalog:
         if model is None and target.startswith("extra."):
             self.rescan_extra()
             model = self._lookup(target)
+        if model is None and name.endswith(DEFAULT_TAG):  # Ollama's habit: `MODEL:latest` is MODEL
+            return self.find(name[: -len(DEFAULT_TAG)])
         return model
 
     def resolve(self, name: str) -> ModelInfo:

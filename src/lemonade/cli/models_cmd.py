@@ -21,7 +21,7 @@ from lemonade.cli.common import client as server_client
 
 MENU_SIZE = 5
 EXPORT_DROP = ("id", "created", "object", "owned_by", "downloaded", "suggested", "update_available",
-               "max_context_window", "checkpoint")
+               "max_context_window", "context_length", "checkpoint")
 
 
 # ----- progress ---------------------------------------------------------------------------------------

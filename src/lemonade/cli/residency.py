@@ -74,6 +74,26 @@ def unload(
     out.print(f"{escape(str(result.get('message') or 'Unloaded'))} ({escape(what)})", highlight=False)
 
 
+def _set_pin(model: str, pinned: bool, host: str | None, port: int | None) -> None:
+    c = require_server(host, port)
+    c.post("/internal/pin", {"model_name": model, "pinned": pinned})
+    out.print(f"{'Pinned' if pinned else 'Unpinned'} {escape(model)}", highlight=False)
+
+
+def pin(model: Annotated[str, typer.Argument(help="A loaded model")], host: HostOpt = None,
+        port: PortOpt = None) -> None:
+    """Keep a loaded model in memory: it is never evicted to make room for another."""
+    _set_pin(model, True, host, port)
+
+
+def unpin(model: Annotated[str, typer.Argument(help="A loaded model")], host: HostOpt = None,
+          port: PortOpt = None) -> None:
+    """Let a pinned model be evicted again when another needs its slot."""
+    _set_pin(model, False, host, port)
+
+
 def register(app: typer.Typer) -> None:
     app.command("load")(load)
     app.command("unload")(unload)
+    app.command("pin")(pin)
+    app.command("unpin")(unpin)

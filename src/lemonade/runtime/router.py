@@ -112,7 +112,7 @@ class LoadedModel:
             "recipe_options": self.options,
             "backend_url": self.server.base_url + "/v1",
             "backend": self.backend,
-            "launch_command": self.engine.describe_command(self.launch),
+            "launch_command": self.engine.launch_command(self.launch),
             "load_seconds": round(self.load_seconds, 3),
             "downsized": self.downsized,
         }

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from lemonade.api.middleware import chosen_subprotocol, is_admin
+from lemonade.api.middleware import chosen_subprotocol
+from lemonade.api.privacy import entry_view
 from lemonade.observability.logs import LogEntry
 from lemonade.services import Services
 
@@ -34,29 +33,11 @@ def _parse_subscribe(text: str) -> tuple[int | None, str | None]:
     return after, None
 
 
-def path_redactor(svc: Services) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Log entries with this machine's paths (cache dir, model dirs, home) shown as placeholders, for
-    readers without admin rights: engine command lines and errors name files there."""
-    values = svc.config.values
-    places = [(str(svc.cache_dir), "<cache>"), (values.get("extra_models_dir") or "", "<extra_models_dir>"),
-              (values.get("models_dir") or "", "<models_dir>"), (sys.prefix, "<python>"), (str(Path.home()), "~")]
-    places = sorted(((str(Path(p).expanduser()), name) for p, name in places if p and p != "/"),
-                    key=lambda item: -len(item[0]))
-
-    def redact(entry: dict[str, Any]) -> dict[str, Any]:
-        line = entry["line"]
-        for path, name in places:
-            line = line.replace(path, name)
-        return {**entry, "line": line}
-
-    return redact
-
-
 @router.websocket("/logs/stream")
 async def logs_stream(ws: WebSocket) -> None:
     svc: Services = ws.app.state.services
     await ws.accept(subprotocol=chosen_subprotocol(ws.scope))
-    show = (lambda entry: entry) if is_admin(ws.scope, svc.api_key, svc.admin_key) else path_redactor(svc)
+    show = entry_view(ws.scope, svc)
     logs = svc.logs
     queue: asyncio.Queue[LogEntry] | None = None
     sender: asyncio.Task[None] | None = None

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Body, Query, Request
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import OptionsRequest
 from lemonade.api.openai.models import model_object
-from lemonade.backends.llamacpp import resolved_ctx_size
 from lemonade.catalog.catalog import RegistrationError
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
@@ -36,8 +35,6 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
 
 def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effective: dict[str, Any],
                  base_url_key: bool) -> dict[str, Any]:
-    files = svc.catalog.local_files(model)
-    main = files["main"][0] if files and files.get("main") else None
     body = {"model_name": model.name, **effective}
     defaults = {"model_name": model.name, **svc.options.resolve(model.name, model.recipe, saved={})}
     payload = json.dumps(dict(sorted(body.items())), separators=(",", ":")).replace("'", "'\\''")
@@ -51,8 +48,9 @@ def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effecti
         "load_command": f"curl -X POST $LEMONADE_BASE_URL/v1/load -H \"Content-Type: application/json\"{auth} "
                         f"-d '{payload}'",
     }
-    if "ctx_size" in effective:
-        view["resolved_ctx_size"] = resolved_ctx_size(effective["ctx_size"], main)
+    ctx = svc.context_length(model, effective)
+    if "ctx_size" in effective and ctx is not None:
+        view["resolved_ctx_size"] = ctx
     return view
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lemonade import __version__
+from lemonade.api.privacy import text_view
 from lemonade.services import Services
 from lemonade.system.info import system_info, system_stats
 
@@ -21,7 +22,8 @@ def services(request: Request) -> Services:
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
-    loaded = svc.router.describe()
+    view = text_view(request.scope, svc)
+    loaded = [{**m, "launch_command": [view(arg) for arg in m["launch_command"]]} for m in svc.router.describe()]
     body: dict[str, Any] = {
         "status": "ok",
         "version": __version__,

@@ -1,9 +1,9 @@
 """How our catalog entries look to Ollama clients: `/api/tags`, `/api/show` and `/api/ps` entries.
 
 Ollama describes models by GGUF facts (family, parameter size, quantization), so these are read
-from the GGUF header when the file is on disk and inferred from names otherwise. Model names are
-listed exactly as our other APIs take them (no `:latest` tag), so a client that copies a name from
-`/api/tags` into an OpenAI-compatible call still finds the model.
+from the GGUF header when the file is on disk and inferred from names otherwise. Names are listed
+with Ollama's `:latest` tag, as Ollama lists them; every API resolves `MODEL:latest` to MODEL, so
+a name copied from `/api/tags` into an OpenAI-compatible call still finds the model.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lemonade.api.errors import APIError
 from lemonade.api.openai.models import shown_checkpoint
 from lemonade.backends.llamacpp import fallback_template
 from lemonade.backends.registry import file_format
+from lemonade.catalog.catalog import DEFAULT_TAG
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 from lemonade.model_info import CREATED, ModelInfo
 from lemonade.services import Services
@@ -35,14 +36,16 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
 QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|F16|F32|BF16|MXFP4)(?![A-Za-z0-9])", re.IGNORECASE)
 SIZE_RE = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z])")
 FAR_FUTURE = "2318-01-01T00:00:00Z"  # Ollama's expires_at for a model kept loaded indefinitely
-DEFAULT_TAG = ":latest"
+
+
+def tagged(model: ModelInfo) -> str:
+    """The name as Ollama lists it: with its default tag."""
+    return model.name + DEFAULT_TAG
 
 
 def resolve(svc: Services, name: str) -> ModelInfo:
     """A model by the name an Ollama client sends (`name` or `name:latest`), or Ollama's 404."""
     model = svc.catalog.find(name)
-    if model is None and name.endswith(DEFAULT_TAG):
-        model = svc.catalog.find(name[: -len(DEFAULT_TAG)])
     if model is None:
         raise APIError(404, f"model '{name}' not found, try pulling it first. Run `lemonade list` to see "
                        "available models.", type="not_found", code="model_not_found")
@@ -141,7 +144,7 @@ def details(model: ModelInfo, files: dict[str, list[Path]] | None,
 
 
 def tags_entry(svc: Services, model: ModelInfo, files: dict[str, list[Path]] | None) -> dict[str, Any]:
-    return {"name": model.name, "model": model.name, "modified_at": _modified_at(files),
+    return {"name": tagged(model), "model": tagged(model), "modified_at": _modified_at(files),
             "size": _size_bytes(model, files), "digest": _digest(model, files), "details": details(model, files)}
 
 
@@ -175,15 +178,7 @@ def show(svc: Services, model: ModelInfo, verbose: bool = False) -> dict[str, An
     template = meta.pop("tokenizer.chat_template", None)
     if template is None and meta and model.mode == "chat":
         template = _fallback_template(meta)
-    options = svc.options.resolve(model.name, model.recipe) if not model.is_collection else {}
-    loaded = svc.router.loaded.get(model.name)
-    ctx = None
-    if loaded is not None:
-        ctx = loaded.options.get("resolved_ctx_size") or loaded.options.get("ctx_size")
-    if ctx in (None, -1) and options.get("ctx_size") not in (None, -1):
-        ctx = options.get("ctx_size")
-    if ctx in (None, -1):
-        ctx = svc.catalog.max_context_window(model, files)
+    ctx = svc.context_length(model)
     model_info = {k: v for k, v in meta.items() if verbose or not k.startswith("tokenizer.")}
     model_info.setdefault("general.architecture", details(model, files, meta)["family"])
     source = shown_checkpoint(model)  # Ollama names its blob path here; ours would name the user's folders
@@ -206,12 +201,11 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
     if model is None:
         return None
     files = svc.catalog.local_files(model)
-    options = loaded.get("recipe_options") or {}
-    ctx = options.get("resolved_ctx_size") or options.get("ctx_size")
-    entry = {"name": model.name, "model": model.name, "size": _size_bytes(model, files),
+    ctx = svc.context_length(model)
+    entry = {"name": tagged(model), "model": tagged(model), "size": _size_bytes(model, files),
              "digest": _digest(model, files), "details": details(model, files), "expires_at": FAR_FUTURE,
              "size_vram": 0}
-    if isinstance(ctx, int) and ctx > 0:
+    if ctx is not None:
         entry["context_length"] = ctx
     return entry
 

@@ -38,6 +38,9 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     ctx = svc.catalog.max_context_window(model, files)
     if ctx is not None:
         obj["max_context_window"] = ctx
+    context = svc.context_length(model)
+    if context is not None:
+        obj["context_length"] = context
     obj["downloaded"] = downloaded
     obj["suggested"] = model.suggested
     obj["update_available"] = downloaded and model.name in svc.downloads.updates_available
