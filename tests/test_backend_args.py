@@ -112,3 +112,16 @@ def test_allow_list_is_known_to_the_pinned_llama_server(llama_backend):
     assert "--threads" in known and "-kvo" in known and "--no-kv-offload" in known  # aliases on one help line
     assert sorted(SAFE_FLAGS - known) == []
     assert unknown_flags(["--no-mmap", "--threads", "2", "-1"], binary) == ["--no-mmap"]
+
+
+def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):
+    from lemonade.backends.base import BackendStartError
+    from lemonade.backends.llamacpp import refuse_damaged_files
+
+    model = ModelInfo(name="user.M", recipe="llamacpp", mode="chat")
+    good = write_gguf(tmp_path / "good.gguf", "gemma3", context_length=4096)
+    refuse_damaged_files(model, {"main": [good]})
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\0\0\0\0" + good.read_bytes()[4:])
+    with pytest.raises(BackendStartError, match="lemonade pull user.M"):
+        refuse_damaged_files(model, {"main": [good], "mmproj": [bad]})

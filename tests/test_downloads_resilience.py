@@ -265,6 +265,30 @@ def test_corrupted_byte_is_detected_and_fetched_again(client, hub, server):
     assert not list(folder.glob(f"snapshots/*/{target}"))
 
 
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_pull_repairs_a_file_damaged_on_disk_since(client, hub, server, damage):
+    """Files already in the cache are verified again by a pull (size and hash against the hub's
+    metadata); a damaged one is fetched anew."""
+    target, name = "tiny-Q4_0.gguf", f"user.rot-{damage.split()[0]}"
+    pull = {"model_name": name, "recipe": "llamacpp", "checkpoint": f"{fx.MULTIQUANT_REPO}:Q4_0"}
+    assert client.post("/v1/pull", json=pull).status_code == 200
+    blob = repo_dir(server, fx.MULTIQUANT_REPO) / "blobs" / hub.sha256(fx.MULTIQUANT_REPO, target)
+    before = len(fetched(hub, file=target))
+    assert client.post("/v1/pull", json=pull).status_code == 200  # intact: nothing is fetched
+    assert len(fetched(hub, file=target)) == before
+    data = bytearray(blob.read_bytes())
+    if damage == "truncated":
+        del data[len(data) // 2:]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    assert client.post("/v1/pull", json=pull).status_code == 200
+    assert len(fetched(hub, file=target)) == before + 1
+    assert sha256_of(blob) == hub.sha256(fx.MULTIQUANT_REPO, target)
+    assert f"The cached copy of {target} of {fx.MULTIQUANT_REPO} is damaged" in server.log_path.read_text()
+    assert client.post("/v1/delete", json={"model_name": name}).status_code == 200
+
+
 def test_two_simultaneous_pulls_share_one_download(client, hub, server):
     register(client, "user.shared-gemma")
     hub.throttle(40_000_000, path=fx.GEMMA_FILE)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from lemonade.backends.base import WrappedServer
+from lemonade.backends.base import BackendStartError, WrappedServer
 from lemonade.backends.engine import (
     BackendState,
     Engine,
@@ -74,6 +74,21 @@ def device_args(backend: str, device: str) -> list[str]:
         return ["-ngl", "0"]
     argv = ["-ngl", "99"] if backend in GPU_BACKENDS else []
     return argv + (["--device", device] if device else [])
+
+
+def refuse_damaged_files(model: ModelInfo, files: dict[str, list[Path]]) -> None:
+    """A file that does not start with the GGUF magic is never handed to llama-server (which could
+    crash on it, or worse); the user is told how to repair the download."""
+    for path in (p for paths in files.values() for p in paths):
+        try:
+            with open(path, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise BackendStartError(f"Cannot read {path.name} of {model.name}: {exc}") from None
+        if magic != b"GGUF":
+            raise BackendStartError(f"{path.name} of {model.name} is not a GGUF file (it starts with {magic!r}): the "
+                                    f"file on disk is damaged. Run `lemonade pull {model.name}` to check and repair "
+                                    "the download.")
 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
@@ -201,6 +216,7 @@ class LlamaCppEngine(Engine):
             raise EngineUnavailable(f"The llama.cpp '{backend}' backend is not installed ({st.message}). Install it "
                                     f"with: {st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
+        refuse_damaged_files(model, files)
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         argv = build_argv(binary, model, files, options, port, backend, slot_dir)

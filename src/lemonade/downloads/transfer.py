@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from lemonade.downloads.cache import blob_path, disk_free, link_into_snapshot, partial_path, snapshot_path
+from lemonade.downloads.cache import blob_path, disk_free, link_into_snapshot, partial_path
 from lemonade.downloads.hub import RemoteFile, RepoListing, file_location, hf_error
 
 log = logging.getLogger("lemonade.downloads")
@@ -112,19 +112,14 @@ def _hash_matches(path: Path, remote: RemoteFile) -> tuple[bool, str]:
 def fetch_file(folder: Path, listing: RepoListing, remote: RemoteFile, report: Report,
                should_stop: Callable[[], str | None]) -> int:
     """Make `snapshots/<commit>/<path>` exist and be verified; returns the bytes fetched over the network."""
-    link = snapshot_path(folder, listing.commit, remote.path)
     blob = blob_path(folder, remote.etag)
-    if link.exists():
-        size = link.stat().st_size
-        report(size, size, size)
-        return 0
     lock = _lock_for(blob)
     while not lock.acquire(timeout=0.25):  # another pull is fetching the same blob right now
         reason = should_stop()
         if reason:
             raise Stopped(reason)
     try:
-        if blob.exists():
+        if blob.exists() and _still_intact(blob, listing, remote):
             link_into_snapshot(folder, listing.commit, remote.path, remote.etag)
             size = blob.stat().st_size
             report(size, size, size)
@@ -132,6 +127,17 @@ def fetch_file(folder: Path, listing: RepoListing, remote: RemoteFile, report: R
         return _download_verified(folder, listing, remote, report, should_stop)
     finally:
         lock.release()
+
+
+def _still_intact(blob: Path, listing: RepoListing, remote: RemoteFile) -> bool:
+    """A file already in the cache is checked again on every pull (size, then hash): bytes that rotted
+    or were cut short since it was fetched are deleted, so the pull fetches the file anew."""
+    ok, found = _hash_matches(blob, remote)
+    if not ok:
+        log.error("The cached copy of %s of %s is damaged (%s); it is deleted and downloaded again",
+                  remote.path, listing.repo, found)
+        blob.unlink()
+    return ok
 
 
 def _download_verified(folder: Path, listing: RepoListing, remote: RemoteFile, report: Report,
