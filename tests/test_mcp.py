@@ -18,7 +18,6 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 
 from tests.conftest import GEMMA_NAME, Server, ServerFactory
 
@@ -223,10 +222,10 @@ def test_image_sandbox_accepts_paths_inside(server: Server, sandbox: Path) -> No
     assert not list((sandbox / "escape").iterdir())
 
 
-def test_unknown_tool_is_invalid_params(server: Server) -> None:
-    with pytest.raises(MCPError) as err:
-        call(server, "no_such_tool", {})
-    assert err.value.error.code == -32602 and "no_such_tool" in err.value.error.message
+def test_unknown_tool_is_an_is_error_result(server: Server) -> None:
+    """current/api-mcp.md: tool-level failures are results with isError, so the model can self-correct."""
+    result = call(server, "no_such_tool", {})
+    assert result.is_error is True and "no_such_tool" in texts(result)[0] and "lemonade_chat" in texts(result)[0]
 
 
 # ----- raw JSON-RPC --------------------------------------------------------------------------------

@@ -69,8 +69,9 @@ async def _tools_call(svc: Services, params: dict[str, Any]) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str) or not name:
         raise RPCError(INVALID_PARAMS, "tools/call needs `name` (a string)")
-    if name not in tools.TOOL_NAMES:
-        raise RPCError(INVALID_PARAMS, f"Unknown tool: {name}. Available: {', '.join(sorted(tools.TOOL_NAMES))}")
+    if name not in tools.TOOL_NAMES:  # a tool failure, so the model can pick another (api-mcp.md)
+        return tools.result(tools.text(f"Error: unknown tool '{name}'. Available: "
+                                       f"{', '.join(sorted(tools.TOOL_NAMES))}"), is_error=True)
     arguments = params.get("arguments", {})
     if arguments is None:
         arguments = {}
