@@ -173,21 +173,35 @@ def test_stop_without_a_server(nowhere):
 
 # ----- against the Gemma server ------------------------------------------------------------------
 
-def test_list_shows_downloaded_models(env, gemma_server):
+def test_list_sections_and_downloaded_flag(env, gemma_server):
+    """guide-cli.md: `list` shows Local and Available for Download; `--downloaded` only the first."""
+    with gemma_server.client() as c:
+        everything = c.get("/v1/models", params={"show_all": "true"}).json()["data"]
+        downloaded = c.get("/v1/models").json()["data"]
     proc = ok(lemonade("list", env=env))
+    assert f"Local ({len(downloaded)})" in proc.stdout
+    assert f"Available for Download ({len(everything) - len(downloaded)})" in proc.stdout
+    assert proc.stdout.index(GEMMA_NAME) < proc.stdout.index("Available for Download")
     row = next(line for line in proc.stdout.splitlines() if GEMMA_NAME in line)
     assert "yes" in row and "llamacpp" in row and "custom" in row and "MB" in row
-    assert "Qwen3-0.6B-GGUF" not in proc.stdout  # not downloaded
-    listed = json.loads(ok(lemonade("list", "--json", env=env)).stdout)
-    with gemma_server.client() as c:
-        assert [m["id"] for m in listed] == [m["id"] for m in c.get("/v1/models").json()["data"]]
-        everything = c.get("/v1/models", params={"show_all": "true"}).json()["data"]
-    proc = ok(lemonade("list", "--all", env=env))
-    assert "Qwen3-0.6B-GGUF" in proc.stdout and GEMMA_NAME in proc.stdout
-    assert f"All models ({len(everything)})" in proc.stdout
     qwen = next(line for line in proc.stdout.splitlines() if "Qwen3-0.6B-GGUF" in line)
-    assert " no " in qwen
-    assert len(json.loads(ok(lemonade("list", "--all", "--json", env=env)).stdout)) == len(everything)
+    assert " no " in qwen and proc.stdout.index("Qwen3-0.6B-GGUF") > proc.stdout.index("Available for Download")
+    local = ok(lemonade("list", "--downloaded", env=env)).stdout
+    assert GEMMA_NAME in local and "Qwen3-0.6B-GGUF" not in local and "Available for Download" not in local
+    listed = json.loads(ok(lemonade("list", "--json", env=env)).stdout)
+    assert [m["id"] for m in listed] == [m["id"] for m in everything]
+    only_local = json.loads(ok(lemonade("list", "--downloaded", "--json", env=env)).stdout)
+    assert [m["id"] for m in only_local] == [m["id"] for m in downloaded]
+
+
+def test_api_key_flag(make_server):
+    srv = make_server(env={"LEMONADE_API_KEY": "sekret"})
+    env = cli_env(srv.cache, srv.url)
+    refused = lemonade("status", env=env)
+    assert refused.returncode != 0 and "401" in refused.stderr + refused.stdout
+    assert "running" in ok(lemonade("--api-key", "sekret", "status", env=env)).stdout
+    wrong = lemonade("--api-key", "wrong", "status", env={**env, "LEMONADE_API_KEY": "sekret"})
+    assert wrong.returncode != 0  # the flag wins over the environment
 
 
 def test_status_load_unload(env, gemma_server):

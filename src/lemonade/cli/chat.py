@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 
 from lemonade.cli.background import start_background
-from lemonade.cli.client import ServerClient
+from lemonade.cli.client import ServerClient, api_key
 from lemonade.cli.common import EXIT_ERROR, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.residency import ArgsOpt, BackendOpt, CtxOpt, do_load, load_body
 
@@ -81,7 +81,7 @@ class Chat:
         except ImportError:
             raise fail("`lemonade run` needs the openai package: pip install 'openai>=1.40'") from None
 
-        key = os.environ.get("LEMONADE_API_KEY") or os.environ.get("LEMONADE_ADMIN_API_KEY") or "lemonade"
+        key = api_key() or "lemonade"
         self.openai = OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0, timeout=None)
         self.model = model
         self.system = system

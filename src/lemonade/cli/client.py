@@ -27,11 +27,25 @@ def base_url(host: str | None = None, port: int | None = None) -> str:
     return f"http://{host}:{port}"
 
 
+_KEY_FLAG: list[str] = []  # `lemonade --api-key KEY ...`, set by the root command
+
+
+def set_api_key(key: str | None) -> None:
+    """The key given on the command line; it wins over the environment for this process only (a
+    server that `lemonade run` starts does not inherit it)."""
+    _KEY_FLAG[:] = [key] if key else []
+
+
+def api_key() -> str | None:
+    """`--api-key`, else LEMONADE_ADMIN_API_KEY (it works everywhere), else LEMONADE_API_KEY."""
+    return (_KEY_FLAG or [None])[0] or os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")
+
+
 class ServerClient:
     def __init__(self, host: str | None = None, port: int | None = None, timeout: float | None = 600.0) -> None:
         self.url = base_url(host, port)
         headers = {}
-        key = os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")
+        key = api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lemonade.cli.common import HostOpt, JsonOpt, PortOpt, err, out, print_json, require_server
+from lemonade.cli.common import HostOpt, JsonOpt, PortOpt, out, print_json, require_server
 from lemonade.cli.tables import crashed_table, loaded_table, models_table
 
 
@@ -35,23 +35,25 @@ def status(host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False)
 
 
 def list_models(
-    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list models that are not downloaded")] = False,
+    downloaded_only: Annotated[bool, typer.Option("--downloaded", help="Show only downloaded models")] = False,
+    show_all: Annotated[bool, typer.Option("--all", "-a", hidden=True, help="Every model (the default)")] = False,
     host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Models the server can serve: name, downloaded, recipe, labels, size."""
+    """Models the server can serve, in two sections: Local (downloaded) and Available for Download."""
     c = require_server(host, port)
-    body = c.get("/v1/models", params={"show_all": "true"} if show_all else None)
+    body = c.get("/v1/models", params=None if downloaded_only and not show_all else {"show_all": "true"})
     models = body.get("data", []) if isinstance(body, dict) else []
     if as_json:
         print_json(models)
         return
-    if not models:
-        out.print("No models downloaded yet. [bold]lemonade list --all[/bold] shows the catalog.")
-        return
-    title = "All models" if show_all else "Downloaded models"
-    out.print(models_table(models, f"{title} ({len(models)})"))
-    if not show_all:
-        err.print("[dim]`lemonade list --all` also shows models that are not downloaded.[/dim]")
+    local = [m for m in models if m.get("downloaded")]
+    remote = [m for m in models if not m.get("downloaded")]
+    if local:
+        out.print(models_table(local, f"Local ({len(local)})"))
+    else:
+        out.print("No models downloaded yet. Get one with [bold]lemonade pull MODEL[/bold].")
+    if remote:
+        out.print(models_table(remote, f"Available for Download ({len(remote)})"))
 
 
 def register(app: typer.Typer) -> None:

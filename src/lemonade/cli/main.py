@@ -21,8 +21,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit")) -> None:
+                                       help="Print the version and exit"),
+          api_key: str | None = typer.Option(None, "--api-key", help="API key for the server (default: "
+                                             "LEMONADE_ADMIN_API_KEY, else LEMONADE_API_KEY)")) -> None:
     """Lemonade: local AI server and its command-line client."""
+    from lemonade.cli.client import set_api_key
+
+    set_api_key(api_key)
 
 
 @app.command()
