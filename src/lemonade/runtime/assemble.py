@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HEAD = ("id", "object", "created", "model", "system_fingerprint")  # taken from the first chunk
-FIGURES = ("usage", "timings")  # taken from the last chunk that carries them
+# Taken from the last chunk that carries them. `__verbose` (asked with `verbose: true`) tells which
+# stop word ended the answer (the Anthropic layer's `stop_sequence`).
+FIGURES = ("usage", "timings", "__verbose")
 
 
 @dataclass
@@ -87,8 +89,9 @@ class _Choice:
 class Assembly:
     """The SSE lines of one streamed chat or text completion, folded into its non-streamed answer.
 
-    With several choices (`n` > 1, a list of prompts) `usage` and `timings` are those of the last
-    task to finish, where llama-server's non-streamed answer reports the first task's.
+    With several choices (`n` > 1, a list of prompts) `usage`, `timings` and `__verbose` are those
+    of the last task to finish, where llama-server's non-streamed answer reports the first task's.
+    In a stream, `__verbose` has the generated text and tokens empty (they came in the chunks).
     """
 
     def __init__(self) -> None:
