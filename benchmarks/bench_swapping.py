@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -42,10 +43,10 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
 MODELS = ("extra.swap-a.gguf", "extra.swap-b.gguf")
 
 
-async def one_client(c: httpx.AsyncClient, index: int, count: int, latencies: list[float],
+async def one_client(c: httpx.AsyncClient, index: int, numbers: range, latencies: list[float],
                      failures: list[str]) -> None:
-    for j in range(count):
-        n = index * count + j
+    """Requests `numbers` one after another, alternating between the two models."""
+    for j, n in enumerate(numbers):
         body: dict[str, Any] = {"model": MODELS[(index + j) % 2], "max_tokens": 8,
                                 "messages": [{"role": "user", "content": f"Say hello #{n}"}]}
         started = time.perf_counter()
@@ -68,16 +69,29 @@ async def one_client(c: httpx.AsyncClient, index: int, count: int, latencies: li
             failures.append(f"request {n}: {outcome}")
 
 
+async def sample_load(samples: list[float], every: float = 1.0) -> None:
+    """The 1-minute load average every `every` s until cancelled: how busy the machine was meanwhile."""
+    while True:
+        samples.append(os.getloadavg()[0])
+        await asyncio.sleep(every)
+
+
 async def scenario(url: str, clients: int, requests: int, timeout: float) -> dict[str, Any]:
     latencies: list[float] = []
     failures: list[str] = []
-    per_client = max(1, requests // clients)
+    loads: list[float] = []
+    sampler = asyncio.ensure_future(sample_load(loads))
     started = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as c:
-        await asyncio.gather(*(one_client(c, i, per_client, latencies, failures) for i in range(clients)))
+        # Client i sends requests i, i + clients, ...: exactly `requests` in all, also when uneven.
+        await asyncio.gather(*(one_client(c, i, range(i, requests, clients), latencies, failures)
+                               for i in range(clients)))
+        wall = time.perf_counter() - started
+        sampler.cancel()
         queue = (await c.get("/v1/health")).json()["queue"]
-    return {"completed": len(latencies), "sent": clients * per_client, "failures": failures,
-            "wall_s": time.perf_counter() - started, "latencies": latencies, "queue": queue}
+    return {"completed": len(latencies), "sent": requests, "failures": failures,
+            "wall_s": wall, "latencies": latencies, "queue": queue,
+            "load": (loads[0], max(loads), os.getloadavg()[0])}
 
 
 def run_one(limit: int, args: argparse.Namespace, procs: Processes, root: Path, models: Path) -> dict[str, Any]:
@@ -95,19 +109,26 @@ def run_one(limit: int, args: argparse.Namespace, procs: Processes, root: Path, 
 def report(limit: int, r: dict[str, Any]) -> None:
     q = r["queue"]
     lat = r["latencies"] or [float("nan")]
+    start, high, end = r["load"]
     print(f"max_loaded_models={limit}: {r['completed']}/{r['sent']} completed in {r['wall_s']:.1f} s; "
           f"loads {q['loads_total']} (minimum 2), swaps {q['swaps_total']}, waits {q['waits_total']}, "
-          f"p50 {pct(lat, 50):.2f} s, p99 {pct(lat, 99):.2f} s, max {max(lat):.2f} s")
+          f"p50 {pct(lat, 50):.2f} s, p99 {pct(lat, 99):.2f} s, max {max(lat):.2f} s; "
+          f"1-min load average at start / highest / end: {start:.2f} / {high:.2f} / {end:.2f}")
     if r["failures"]:
         print("  failures: " + ", ".join(r["failures"][:10]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=24)
-    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--clients", type=int, default=24, help="concurrent clients")
+    parser.add_argument("--requests", type=int, default=48, help="requests in all, shared out among the clients")
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     args = parser.parse_args()
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # so the finally block stops every process we started
+
+    signal.signal(signal.SIGTERM, on_term)
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         root = Path(tmp)

@@ -93,24 +93,86 @@ def test_chat_logprobs(client):
     assert content and all(tok.logprob <= 0 for tok in content) and len(content[0].top_logprobs) == 2
 
 
-def test_tools_passed_through_and_tool_calls_returned(client):
-    """Few-shot history makes even this small base model call the tool; the grammar keeps it valid."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                               "parameters": {"type": "object", "required": ["city"],
-                                                              "properties": {"city": {"type": "string"}}}}}]
-    history = []
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                   "parameters": {"type": "object", "required": ["city"],
+                                                                  "properties": {"city": {"type": "string"}}}}}]
+
+
+def weather_history() -> list[dict]:
+    """Few-shot history that makes even this small base model call the tool."""
+    history: list[dict] = []
     for i, (city, sky) in enumerate((("Paris", "sunny"), ("Berlin", "rainy"))):
         history += [{"role": "user", "content": f"What is the weather in {city}?"},
                     {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",
                      "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
                     {"role": "tool", "tool_call_id": f"c{i}", "content": sky},
                     {"role": "assistant", "content": f"It is {sky} in {city}."}]
-    history.append({"role": "user", "content": "What is the weather in Rome?"})
-    resp = client.chat.completions.create(model=GEMMA_NAME, messages=history, tools=tools, tool_choice="required",
-                                          max_tokens=40, temperature=0)
+    return [*history, {"role": "user", "content": "What is the weather in Rome?"}]
+
+
+def test_tools_passed_through_and_tool_calls_returned(client):
+    """The grammar keeps the call valid."""
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=weather_history(), tools=WEATHER_TOOLS,
+                                          tool_choice="required", max_tokens=40, temperature=0)
     calls = resp.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     assert "city" in json.loads(calls[0].function.arguments)
+
+
+def engine_url(server) -> str:
+    """The loaded model's llama-server, to ask it directly."""
+    with httpx.Client(base_url=server.url) as c:
+        return c.get("/v1/health").json()["all_models_loaded"][0]["backend_url"].removesuffix("/v1")
+
+
+def keys(value):
+    """The keys at every level of a JSON value (lists by their first item): which fields are present."""
+    if isinstance(value, dict):
+        return {k: keys(v) for k, v in value.items()}
+    return [keys(value[0])] if isinstance(value, list) and value else type(value).__name__
+
+
+def token_strings(choice: dict) -> list[str]:
+    return [t["token"] for t in ((choice.get("logprobs") or {}).get("content") or [])]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "logprobs": True, "top_logprobs": 2}),
+    ("/v1/chat/completions", {"messages": weather_history(), "tools": WEATHER_TOOLS, "tool_choice": "required",
+                              "max_tokens": 40}),
+    ("/v1/completions", {"prompt": "The sky is", "max_tokens": 8, "logprobs": 2}),
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6}),
+], ids=["chat-logprobs", "chat-tool-call", "completion-logprobs", "completion"])
+def test_non_streamed_answer_assembled_from_the_stream_matches_the_engines(server, path, body):
+    """We ask llama-server for a stream and build the non-streamed answer (so a client that leaves
+    stops the engine); it must be the answer llama-server itself gives to the same greedy request."""
+    body = {"model": GEMMA_NAME, **body, "temperature": 0, "seed": 7}
+    ours = httpx.post(server.url + path, json=body, timeout=300).json()
+    direct = httpx.post(engine_url(server) + path, json=body, timeout=300).json()
+    assert keys(ours) == keys(direct), (ours, direct)
+    assert ours["object"] == direct["object"] and ours["model"] == direct["model"]
+    figures = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [ours["usage"][k] for k in figures] == [direct["usage"][k] for k in figures]
+    assert ours["timings"]["predicted_n"] == direct["timings"]["predicted_n"] > 0
+    mine, theirs = ours["choices"][0], direct["choices"][0]
+    assert mine["finish_reason"] == theirs["finish_reason"] and token_strings(mine) == token_strings(theirs)
+    if path == "/v1/completions":
+        assert mine["text"] == theirs["text"]
+        return
+    assert mine["message"]["content"] == theirs["message"]["content"]
+    calls = [(c["type"], c["function"]) for c in mine["message"].get("tool_calls", [])]
+    assert calls == [(c["type"], c["function"]) for c in theirs["message"].get("tool_calls", [])]
+    assert ("tools" in body) == bool(calls) and all(c["id"] for c in mine["message"].get("tool_calls", []))
+
+
+def test_engine_error_of_a_non_streamed_request_keeps_its_status(server):
+    """An error llama-server answers a (now streamed) request with reaches the client as before."""
+    body = {"model": GEMMA_NAME, "prompt": "hello " * 9000, "max_tokens": 2}
+    direct = httpx.post(engine_url(server) + "/v1/completions", json=body, timeout=300)
+    ours = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+    assert direct.status_code == ours.status_code == 400
+    assert direct.json()["error"]["message"] in ours.json()["error"]["message"]
+    assert ours.json()["error"]["code"] == "backend_error"
 
 
 def test_completions_echo_and_logprobs(client):

@@ -133,6 +133,10 @@ class Engine(ABC):
     process: ClassVar[str] = "engine"  # label of its processes in logs
     # Our endpoint -> the engine's path for it (a mode's requests are forwarded there).
     endpoints: ClassVar[dict[str, str]] = {}
+    # Engine paths whose non-streamed requests are sent streamed (these fields added to the body) and
+    # answered by the proxy from the chunks: for an engine that notices a client that left only while
+    # it writes to it, so that hanging up stops a non-streamed generation too (runtime/assemble.py).
+    streamed_for_cancel: ClassVar[dict[str, dict[str, Any]]] = {}
     metrics_path: ClassVar[str | None] = None  # Prometheus text the engine exposes, relayed by /metrics
     # The weight file format it loads ("gguf"): a bare file of that format in the extra models dir,
     # or a repository of such files, is a model of this recipe.

@@ -158,6 +158,10 @@ class LlamaCppEngine(Engine):
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
                  "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",
                  "tokenize": "/tokenize", "slots": "/slots"}
+    # llama-server b11312 misses a closed connection of a non-streamed request while other requests'
+    # results keep arriving (its result wait restarts with each); a stream stops at its next write.
+    streamed_for_cancel = {"/v1/chat/completions": {"stream": True, "stream_options": {"include_usage": True}},
+                           "/v1/completions": {"stream": True}}
     metrics_path = "/metrics"
     file_format = "gguf"
 

@@ -3,7 +3,9 @@
 Streams are relayed as raw chunks the moment they arrive (never re-framed or buffered); only the
 last few KB are kept to read the engine's final `timings` for `/v1/stats`. A client that goes
 away closes the upstream connection, which makes llama-server stop generating. An engine that
-dies mid-stream produces an SSE `error` event instead of a hang.
+dies mid-stream produces an SSE `error` event instead of a hang. Non-streamed text generation is
+asked of the engine streamed where its description says so (`Engine.streamed_for_cancel`), so
+that a client hanging up stops it as well; the answer is assembled here (runtime/assemble.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.background import BackgroundTask
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
+from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.runtime.router import LoadedModel, Router
@@ -98,6 +101,7 @@ class Proxy:
                     raw: bytes | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
+        streamed = lm.engine.streamed_for_cancel.get(path) if body is not None and not body.get("stream") else None
         data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
@@ -105,7 +109,8 @@ class Proxy:
                                            headers={"Content-Type": content_type}) as resp:
                 return resp.status, await resp.read()
 
-        call = asyncio.ensure_future(round_trip())
+        call = asyncio.ensure_future(round_trip() if streamed is None else
+                                     self._assembled(lm, path, {**(body or {}), **streamed}))
         try:
             status, content = await until_gone_or(call)
         except ClientGone:
@@ -119,6 +124,27 @@ class Proxy:
         if status != 200:
             raise upstream_error(lm, status, content.decode(errors="replace"))
         return content
+
+    async def _assembled(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """A non-streamed request sent to the engine streamed; the answer is built from the chunks
+        (runtime/assemble.py says why). Cancelled, it closes the stream, which stops the engine."""
+        resp = await self.http().post(lm.base_url + path, data=json.dumps(body).encode(), headers=STREAM_HEADERS)
+        try:
+            if resp.status != 200:
+                return resp.status, await resp.read()
+            assembly = Assembly()
+            rest = b""
+            async for chunk in resp.content.iter_any():
+                lm.last_progress = time.monotonic()
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    assembly.feed(line)
+            assembly.feed(rest)
+            if assembly.error is not None:
+                return assembly.error_status(), json.dumps(assembly.error).encode()
+            return 200, json.dumps(assembly.answer()).encode()
+        finally:
+            resp.close()
 
     async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
         """POST to the model's engine; an engine found dead is started again once and asked again."""
