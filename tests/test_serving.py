@@ -704,3 +704,27 @@ def test_context_length_is_what_the_model_gets(make_server, gemma_dir):
         assert context() == 2048
         listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
         assert listed[GEMMA_NAME]["context_length"] == 2048
+
+
+def test_engine_errors_of_a_stream_arrive_as_stream_events(server, client):
+    """A client that asked for a stream reads the engine's refusal (here: a prompt longer than the
+    context) as its API's own error event, not as a JSON body an SSE parser skips."""
+    long = "hello " * 9000
+    with pytest.raises(openai.APIError) as err:  # the official client raises on the error event
+        list(client.chat.completions.create(model=GEMMA_NAME, messages=[{"role": "user", "content": long}],
+                                            max_tokens=2, stream=True))
+    assert "context" in str(err.value.message)
+    with httpx.Client(base_url=server.url, timeout=300) as c:
+        oai = c.post("/v1/completions", json={"model": GEMMA_NAME, "prompt": long, "max_tokens": 2, "stream": True})
+        assert oai.headers["content-type"].startswith("text/event-stream")
+        event, data = oai.text.strip().split("\n", 1)
+        assert event == "event: error" and "context" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        anthropic = c.post("/v1/messages", json={"model": GEMMA_NAME, "max_tokens": 2, "stream": True,
+                                                 "messages": [{"role": "user", "content": long}]})
+        assert anthropic.headers["content-type"].startswith("text/event-stream")
+        last = anthropic.text.strip().split("\n\n")[-1].split("\n")
+        assert last[0] == "event: error"
+        assert json.loads(last[1].removeprefix("data: "))["type"] == "error"
+        ollama_lines = c.post("/api/chat", json={"model": GEMMA_NAME, "messages": [{"role": "user", "content": long}],
+                                                 "options": {"num_predict": 2}}).text.strip().splitlines()
+        assert "context" in json.loads(ollama_lines[-1])["error"]

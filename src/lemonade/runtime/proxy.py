@@ -42,7 +42,11 @@ STREAM_HEADERS = {**JSON_HEADERS, "Connection": "close"}
 ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
-def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
+class EngineError(APIError):
+    """An error the engine answered with, or the engine not answering: what a stream reports in-band."""
+
+
+def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     """The engine's own status and message, in our error shape."""
     message = text
     try:
@@ -52,10 +56,10 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> APIError:
     except (ValueError, AttributeError):
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
-    return APIError(status, f"{lm.name}: {message}", code="backend_error")
+    return EngineError(status, f"{lm.name}: {message}", code="backend_error")
 
 
-class EngineUnreachable(APIError):
+class EngineUnreachable(EngineError):
     """The engine process did not answer at all (it died, or is dying)."""
 
 
@@ -193,7 +197,23 @@ class Proxy:
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
                      media_type: str = "text/event-stream") -> Response:
-        """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream."""
+        """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream.
+
+        A client that asked for a stream reads the engine's errors as a stream too (context overflow,
+        an engine that is gone): one `error` event, re-shaped by `transform` into its API's own error
+        event, never a bare JSON body that an SSE parser skips. Admission errors (unknown model,
+        queue full with Retry-After, every slot pinned) keep their HTTP status."""
+        try:
+            return await self._stream(model, path, body, endpoint, transform, media_type)
+        except EngineError as exc:
+            log.warning("Streamed request to %s failed: %s", model.name, exc.message)
+            source = _error_events(exc)
+            return StreamingResponse(transform(source) if transform else source, media_type=media_type,
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
+                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
+                      media_type: str) -> Response:
         for attempt in range(2):
             use = self.router.use(model, self._options(model))
             lm = await use.__aenter__()
@@ -238,8 +258,7 @@ class Proxy:
             except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)
                 log.error("%s", err.message)
-                payload = {"error": {"message": err.message, "type": err.type, "code": err.code}}
-                yield f"event: error\ndata: {json.dumps(payload)}\n\n".encode()
+                yield error_event(err)
             finally:
                 if started:
                     lm.streaming -= 1
@@ -254,6 +273,16 @@ class Proxy:
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(_cleanup, resp, release))
+
+
+def error_event(err: APIError) -> bytes:
+    """An error as an OpenAI-style SSE event (the Anthropic and Ollama translators re-shape it)."""
+    payload = {"error": {"message": err.message, "type": err.type, "code": err.code}}
+    return f"event: error\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+async def _error_events(err: APIError) -> AsyncIterator[bytes]:
+    yield error_event(err)
 
 
 async def _cleanup(resp: aiohttp.ClientResponse, release: Callable[[], Any]) -> None:
