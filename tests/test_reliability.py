@@ -140,3 +140,30 @@ def test_no_engine_outlives_the_server(make_server, gemma_dir):
     srv.stop()
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_openapi_documents_the_errors_the_server_sends(server):
+    """`/openapi.json` promises what the server answers (the fuzzer's schema checks rely on it): no
+    FastAPI 422 that is never sent, each family's error shape as every operation's `default`, and the
+    bodies of the routes that parse their JSON by hand (Ollama's)."""
+    with server.client() as c:
+        doc = c.get("/openapi.json").json()
+        shapes = {"/v1/models/{model_id}": "Error", "/api/show": "OllamaError", "/v1/messages": "AnthropicError"}
+        for path, item in doc["paths"].items():
+            for method, op in item.items():
+                assert "422" not in op["responses"], (method, path)
+                assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].startswith(
+                    "#/components/schemas/"), (method, path)
+        for path, shape in shapes.items():
+            op = next(iter(doc["paths"][path].values()))
+            assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].endswith(shape)
+        chat = doc["paths"]["/api/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert {"model", "messages"} <= set(chat["properties"])
+        refs = {m for m in json.dumps(doc).split('"') if m.startswith("#/components/schemas/")}
+        assert {r.rsplit("/", 1)[1] for r in refs} <= set(doc["components"]["schemas"])  # nothing dangling
+        # and what the server sends for an error has that shape
+        err = c.get("/v1/models/nope").json()
+        assert set(doc["components"]["schemas"]["Error"]["required"]) <= set(err)
+        assert isinstance(c.post("/api/show", json={}).json()["error"], str)
+        assert c.head("/live").headers["content-type"] == "application/json"
+        assert doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"].keys() == {"text/plain"}

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import PlainTextResponse
 
 from lemonade import __version__
 from lemonade.api import internal
@@ -26,6 +27,7 @@ from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, Metr
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
+from lemonade.api.openapi import install_openapi
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -54,14 +56,15 @@ def create_app(services: Services) -> FastAPI:
                   description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.")
     app.state.services = services
     install_error_handlers(app)
+    install_openapi(app)
 
     @app.api_route("/live", methods=["GET", "HEAD"], tags=["status"])
     async def live(request: Request) -> Response:
         if request.method == "HEAD":
-            return Response(status_code=200)
+            return Response(status_code=200, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["status"])
+    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["status"], response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         if request.method == "HEAD":
             return Response(status_code=200, media_type=CONTENT_TYPE)
