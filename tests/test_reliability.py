@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -140,6 +141,33 @@ def test_no_engine_outlives_the_server(make_server, gemma_dir):
     srv.stop()
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_huge_bodies_get_413_naming_the_limit(make_server):
+    """A body over `max_request_body_mb` is refused with 413 in the route's error shape, whether it
+    declares its length or arrives chunked; the limit follows `/internal/set` without a restart."""
+    srv = make_server(env={"LEMONADE_MAX_REQUEST_BODY_MB": "1"})
+    big = b'{"model": "x", "messages": [{"role": "user", "content": "' + b"a" * (3 << 19) + b'"}]}'
+
+    def chunked() -> Iterator[bytes]:
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    with srv.client() as c:
+        declared = c.post("/v1/chat/completions", content=big)
+        assert declared.status_code == 413, declared.text
+        assert declared.json()["error"]["code"] == "request_too_large"
+        assert "max_request_body_mb" in declared.json()["error"]["message"]
+        streamed = c.post("/v1/chat/completions", content=chunked())
+        assert streamed.status_code == 413 and "1 MB" in streamed.json()["error"]["message"], streamed.text
+        ollama = c.post("/api/chat", content=chunked())
+        assert ollama.status_code == 413 and "max_request_body_mb" in ollama.json()["error"]
+        small = c.post("/v1/chat/completions", content=big[: 1 << 19] + b'"}]}')
+        assert small.status_code == 404  # under the limit: read, and refused for its unknown model only
+        assert c.post("/internal/set", json={"max_request_body_mb": 4}).status_code == 200
+        assert c.post("/v1/chat/completions", content=chunked()).status_code == 404
+        bad = c.post("/internal/set", json={"max_request_body_mb": 0})
+        assert bad.status_code == 400 and "max_request_body_mb" in bad.json()["error"]["message"]
 
 
 def test_openapi_documents_the_errors_the_server_sends(server):

@@ -23,7 +23,7 @@ from lemonade.api.errors import install_error_handlers
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
-from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, MetricsMiddleware
+from lemonade.api.middleware import AuthMiddleware, BodySizeLimit, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
@@ -87,6 +87,7 @@ def create_app(services: Services) -> FastAPI:
 
     app.add_middleware(DisconnectWatch)  # innermost: sees the body as the routes read it
     app.add_middleware(DefaultJSONContentType)
+    app.add_middleware(BodySizeLimit, config=services.config)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
     app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)
     # CORS outermost, so browser apps get the headers even on a 401.
