@@ -434,6 +434,9 @@ def test_engine_death_mid_stream_gives_sse_error(make_server, gemma_dir):
         assert "event: error" in rest
         err = json.loads(next(line for line in rest if line.startswith("data:") and "error" in line)[5:])
         assert "exited" in err["error"]["message"] or "connection" in err["error"]["message"]
+        chat(c, GEMMA_NAME)  # the next request is served by a new engine; the killed one is reaped, no zombie
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
+        wait_for(lambda: not psutil.pid_exists(pid), timeout=10)
 
 
 def test_client_disconnect_cancels_generation(make_server, gemma_dir):
