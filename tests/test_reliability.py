@@ -84,6 +84,10 @@ def test_hostile_input_gets_4xx_naming_the_problem(server):
         ("/v1/audio/transcriptions", b"--x\r\n\r\n--x--"),
         ("/api/chat", json.dumps({"model": GEMMA_NAME, "messages": [{"role": "user", "content": 7}]}).encode()),
         ("/api/generate", json.dumps({"model": "x" * 100000}).encode()),
+        # nested deeper than Python's JSON parser recurses (a RecursionError was a 500 on hand-parsed bodies)
+        *((path, b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+          for path in ("/v1/chat/completions", "/api/chat", "/v1/load", "/internal/set", "/v1/messages")),
+        ("/v1/chat/completions", b'{"model": "x", "messages": [], "max_tokens": ' + b"9" * 5000 + b"}"),
     ]
     with server.client() as c:
         for path, body in cases:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from lemonade.observability.logs import LogEntry
+from lemonade.util import jsonparse
 
 router = APIRouter(tags=["logs"])
 
@@ -18,7 +18,7 @@ router = APIRouter(tags=["logs"])
 def _parse_subscribe(text: str) -> tuple[int | None, str | None]:
     """(after_seq, error message)"""
     try:
-        msg: Any = json.loads(text)
+        msg: Any = jsonparse.loads(text)
     except ValueError:
         return None, "Message is not valid JSON"
     if not isinstance(msg, dict) or msg.get("type") != "logs.subscribe":
