@@ -58,13 +58,17 @@ def create_app(services: Services) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
 
-    @app.api_route("/live", methods=["GET", "HEAD"], tags=["status"])
+    # GET and HEAD as two routes, so each has its own OpenAPI operationId (one multi-method route
+    # gives both the same id, which OpenAPI forbids and generated clients choke on).
+    @app.get("/live", tags=["status"])
+    @app.head("/live", tags=["status"])
     async def live(request: Request) -> Response:
         if request.method == "HEAD":
             return Response(status_code=200, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["status"], response_class=PlainTextResponse)
+    @app.get("/metrics", tags=["status"], response_class=PlainTextResponse)
+    @app.head("/metrics", tags=["status"], response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         if request.method == "HEAD":
             return Response(status_code=200, media_type=CONTENT_TYPE)

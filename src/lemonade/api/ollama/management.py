@@ -170,6 +170,7 @@ async def push() -> None:
     raise _not_supported("Pushing models (/api/push)")
 
 
-@router.api_route("/blobs/{digest}", methods=["POST", "HEAD"])
+@router.post("/blobs/{digest}")
+@router.head("/blobs/{digest}")  # a route of its own: its own OpenAPI operationId
 async def blobs(digest: str) -> None:
     raise _not_supported("Uploading blobs (/api/blobs)")
