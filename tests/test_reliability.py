@@ -191,6 +191,8 @@ def test_openapi_documents_the_errors_the_server_sends(server):
             assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].endswith(shape)
         chat = doc["paths"]["/api/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert {"model", "messages"} <= set(chat["properties"])
+        for path, media in (("/v1/chat/completions", "text/event-stream"), ("/api/chat", "application/x-ndjson")):
+            assert media in doc["paths"][path]["post"]["responses"]["200"]["content"]  # what "stream": true gets
         ids = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
         assert len(ids) == len(set(ids))  # HEAD and GET of one route used to share one
         refs = {m for m in json.dumps(doc).split('"') if m.startswith("#/components/schemas/")}

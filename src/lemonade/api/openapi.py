@@ -2,8 +2,9 @@
 
 FastAPI's generated document promises a 422 `HTTPValidationError` for bad input, but every error
 here is one of three family shapes (api/errors.py) with a 4xx or 5xx status of its own. This
-module documents that shape as each operation's `default` response, and lets routes that read
-their body by hand (Ollama's, for its lenient content types) still describe the body they expect.
+module documents that shape as each operation's `default` response, the stream a `"stream": true`
+request gets, and lets routes that read their body by hand (Ollama's, for its lenient content
+types) still describe the body they expect.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ ERROR_SCHEMAS: dict[str, dict[str, Any]] = {
                                  "properties": {"type": {"type": "string"}, "message": _MESSAGE}}}},
 }
 _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.items()}
+# Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
+STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
+            "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}
+STREAM_MEDIA = {"ollama": "application/x-ndjson"}
+_PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0", "/api")  # longest first
+
+
+def _tail(path: str) -> str:
+    return next((path[len(p):] for p in _PREFIXES if path.startswith(p + "/")), path)
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -52,10 +62,14 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for family, schema in ERROR_SCHEMAS.items():
         components[_SCHEMA_NAMES[family]] = schema
     for path, item in doc["paths"].items():
-        error = {"$ref": REF.format(model=_SCHEMA_NAMES[api_family(path)])}
+        family = api_family(path)
+        error = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
         for operation in item.values():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
+            if _tail(path) in STREAMED[family] and "200" in responses:
+                media = STREAM_MEDIA.get(family, "text/event-stream")
+                responses["200"].setdefault("content", {})[media] = {"schema": {"type": "string"}}
             responses["default"] = {"description": "Error, in this API family's shape",
                                     "content": {"application/json": {"schema": error}}}
             for media in operation.get("requestBody", {}).get("content", {}).values():
