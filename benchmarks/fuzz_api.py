@@ -70,16 +70,20 @@ OTHER_PREFIXES = ("/api/v1/", "/v0/", "/api/v0/")
 # Body fields that make a request start real, long work (an engine build or a venv install) or
 # undo the setup the fuzz run needs; cases carrying such a value for them are not sent (counted).
 PROTECTED_RECIPE_ROUTES = ("/v1/install", "/v1/uninstall")
-# Where an answer may name a path under the run's folder because the client asked for it: the
-# storage path of system-info (spec), the settings (admin), and an extra-dir model's own file.
-PATHS_ASKED_FOR = ("GET /v1/system-info", "GET /internal/config", "GET /v1/models", "GET /v1/models/{model_id}",
-                   "DELETE /api/delete", "POST /v1/delete", "GET /v1/models/{model_id}/files")
+# Where an answer may name a path under the run's folder because the client asked for it (with why).
+_EXTRA_FILE = "an extra-dir model's checkpoint is the user's own file"
+PATHS_ASKED_FOR = {
+    "GET /v1/system-info": "model_storage.path (spec)", "GET /internal/config": "the settings (admin)",
+    "POST /internal/set": "answers with the settings (admin)", "GET /v1/models": _EXTRA_FILE,
+    "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/models/{model_id}/files": "the model's files, asked for",
+    "POST /api/show": "the Modelfile's FROM line names the weights file, as Ollama's does",
+    "DELETE /api/delete": "the refusal to delete a user's extra-dir file names it",
+    "POST /v1/delete": "the refusal to delete a user's extra-dir file names it",
+}
 REQUEST_TIMEOUT = 120.0
 # A small context bounds every generation (a request without `max_tokens` runs until the context
 # is full): 256 tokens take seconds, even on two busy cores.
 CTX_SIZE = 256
-# The spec (ollama.md) answers these with 501 Not Supported: a documented outcome, not a server fault.
-# They are still fuzzed and schema-checked; their 501s are counted apart from the 5xx figure.
 MODEL_FIELDS = ("model", "model_name", "model_id", "name")
 # In the cases aimed at the real model, the token budget is at most MAX_TOKENS (set when absent):
 # a fuzzed `max_tokens: 10**9` is valid and honoured, and on two busy cores even a context's worth
@@ -88,7 +92,13 @@ TOKEN_BUDGETS = {"/v1/chat/completions": ("max_tokens",), "/v1/completions": ("m
                  "/v1/responses": ("max_output_tokens",), "/v1/messages": ("max_tokens",),
                  "/api/chat": ("options", "num_predict"), "/api/generate": ("options", "num_predict")}
 MAX_TOKENS = 8
-SPEC_501 = ("/api/create", "/api/copy", "/api/push", "/api/blobs/{digest}")
+# 501s the spec prescribes: a documented outcome, not a server fault. These operations are still
+# fuzzed and schema-checked; their 501s are counted apart from the 5xx figure.
+_OLLAMA_501 = "ollama.md: not supported, returns 501"
+SPEC_501 = {"/api/create": _OLLAMA_501, "/api/copy": _OLLAMA_501, "/api/push": _OLLAMA_501,
+            "/api/blobs/{digest}": _OLLAMA_501,
+            "/v1/slots/{slot_id}": "llamacpp-newer.md: every action needs llama-server's --slot-save-path (not set "
+                                   "by default); llama-server answers 501 without it, relayed as is"}
 
 
 @dataclass
@@ -238,7 +248,12 @@ def report(figures: Figures, started: float, args: argparse.Namespace, commit: s
             print(f"{label}: " + ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common()))
             for example in figures.examples[label]:
                 print(f"    {example}")
-    print(f"\n-- 501 answers the spec prescribes (not counted as 5xx): {', '.join(SPEC_501)}")
+    print("\n-- 501 answers the spec prescribes (not counted as 5xx)")
+    for path, why in SPEC_501.items():
+        print(f"{path}: {why}")
+    print("\n-- paths of the server's folders allowed in answers (asked for)")
+    for label, why in PATHS_ASKED_FOR.items():
+        print(f"{label}: {why}")
     print("\n-- not fuzzed, with the reason")
     for what, why in figures.excluded.items():
         print(f"{what}: {why}")

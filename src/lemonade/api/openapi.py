@@ -39,6 +39,14 @@ _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.ite
 STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
             "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}
 STREAM_MEDIA = {"ollama": "application/x-ndjson"}
+# One SSE event as OpenAPI 3.2 describes it (`data` is the raw text: JSON, or `[DONE]`); an NDJSON
+# stream is one JSON object per line, left unconstrained here.
+STREAM_SCHEMAS: dict[str, dict[str, Any]] = {
+    "text/event-stream": {"type": "object", "properties": {
+        "event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+        "retry": {"type": "integer"}}},
+    "application/x-ndjson": {},
+}
 _PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0", "/api")  # longest first
 
 
@@ -69,7 +77,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             if _tail(path) in STREAMED[family] and "200" in responses:
                 media = STREAM_MEDIA.get(family, "text/event-stream")
-                responses["200"].setdefault("content", {})[media] = {"schema": {"type": "string"}}
+                responses["200"].setdefault("content", {})[media] = {"schema": STREAM_SCHEMAS[media]}
             responses["default"] = {"description": "Error, in this API family's shape",
                                     "content": {"application/json": {"schema": error}}}
             for media in operation.get("requestBody", {}).get("content", {}).values():
