@@ -75,7 +75,8 @@ _EXTRA_FILE = "an extra-dir model's checkpoint is the user's own file"
 PATHS_ASKED_FOR = {
     "GET /v1/system-info": "model_storage.path (spec)", "GET /internal/config": "the settings (admin)",
     "POST /internal/set": "answers with the settings (admin)", "GET /v1/models": _EXTRA_FILE,
-    "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/models/{model_id}/files": "the model's files, asked for",
+    "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/health": "a loaded model's checkpoint (" + _EXTRA_FILE + ")",
+    "GET /v1/models/{model_id}/files": "the model's files, asked for",
     "POST /api/show": "the Modelfile's FROM line names the weights file, as Ollama's does",
     "DELETE /api/delete": "the refusal to delete a user's extra-dir file names it",
     "POST /v1/delete": "the refusal to delete a user's extra-dir file names it",
@@ -101,6 +102,15 @@ SPEC_501 = {"/api/create": _OLLAMA_501, "/api/copy": _OLLAMA_501, "/api/push": _
                                    "by default); llama-server answers 501 without it, relayed as is"}
 
 
+def canonical(label: str) -> str:
+    """`POST /api/v0/slots/{slot_id}` -> `POST /v1/slots/{slot_id}`: the prefixes share one handler."""
+    method, path = label.split(" ", 1)
+    for prefix in OTHER_PREFIXES:
+        if path.startswith(prefix):
+            return f"{method} /v1/{path[len(prefix):]}"
+    return label
+
+
 @dataclass
 class Figures:
     """What the run saw, per operation."""
@@ -118,7 +128,7 @@ class Figures:
     def server_errors(self) -> int:
         """5xx answers, less the 501s the spec prescribes (SPEC_501)."""
         return sum(n for label, counts in self.statuses.items() for code, n in counts.items()
-                   if code >= 500 and not (code == 501 and label.split(" ", 1)[1] in SPEC_501))
+                   if code >= 500 and not (code == 501 and canonical(label).split(" ", 1)[1] in SPEC_501))
 
 
 def start_server(procs: Processes, root: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -206,7 +216,7 @@ def fuzz_operation(op: Any, url: str, root: Path, figures: Figures, examples: in
             return
         figures.requests[label] += 1
         figures.statuses[label][response.status_code] += 1
-        spec_501 = op.path in SPEC_501 and response.status_code == 501
+        spec_501 = canonical(label).split(" ", 1)[1] in SPEC_501 and response.status_code == 501
         try:
             case.validate_response(response, checks=CHECKS, excluded_checks=[not_a_server_error] if spec_501 else [])
         except FailureGroup as group:
@@ -218,9 +228,10 @@ def fuzz_operation(op: Any, url: str, root: Path, figures: Figures, examples: in
                         f"{case.as_curl_command()[:600]}")
         except AssertionError as exc:
             figures.violations[label][type(exc).__name__] += 1
-        if str(root) in response.text and label not in PATHS_ASKED_FOR:
+        if str(root) in response.text and canonical(label) not in PATHS_ASKED_FOR:
             figures.violations[label]["filesystem path disclosed"] += 1
-            figures.examples[label].append(f"path disclosed: {response.status_code} {response.text[:300]!r}")
+            if len(figures.examples[label]) < 3:
+                figures.examples[label].append(f"path disclosed: {response.status_code} {response.text[:300]!r}")
         after()
 
     started = time.monotonic()
@@ -248,10 +259,10 @@ def report(figures: Figures, started: float, args: argparse.Namespace, commit: s
             print(f"{label}: " + ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common()))
             for example in figures.examples[label]:
                 print(f"    {example}")
-    print("\n-- 501 answers the spec prescribes (not counted as 5xx)")
+    print("\n-- 501 answers the spec prescribes (not counted as 5xx; under every prefix)")
     for path, why in SPEC_501.items():
         print(f"{path}: {why}")
-    print("\n-- paths of the server's folders allowed in answers (asked for)")
+    print("\n-- paths of the server's folders allowed in answers (asked for; under every prefix)")
     for label, why in PATHS_ASKED_FOR.items():
         print(f"{label}: {why}")
     print("\n-- not fuzzed, with the reason")
