@@ -150,7 +150,7 @@ def test_no_engine_outlives_the_server(make_server, gemma_dir):
 def test_huge_bodies_get_413_naming_the_limit(make_server):
     """A body over `max_request_body_mb` is refused with 413 in the route's error shape, whether it
     declares its length or arrives chunked; the limit follows `/internal/set` without a restart."""
-    srv = make_server(env={"LEMONADE_MAX_REQUEST_BODY_MB": "1"})
+    srv = make_server(config={"max_request_body_mb": 1})
     big = b'{"model": "x", "messages": [{"role": "user", "content": "' + b"a" * (3 << 19) + b'"}]}'
 
     def chunked() -> Iterator[bytes]:

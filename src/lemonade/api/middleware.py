@@ -173,12 +173,13 @@ class BodySizeLimit:
 
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
+        self.config = config
         self.limit_mb = int(config.get("max_request_body_mb"))
         config.on_change(self._changed)
 
     def _changed(self, changed: dict[str, Any]) -> None:
-        if "max_request_body_mb" in changed:
-            self.limit_mb = int(changed["max_request_body_mb"])
+        if "max_request_body_mb" in changed:  # the effective value: an env var or flag still wins
+            self.limit_mb = int(self.config.get("max_request_body_mb"))
 
     def error(self) -> APIError:
         return APIError(413, f"Request body too large: the limit is {self.limit_mb} MB (config key "
