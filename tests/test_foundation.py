@@ -4,6 +4,7 @@ logs and metrics, all over real HTTP against the real server process."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -241,6 +242,68 @@ def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
     user_view, admin_view = first_lines("sekret"), first_lines("admin")
     assert "cache dir <cache>" in user_view and str(srv.cache) not in user_view
     assert f"cache dir {srv.cache}" in admin_view
+
+
+# Routes any client may call without a key: liveness probes (Ollama's `/` too) and the API description.
+OPEN_ROUTES = {"/", "/live", "/openapi.json", "/docs", "/redoc"}
+
+
+def served_routes() -> tuple[list[tuple[str, str]], list[str]]:
+    """Every (method, path) and WebSocket path the app serves, read from the app itself: the OpenAPI
+    document leaves out WebSockets and hidden routes, and a hand-made list would miss new ones."""
+    import tempfile
+    from pathlib import Path
+
+    from fastapi.routing import iter_route_contexts
+    from starlette.routing import WebSocketRoute
+
+    from lemonade.api.app import create_app
+    from lemonade.config import Config
+    from lemonade.observability.logs import LogBuffer
+    from lemonade.services import Services
+
+    with tempfile.TemporaryDirectory() as tmp:
+        app = create_app(Services(Path(tmp), Config(Path(tmp), environ={}), LogBuffer()))
+        http: list[tuple[str, str]] = []
+        sockets: list[str] = []
+        for route in iter_route_contexts(app.routes):
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            if isinstance(route.original_route, WebSocketRoute):
+                sockets.append(path)
+            else:
+                http.extend((method, path) for method in sorted(route.methods or ()))
+    return http, sockets
+
+
+def test_every_route_needs_its_key(make_server):
+    """Each route the app serves, WebSockets and /mcp included, refuses a missing or wrong key with
+    401 (or a 1008 close), takes the right one, and `/internal/*` takes the admin key only."""
+    http, sockets = served_routes()
+    assert ("POST", "/mcp") in http and "/logs/stream" in sockets and len(http) > 150
+    srv = make_server(env={"LEMONADE_API_KEY": "sekret", "LEMONADE_ADMIN_API_KEY": "admin", "HF_HUB_OFFLINE": "1"})
+    keys = {"none": {}, "wrong": {"Authorization": "Bearer wrong"}, "api": {"Authorization": "Bearer sekret"},
+            "admin": {"Authorization": "Bearer admin"}}
+    with srv.client(timeout=60) as c:
+        for method, path in http:
+            got = {name: c.request(method, path, headers=headers, content=b"{}" if method != "GET" else None)
+                   .status_code for name, headers in keys.items()}
+            if path in OPEN_ROUTES:
+                assert 401 not in got.values(), (method, path, got)
+                continue
+            internal = path.startswith("/internal")
+            expected = {"none": True, "wrong": True, "api": internal, "admin": False}
+            assert {name: code == 401 for name, code in got.items()} == expected, (method, path, got)
+    base = srv.url.replace("http", "ws")
+    for path in sockets:
+        for query in ("", "?api_key=wrong"):
+            with pytest.raises((websockets.exceptions.ConnectionClosed, websockets.exceptions.InvalidStatus)):
+                with ws_client.connect(base + path + query) as ws:
+                    ws.send(json.dumps({"type": "logs.subscribe"}))
+                    ws.recv(timeout=5)
+        for query, headers in (("?api_key=sekret", {}), ("", keys["api"])):
+            with ws_client.connect(base + path + query, additional_headers=headers) as ws:
+                ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "logs.snapshot", path
 
 
 def test_admin_key_alone_leaves_api_open_and_metrics_open(make_server):

@@ -232,6 +232,7 @@ def test_unknown_tool_is_an_is_error_result(server: Server) -> None:
 
 @pytest.mark.parametrize(("payload", "code"), [
     (b"{not json", -32700),
+    (b"[" * 100_000 + b"]" * 100_000, -32700),  # deeper than Python's parser recurses (was a 500)
     ([], -32600),
     ([1], -32600),
     ("3", -32600),

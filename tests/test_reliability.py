@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -83,6 +84,10 @@ def test_hostile_input_gets_4xx_naming_the_problem(server):
         ("/v1/audio/transcriptions", b"--x\r\n\r\n--x--"),
         ("/api/chat", json.dumps({"model": GEMMA_NAME, "messages": [{"role": "user", "content": 7}]}).encode()),
         ("/api/generate", json.dumps({"model": "x" * 100000}).encode()),
+        # nested deeper than Python's JSON parser recurses (a RecursionError was a 500 on hand-parsed bodies)
+        *((path, b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+          for path in ("/v1/chat/completions", "/api/chat", "/v1/load", "/internal/set", "/v1/messages")),
+        ("/v1/chat/completions", b'{"model": "x", "messages": [], "max_tokens": ' + b"9" * 5000 + b"}"),
     ]
     with server.client() as c:
         for path, body in cases:
@@ -140,3 +145,61 @@ def test_no_engine_outlives_the_server(make_server, gemma_dir):
     srv.stop()
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_huge_bodies_get_413_naming_the_limit(make_server):
+    """A body over `max_request_body_mb` is refused with 413 in the route's error shape, whether it
+    declares its length or arrives chunked; the limit follows `/internal/set` without a restart."""
+    srv = make_server(config={"max_request_body_mb": 1})
+    big = b'{"model": "x", "messages": [{"role": "user", "content": "' + b"a" * (3 << 19) + b'"}]}'
+
+    def chunked() -> Iterator[bytes]:
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    with srv.client() as c:
+        declared = c.post("/v1/chat/completions", content=big)
+        assert declared.status_code == 413, declared.text
+        assert declared.json()["error"]["code"] == "request_too_large"
+        assert "max_request_body_mb" in declared.json()["error"]["message"]
+        streamed = c.post("/v1/chat/completions", content=chunked())
+        assert streamed.status_code == 413 and "1 MB" in streamed.json()["error"]["message"], streamed.text
+        ollama = c.post("/api/chat", content=chunked())
+        assert ollama.status_code == 413 and "max_request_body_mb" in ollama.json()["error"]
+        small = c.post("/v1/chat/completions", content=big[: 1 << 19] + b'"}]}')
+        assert small.status_code == 404  # under the limit: read, and refused for its unknown model only
+        assert c.post("/internal/set", json={"max_request_body_mb": 4}).status_code == 200
+        assert c.post("/v1/chat/completions", content=chunked()).status_code == 404
+        bad = c.post("/internal/set", json={"max_request_body_mb": 0})
+        assert bad.status_code == 400 and "max_request_body_mb" in bad.json()["error"]["message"]
+
+
+def test_openapi_documents_the_errors_the_server_sends(server):
+    """`/openapi.json` promises what the server answers (the fuzzer's schema checks rely on it): no
+    FastAPI 422 that is never sent, each family's error shape as every operation's `default`, and the
+    bodies of the routes that parse their JSON by hand (Ollama's)."""
+    with server.client() as c:
+        doc = c.get("/openapi.json").json()
+        shapes = {"/v1/models/{model_id}": "Error", "/api/show": "OllamaError", "/v1/messages": "AnthropicError"}
+        for path, item in doc["paths"].items():
+            for method, op in item.items():
+                assert "422" not in op["responses"], (method, path)
+                assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].startswith(
+                    "#/components/schemas/"), (method, path)
+        for path, shape in shapes.items():
+            op = next(iter(doc["paths"][path].values()))
+            assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].endswith(shape)
+        chat = doc["paths"]["/api/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert {"model", "messages"} <= set(chat["properties"])
+        for path, media in (("/v1/chat/completions", "text/event-stream"), ("/api/chat", "application/x-ndjson")):
+            assert media in doc["paths"][path]["post"]["responses"]["200"]["content"]  # what "stream": true gets
+        ids = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
+        assert len(ids) == len(set(ids))  # HEAD and GET of one route used to share one
+        refs = {m for m in json.dumps(doc).split('"') if m.startswith("#/components/schemas/")}
+        assert {r.rsplit("/", 1)[1] for r in refs} <= set(doc["components"]["schemas"])  # nothing dangling
+        # and what the server sends for an error has that shape
+        err = c.get("/v1/models/nope").json()
+        assert set(doc["components"]["schemas"]["Error"]["required"]) <= set(err)
+        assert isinstance(c.post("/api/show", json={}).json()["error"], str)
+        assert c.head("/live").headers["content-type"] == "application/json"
+        assert doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"].keys() == {"text/plain"}

@@ -185,6 +185,16 @@ def test_completions_echo_and_logprobs(client):
     assert "".join(c.choices[0].text for c in stream if c.choices)
 
 
+def test_streamed_completion_of_several_prompts_is_openai_chunks_only(client):
+    """llama-server opens such a stream with `data: null` (found by benchmarks/fuzz_api.py); the openai
+    client must get chunks only, for every prompt."""
+    stream = client.completions.create(model=GEMMA_NAME, prompt=["The sky is", "Once upon"], max_tokens=3,
+                                       stream=True)
+    chunks = list(stream)
+    assert all(chunk is not None and chunk.object == "text_completion" for chunk in chunks)
+    assert {choice.index for chunk in chunks for choice in chunk.choices} == {0, 1}
+
+
 def test_responses_api(client):
     resp = client.responses.create(model=GEMMA_NAME, input="Say hello", max_output_tokens=16)
     assert resp.object == "response" and resp.output_text is not None
@@ -498,6 +508,9 @@ def test_engine_death_mid_stream_gives_sse_error(make_server, gemma_dir):
         assert "event: error" in rest
         err = json.loads(next(line for line in rest if line.startswith("data:") and "error" in line)[5:])
         assert "exited" in err["error"]["message"] or "connection" in err["error"]["message"]
+        chat(c, GEMMA_NAME)  # the next request is served by a new engine; the killed one is reaped, no zombie
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
+        wait_for(lambda: not psutil.pid_exists(pid), timeout=10)
 
 
 def test_client_disconnect_cancels_generation(make_server, gemma_dir):

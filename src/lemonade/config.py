@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "max_queue_depth": 256,  # requests waiting for a model slot; more get 503 + Retry-After
     "swap_batch": 32,  # requests a model serves before it yields its slot to a waiting model
     "engine_watchdog_seconds": 120,  # a busy engine that makes no progress this long is killed
+    "max_request_body_mb": 64,  # larger request bodies get 413 (audio uploads and base64 images fit)
     "offline": False,
     "extra_models_dir": "",
     "models_dir": "",
@@ -129,7 +130,7 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'ctx_size' must be from 1 to {MAX_CTX_SIZE} tokens, or -1; got {value}")
     if key == "max_loaded_models" and value != -1 and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer or -1, got {value}")
-    if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds") and value < 1:
+    if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds", "max_request_body_mb") and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer, got {value}")
     if key == "log_level" and value.lower() not in LOG_LEVELS:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")

@@ -22,10 +22,11 @@ from lemonade.api.errors import install_error_handlers
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
-from lemonade.api.middleware import AuthMiddleware, DefaultJSONContentType, MetricsMiddleware
+from lemonade.api.middleware import AuthMiddleware, BodySizeLimit, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
+from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginGuard, OriginPolicy
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
@@ -55,21 +56,27 @@ def create_app(services: Services) -> FastAPI:
                   description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.")
     app.state.services = services
     install_error_handlers(app)
+    install_openapi(app)
 
-    @app.api_route("/live", methods=["GET", "HEAD"], tags=["status"])
+    # GET and HEAD as two routes, so each has its own OpenAPI operationId (one multi-method route
+    # gives both the same id, which OpenAPI forbids and generated clients choke on).
+    @app.get("/live", tags=["status"])
+    @app.head("/live", tags=["status"])
     async def live(request: Request) -> Response:
         if request.method == "HEAD":
-            return Response(status_code=200)
+            return Response(status_code=200, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.api_route("/", methods=["GET", "HEAD"], tags=["status"], response_class=PlainTextResponse)
+    @app.get("/", tags=["status"], response_class=PlainTextResponse)
+    @app.head("/", tags=["status"], response_class=PlainTextResponse)
     async def root(request: Request) -> Response:
         """Ollama clients probe `/` and expect Ollama's answer; a browser is sent to the API docs."""
         if "text/html" in request.headers.get("accept", ""):
             return RedirectResponse("/docs")
         return PlainTextResponse("Ollama is running")
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["status"])
+    @app.get("/metrics", tags=["status"], response_class=PlainTextResponse)
+    @app.head("/metrics", tags=["status"], response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         if request.method == "HEAD":
             return Response(status_code=200, media_type=CONTENT_TYPE)
@@ -92,6 +99,7 @@ def create_app(services: Services) -> FastAPI:
 
     app.add_middleware(DisconnectWatch)  # innermost: sees the body as the routes read it
     app.add_middleware(DefaultJSONContentType)
+    app.add_middleware(BodySizeLimit, config=services.config)
     app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
     app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)
     # Origins outermost: a foreign page is refused before anything runs, allowed pages get CORS

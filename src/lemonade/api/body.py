@@ -3,7 +3,6 @@ content type (Ollama clients, `curl -d`, `POST /v1/unload` with no body)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -11,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from lemonade.api.errors import APIError
+from lemonade.util import jsonparse
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -19,7 +19,7 @@ async def json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object; an empty body is `{}`."""
     raw = await request.body()
     try:
-        data = json.loads(raw) if raw.strip() else {}
+        data = jsonparse.loads(raw) if raw.strip() else {}
     except ValueError as exc:
         raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):

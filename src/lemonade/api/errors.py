@@ -103,7 +103,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"Method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(exc.detail)
-        return error_response(request.url.path, APIError(exc.status_code, message), headers=exc.headers)
+        code = "request_too_large" if exc.status_code == 413 else None  # as BodySizeLimit's early refusal
+        return error_response(request.url.path, APIError(exc.status_code, message, code=code), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

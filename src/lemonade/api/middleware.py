@@ -13,7 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from lemonade.api.errors import api_family, error_body
+from starlette.exceptions import HTTPException
+
+from lemonade.api.errors import APIError, api_family, error_body, error_response
+from lemonade.config import Config
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
@@ -186,3 +189,51 @@ class DefaultJSONContentType:
                 headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                 scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
         await self.app(scope, receive, send)
+
+
+class BodySizeLimit:
+    """413 for a request body over `max_request_body_mb`, before it is held in memory.
+
+    Why: every JSON route reads its whole body, so without a cap one client can make the server
+    allocate whatever it sends. A declared `Content-Length` over the limit is refused before any
+    byte is read; a chunked body is counted as it arrives and refused once it passes the limit.
+    The limit follows `/internal/set` without a restart.
+    """
+
+    def __init__(self, app: ASGIApp, config: Config) -> None:
+        self.app = app
+        self.config = config
+        self.limit_mb = int(config.get("max_request_body_mb"))
+        config.on_change(self._changed)
+
+    def _changed(self, changed: dict[str, Any]) -> None:
+        if "max_request_body_mb" in changed:  # the effective value: an env var or flag still wins
+            self.limit_mb = int(self.config.get("max_request_body_mb"))
+
+    def error(self) -> APIError:
+        return APIError(413, f"Request body too large: the limit is {self.limit_mb} MB (config key "
+                        "max_request_body_mb, env LEMONADE_MAX_REQUEST_BODY_MB)", code="request_too_large")
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_mb * 1024 * 1024
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await error_response(scope["path"], self.error(), headers={"Connection": "close"})(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # Raised inside the route's body read, so the error handler answers in the route's shape
+                    # (an HTTPException: FastAPI turns any other exception from the read into a 400).
+                    raise HTTPException(413, self.error().message)
+            return message
+
+        await self.app(scope, counted, send)

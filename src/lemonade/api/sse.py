@@ -75,6 +75,23 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
         yield event
 
 
+async def drop_null_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The engine's SSE bytes without `data: null` events, re-cut at event boundaries.
+
+    Why: llama-server opens a streamed completion of several prompts with `data: null`, which is no
+    OpenAI chunk (clients fail on it). Only those requests go through here, so single-prompt streams
+    keep their byte-for-byte relay.
+    """
+    buffer = b""
+    async for chunk in chunks:
+        *events, buffer = (buffer + chunk).split(b"\n\n")
+        kept = b"".join(event + b"\n\n" for event in events if event.strip() != b"data: null")
+        if kept:
+            yield kept
+    if buffer.strip() and buffer.strip() != b"data: null":
+        yield buffer
+
+
 def error_message(event: SSEEvent) -> str | None:
     """The message of an error event (our proxy's `event: error`, or an engine's `{"error": ...}`)."""
     data = event.data

@@ -20,6 +20,7 @@ from typing import Any
 from lemonade.api.anthropic.protocol import SUPPORTED_FIELDS, CountTokensRequest, MessagesRequest
 from lemonade.api.errors import APIError
 from lemonade.api.sse import error_message, sse_events
+from lemonade.util import jsonparse
 
 log = logging.getLogger("lemonade.anthropic")
 
@@ -282,7 +283,7 @@ def tool_input(arguments: Any, name: str) -> dict[str, Any]:
     if isinstance(arguments, dict):
         return arguments
     try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
+        parsed = jsonparse.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
     except ValueError:
         log.warning("Tool call %s has arguments that are not JSON: %r", name, arguments)
         return {}

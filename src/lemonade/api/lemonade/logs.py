@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -15,6 +14,7 @@ from lemonade.api.middleware import chosen_subprotocol
 from lemonade.api.privacy import entry_view
 from lemonade.observability.logs import LogEntry
 from lemonade.services import Services
+from lemonade.util import jsonparse
 
 router = APIRouter(tags=["logs"])
 
@@ -22,7 +22,7 @@ router = APIRouter(tags=["logs"])
 def _parse_subscribe(text: str) -> tuple[int | None, str | None]:
     """(after_seq, error message)"""
     try:
-        msg: Any = json.loads(text)
+        msg: Any = jsonparse.loads(text)
     except ValueError:
         return None, "Message is not valid JSON"
     if not isinstance(msg, dict) or msg.get("type") != "logs.subscribe":

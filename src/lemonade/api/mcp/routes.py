@@ -10,7 +10,6 @@ middleware, as for every API route.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -20,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from lemonade import __version__
 from lemonade.api.mcp import tools
 from lemonade.services import Services
+from lemonade.util import jsonparse
 
 log = logging.getLogger("lemonade.mcp")
 router = APIRouter(tags=["mcp"])
@@ -128,7 +128,7 @@ async def mcp_post(request: Request) -> Response:
     svc: Services = request.app.state.services
     raw = await request.body()
     try:
-        message = json.loads(raw)
+        message = jsonparse.loads(raw)
     except ValueError as exc:
         return JSONResponse(error_reply(None, PARSE_ERROR, f"Parse error: body is not valid JSON ({exc})"))
     if isinstance(message, list):

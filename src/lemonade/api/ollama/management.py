@@ -21,6 +21,7 @@ from lemonade.api.errors import APIError
 from lemonade.api.ollama import models as om
 from lemonade.api.ollama import translate as tr
 from lemonade.api.ollama.protocol import NamedRequest, PullRequest, ShowRequest
+from lemonade.api.openapi import json_body
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
@@ -52,7 +53,7 @@ async def tags(request: Request) -> dict[str, Any]:
     return {"models": entries}
 
 
-@router.post("/show")
+@router.post("/show", openapi_extra=json_body(ShowRequest))
 async def show(request: Request) -> dict[str, Any]:
     body = await parse_body(request, ShowRequest)
     svc = _svc(request)
@@ -71,7 +72,7 @@ async def version() -> dict[str, Any]:
     return {"version": OLLAMA_COMPAT_VERSION, "lemonade_version": __version__}
 
 
-@router.delete("/delete")
+@router.delete("/delete", openapi_extra=json_body(NamedRequest))
 async def delete(request: Request) -> Response:
     body = await parse_body(request, NamedRequest)
     svc = _svc(request)
@@ -85,7 +86,7 @@ async def delete(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/pull")
+@router.post("/pull", openapi_extra=json_body(PullRequest))
 async def pull(request: Request) -> Response:
     body = await parse_body(request, PullRequest)
     svc = _svc(request)
@@ -144,6 +145,7 @@ async def push() -> None:
     raise _not_supported("Pushing models (/api/push)")
 
 
-@router.api_route("/blobs/{digest}", methods=["POST", "HEAD"])
+@router.post("/blobs/{digest}")
+@router.head("/blobs/{digest}")  # a route of its own: its own OpenAPI operationId
 async def blobs(digest: str) -> None:
     raise _not_supported("Uploading blobs (/api/blobs)")

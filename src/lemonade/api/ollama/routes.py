@@ -32,6 +32,7 @@ from lemonade.api.ollama.protocol import (
     KeepAlive,
     Options,
 )
+from lemonade.api.openapi import json_body
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
@@ -89,7 +90,7 @@ def _residency_reply(model_name: str, reason: str, chat: bool) -> dict[str, Any]
 
 # ----- chat and generate ---------------------------------------------------------------------------
 
-@router.post("/chat")
+@router.post("/chat", openapi_extra=json_body(ChatRequest))
 async def chat(request: Request) -> Response:
     body = await parse_body(request, ChatRequest)
     svc = _svc(request)
@@ -114,7 +115,7 @@ async def chat(request: Request) -> Response:
                       unload_after=_unloads(body.keep_alive))
 
 
-@router.post("/generate")
+@router.post("/generate", openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request) -> Response:
     body = await parse_body(request, GenerateRequest)
     svc = _svc(request)
@@ -230,7 +231,7 @@ def _truncate(vector: list[float], dimensions: int | None) -> list[float]:
     return [v / norm for v in cut]
 
 
-@router.post("/embed")
+@router.post("/embed", openapi_extra=json_body(EmbedRequest))
 async def embed(request: Request) -> dict[str, Any]:
     body = await parse_body(request, EmbedRequest)
     svc = _svc(request)
@@ -252,7 +253,7 @@ async def embed(request: Request) -> dict[str, Any]:
     return result
 
 
-@router.post("/embeddings")
+@router.post("/embeddings", openapi_extra=json_body(EmbeddingsRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
     """The legacy endpoint: one `prompt`, one `embedding`."""
     body = await parse_body(request, EmbeddingsRequest)

@@ -18,6 +18,7 @@ from lemonade.api.openai.protocol import (
     EmbeddingRequest,
     ResponsesRequest,
 )
+from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
@@ -71,6 +72,9 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
             if isinstance(prompt, str):
                 choice["text"] = prompt + choice.get("text", "")
         return JSONResponse(data)
+    if body.stream and not isinstance(body.prompt, str):
+        return await proxy(request).stream(model, "/v1/completions", payload, "completions",
+                                           transform=drop_null_events)
     return await relay(request, model, "/v1/completions", payload, body.stream, "completions")
 
 

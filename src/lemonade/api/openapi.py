@@ -1,0 +1,96 @@
+"""`/openapi.json` as the server really answers, so clients and fuzzers can trust it.
+
+FastAPI's generated document promises a 422 `HTTPValidationError` for bad input, but every error
+here is one of three family shapes (api/errors.py) with a 4xx or 5xx status of its own. This
+module documents that shape as each operation's `default` response, the stream a `"stream": true`
+request gets, and lets routes that read their body by hand (Ollama's, for its lenient content
+types) still describe the body they expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from lemonade.api.errors import api_family
+
+REF = "#/components/schemas/{model}"
+_MESSAGE = {"type": "string"}
+ERROR_SCHEMAS: dict[str, dict[str, Any]] = {
+    "openai": {
+        "title": "Error", "type": "object", "required": ["error"],
+        "properties": {
+            "error": {"type": "object", "required": ["message", "type"],
+                      "properties": {"message": _MESSAGE, "type": {"type": "string"},
+                                     "code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}},
+            "status": {"const": "error"}, "message": _MESSAGE}},
+    "ollama": {"title": "OllamaError", "type": "object", "required": ["error"], "properties": {"error": _MESSAGE}},
+    "anthropic": {
+        "title": "AnthropicError", "type": "object", "required": ["type", "error"],
+        "properties": {"type": {"const": "error"},
+                       "error": {"type": "object", "required": ["type", "message"],
+                                 "properties": {"type": {"type": "string"}, "message": _MESSAGE}}}},
+}
+_SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.items()}
+# Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
+STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
+            "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}
+STREAM_MEDIA = {"ollama": "application/x-ndjson"}
+# One SSE event as OpenAPI 3.2 describes it (`data` is the raw text: JSON, or `[DONE]`); an NDJSON
+# stream is one JSON object per line, left unconstrained here.
+STREAM_SCHEMAS: dict[str, dict[str, Any]] = {
+    "text/event-stream": {"type": "object", "properties": {
+        "event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+        "retry": {"type": "integer"}}},
+    "application/x-ndjson": {},
+}
+_PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0", "/api")  # longest first
+
+
+def _tail(path: str) -> str:
+    return next((path[len(p):] for p in _PREFIXES if path.startswith(p + "/")), path)
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that parses its body itself (api/body.py): documents `model` as the
+    request body. Its nested models are hoisted into the components by `build_openapi`."""
+    schema = model.model_json_schema(ref_template=REF)
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def build_openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document with the real error responses and without the 422 it never sends."""
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    for family, schema in ERROR_SCHEMAS.items():
+        components[_SCHEMA_NAMES[family]] = schema
+    for path, item in doc["paths"].items():
+        family = api_family(path)
+        error = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if _tail(path) in STREAMED[family] and "200" in responses:
+                media = STREAM_MEDIA.get(family, "text/event-stream")
+                responses["200"].setdefault("content", {})[media] = {"schema": STREAM_SCHEMAS[media]}
+            responses["default"] = {"description": "Error, in this API family's shape",
+                                    "content": {"application/json": {"schema": error}}}
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                components.update(media.get("schema", {}).pop("$defs", {}))
+    return doc
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve `build_openapi`'s document (built once, on first request)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_openapi(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
