@@ -219,7 +219,7 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit_mb * 1024 * 1024
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await error_response(scope["path"], self.error(), headers={"Connection": "close"})(scope, receive, send)
             return
