@@ -741,3 +741,15 @@ def test_engine_errors_of_a_stream_arrive_as_stream_events(server, client):
         ollama_lines = c.post("/api/chat", json={"model": GEMMA_NAME, "messages": [{"role": "user", "content": long}],
                                                  "options": {"num_predict": 2}}).text.strip().splitlines()
         assert "context" in json.loads(ollama_lines[-1])["error"]
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_the_engine(server, client):
+    """Tens of MB of text would keep llama-server tokenizing for minutes before its own refusal; our
+    code (not the engine's backend_error) shows the request never reached it."""
+    huge = "x" * (8192 * 256 + 1)  # more characters than 8192 tokens of any vocabulary can hold
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=GEMMA_NAME, messages=[{"role": "user", "content": huge}], max_tokens=1)
+    assert err.value.code == "context_length_exceeded" and "ctx_size" in str(err.value.message)
+    with pytest.raises(openai.APIError, match="cannot fit"):  # streamed: an error event, as for the engine's own
+        list(client.completions.create(model=GEMMA_NAME, prompt=huge, max_tokens=1, stream=True))
+    assert client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=1).choices

@@ -59,6 +59,33 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     return EngineError(status, f"{lm.name}: {message}", code="backend_error")
 
 
+MAX_CHARS_PER_TOKEN = 256  # no vocabulary has longer tokens: more characters than this cannot fit
+
+
+def _text_size(value: Any) -> int:
+    """Characters of text in a prompt, messages or input (content parts included, images not)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_size(v) for v in value)
+    if isinstance(value, dict):
+        return _text_size(value.get("content")) + _text_size(value.get("text"))
+    return 0
+
+
+def refuse_oversized_prompt(lm: LoadedModel, body: dict[str, Any] | None) -> None:
+    """A prompt that cannot possibly fit the model's context is refused before it reaches the engine,
+    which would otherwise tokenize all of it (minutes for tens of MB) before saying so."""
+    ctx = lm.options.get("resolved_ctx_size") or lm.options.get("ctx_size")
+    if not body or not isinstance(ctx, int) or ctx <= 0:
+        return
+    chars = sum(_text_size(body.get(key)) for key in ("messages", "prompt", "input"))
+    if chars > ctx * MAX_CHARS_PER_TOKEN:
+        raise EngineError(400, f"The request's text ({chars} characters) cannot fit the {ctx}-token context "
+                          f"{lm.name} is loaded with. Shorten it, or load the model with a larger ctx_size.",
+                          code="context_length_exceeded")
+
+
 class EngineUnreachable(EngineError):
     """The engine process did not answer at all (it died, or is dying)."""
 
@@ -105,6 +132,7 @@ class Proxy:
                     raw: bytes | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
+        refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if body is not None and not body.get("stream") else None
         data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
 
@@ -226,6 +254,7 @@ class Proxy:
                     await use.__aexit__(None, None, None)
 
             try:
+                refuse_oversized_prompt(lm, body)
                 resp = await self.http().post(lm.base_url + path, data=json.dumps(body).encode(),
                                               headers=STREAM_HEADERS)
                 break

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from lemonade.api.openai.protocol import MAX_TOKENS
+
 # Fields translated to the engine; any other top-level field is ignored with a warning.
 SUPPORTED_FIELDS = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k",
                     "stop_sequences", "stream", "tools", "tool_choice", "thinking", "output_config"}
@@ -52,7 +54,7 @@ class CountTokensRequest(BaseModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(..., ge=1)
+    max_tokens: int = Field(..., ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lemonade.api.openai.protocol import Tool
+from lemonade.api.openai.protocol import MAX_TOKENS, Tool
 
 KeepAlive = int | float | str | None
 Format = Literal["", "json"] | dict[str, Any] | None
@@ -28,7 +28,7 @@ class Options(BaseModel):
     min_p: float | None = Field(None, ge=0, le=1)
     typical_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = None
-    num_predict: int | None = Field(None, ge=-2, description="-1 = no limit, -2 = fill the context")
+    num_predict: int | None = Field(None, ge=-2, le=MAX_TOKENS, description="-1 = no limit, -2 = fill the context")
     num_ctx: int | None = Field(None, ge=1, description="Context size to load the model with, when this "
                                                        "request loads it")
     stop: str | list[str] | None = None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Stop = str | list[str]
+MAX_TOKENS = 2**31 - 1  # the engines count tokens in 32-bit integers; more would wrap around
 
 
 class _Passthrough(BaseModel):
@@ -53,8 +54,8 @@ class Tool(_Passthrough):
 
 class ChatCompletionRequest(Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=-1)
-    max_completion_tokens: int | None = Field(None, ge=-1)
+    max_tokens: int | None = Field(None, ge=-1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=-1, le=MAX_TOKENS)
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
@@ -69,7 +70,7 @@ class ChatCompletionRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] = Field(..., examples=["Once upon a time"])
-    max_tokens: int | None = Field(None, ge=-1)
+    max_tokens: int | None = Field(None, ge=-1, le=MAX_TOKENS)
     echo: bool | None = None
     logprobs: int | bool | None = None
 
@@ -88,5 +89,5 @@ class EmbeddingRequest(_Passthrough):
 
 class ResponsesRequest(Sampling):
     input: str | list[dict[str, Any]]
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     instructions: str | None = None
