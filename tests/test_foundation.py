@@ -242,6 +242,13 @@ def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
     user_view, admin_view = first_lines("sekret"), first_lines("admin")
     assert "cache dir <cache>" in user_view and str(srv.cache) not in user_view
     assert f"cache dir {srv.cache}" in admin_view
+    with srv.client() as c:
+        def storage(key: str, query: str = "") -> str:
+            info = c.get("/v1/system-info" + query, headers={"Authorization": f"Bearer {key}"}).json()
+            return info["model_storage"]["path"]
+
+        assert storage("sekret").startswith("<cache>") and storage("admin").startswith(str(srv.cache))
+        assert storage("sekret", "?include_paths=true").startswith(str(srv.cache))  # asked for
 
 
 # Routes any client may call without a key: liveness probes (Ollama's `/` too) and the API description.

@@ -753,3 +753,16 @@ def test_a_prompt_that_cannot_fit_is_refused_before_the_engine(server, client):
     with pytest.raises(openai.APIError, match="cannot fit"):  # streamed: an error event, as for the engine's own
         list(client.completions.create(model=GEMMA_NAME, prompt=huge, max_tokens=1, stream=True))
     assert client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=1).choices
+
+
+def test_a_lone_surrogate_is_a_400_not_an_engine_500(server):
+    """JSON can spell "\\ud800", which is no character; the engine would fail on it with a 500."""
+    def body(text: str) -> bytes:  # `text` is JSON source: escapes stay escapes
+        head = json.dumps({"model": GEMMA_NAME, "max_tokens": 1})[:-1]
+        return (head + ', "messages": [{"role": "user", "content": "' + text + '"}]}').encode()
+
+    with httpx.Client(base_url=server.url, timeout=300, headers={"Content-Type": "application/json"}) as c:
+        for path in ("/v1/chat/completions", "/api/chat"):
+            resp = c.post(path, content=body("a \\ud800 b"))
+            assert resp.status_code == 400 and "surrogate" in resp.text, (path, resp.text)
+        assert c.post("/v1/chat/completions", content=body("\\ud83c\\udf4b")).status_code == 200  # a pair: a lemon

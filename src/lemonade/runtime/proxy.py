@@ -59,6 +59,18 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     return EngineError(status, f"{lm.name}: {message}", code="backend_error")
 
 
+def encode(body: dict[str, Any]) -> bytes:
+    """The body as UTF-8 JSON for the engine. Text that is not Unicode (a lone UTF-16 surrogate such
+    as "\\ud800", which JSON can spell) is a 400 here; the engine would answer it with a 500."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape", "backslashreplace").decode()
+        raise APIError(400, f"The request contains text that is not valid Unicode ({bad}, a lone UTF-16 "
+                       "surrogate); send whole characters (a surrogate pair, or the character itself)",
+                       code="invalid_argument") from None
+
+
 MAX_CHARS_PER_TOKEN = 256  # no vocabulary has longer tokens: more characters than this cannot fit
 
 
@@ -134,7 +146,7 @@ class Proxy:
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if body is not None and not body.get("stream") else None
-        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+        data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
             async with self.http().request(method, lm.base_url + path, data=data,
@@ -160,7 +172,7 @@ class Proxy:
     async def _assembled(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """A non-streamed request sent to the engine streamed; the answer is built from the chunks
         (runtime/assemble.py says why). Cancelled, it closes the stream, which stops the engine."""
-        resp = await self.http().post(lm.base_url + path, data=json.dumps(body).encode(), headers=STREAM_HEADERS)
+        resp = await self.http().post(lm.base_url + path, data=encode(body), headers=STREAM_HEADERS)
         try:
             if resp.status != 200:
                 return resp.status, await resp.read()
@@ -255,7 +267,7 @@ class Proxy:
 
             try:
                 refuse_oversized_prompt(lm, body)
-                resp = await self.http().post(lm.base_url + path, data=json.dumps(body).encode(),
+                resp = await self.http().post(lm.base_url + path, data=encode(body),
                                               headers=STREAM_HEADERS)
                 break
             except ENGINE_ERRORS as exc:
