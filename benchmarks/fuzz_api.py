@@ -71,13 +71,13 @@ OTHER_PREFIXES = ("/api/v1/", "/v0/", "/api/v0/")
 # undo the setup the fuzz run needs; cases carrying such a value for them are not sent (counted).
 PROTECTED_RECIPE_ROUTES = ("/v1/install", "/v1/uninstall")
 # Where an answer may name a path under the run's folder because the client asked for it (with why).
-_EXTRA_FILE = "an extra-dir model's checkpoint is the user's own file"
+_EXTRA_FILE = "an extra-dir model's file by absolute path, when include_paths=true is sent"
+_ADMIN = "(no key is set in this run, so every caller is the admin, who sees this machine's paths)"
 PATHS_ASKED_FOR = {
-    "GET /v1/system-info": "model_storage.path (spec)", "GET /internal/config": "the settings (admin)",
+    "GET /v1/system-info": "model_storage.path (spec) " + _ADMIN, "GET /internal/config": "the settings (admin)",
     "POST /internal/set": "answers with the settings (admin)", "GET /v1/models": _EXTRA_FILE,
-    "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/health": "a loaded model's checkpoint (" + _EXTRA_FILE + ")",
+    "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/health": "a loaded model's launch_command " + _ADMIN,
     "GET /v1/models/{model_id}/files": "the model's files, asked for",
-    "POST /api/show": "the Modelfile's FROM line names the weights file, as Ollama's does",
     "DELETE /api/delete": "the refusal to delete a user's extra-dir file names it",
     "POST /v1/delete": "the refusal to delete a user's extra-dir file names it",
 }
@@ -97,9 +97,7 @@ MAX_TOKENS = 8
 # fuzzed and schema-checked; their 501s are counted apart from the 5xx figure.
 _OLLAMA_501 = "ollama.md: not supported, returns 501"
 SPEC_501 = {"/api/create": _OLLAMA_501, "/api/copy": _OLLAMA_501, "/api/push": _OLLAMA_501,
-            "/api/blobs/{digest}": _OLLAMA_501,
-            "/v1/slots/{slot_id}": "llamacpp-newer.md: every action needs llama-server's --slot-save-path (not set "
-                                   "by default); llama-server answers 501 without it, relayed as is"}
+            "/api/blobs/{digest}": _OLLAMA_501}
 
 
 def canonical(label: str) -> str:

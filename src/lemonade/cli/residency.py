@@ -11,10 +11,14 @@ from lemonade.cli.client import ServerClient
 from lemonade.cli.common import HostOpt, PortOpt, fail, out, require_server
 from lemonade.cli.progress import ProgressView
 
-CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic")]
+RECIPE_PANEL = "Recipe options: llamacpp"  # guide-cli.md groups the load options by recipe
+CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic",
+                                            rich_help_panel=RECIPE_PANEL)]
 ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
-                                                                     "\"--threads 2 -np 2\"")]
-BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend", help="llama.cpp backend: cpu or system")]
+                                                                     "\"--threads 2 -np 2\"",
+                                             rich_help_panel=RECIPE_PANEL)]
+BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend", help="llama.cpp backend: cpu or system",
+                                                rich_help_panel=RECIPE_PANEL)]
 
 
 def load_body(model: str, ctx_size: int | None = None, llamacpp_args: str | None = None,
