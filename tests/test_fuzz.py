@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_fuzzing_every_operation_finds_no_5xx_and_no_schema_violation():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_api.py"), "--examples", "6"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_api.py"), "--examples", "15"],
                           capture_output=True, text=True, timeout=1200, cwd=ROOT)
     report = proc.stdout[-6000:] + "\n" + proc.stderr[-3000:]
     assert proc.returncode == 0, report
