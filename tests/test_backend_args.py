@@ -125,3 +125,15 @@ def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):
     bad.write_bytes(b"\0\0\0\0" + good.read_bytes()[4:])
     with pytest.raises(BackendStartError, match="lemonade pull user.M"):
         refuse_damaged_files(model, {"main": [good], "mmproj": [bad]})
+
+
+@pytest.mark.parametrize(("body", "streamed"), [
+    ({"max_tokens": 1}, False), ({"max_tokens": 16}, False), ({"max_completion_tokens": 8}, False),
+    ({"max_tokens": 17}, True), ({}, True), ({"max_tokens": -1}, True), ({"n_predict": 500}, True),
+    ({"max_tokens": 500, "stream": True}, False),  # already a stream: relayed as it is
+])
+def test_only_generations_that_may_run_long_are_asked_as_streams(body, streamed):
+    """A short answer ends before a client could give up on it; it skips the streamed detour."""
+    from lemonade.runtime.proxy import SHORT_ANSWER_TOKENS, may_run_long
+
+    assert SHORT_ANSWER_TOKENS == 16 and may_run_long(body) is streamed

@@ -71,6 +71,19 @@ def encode(body: dict[str, Any]) -> bytes:
                        code="invalid_argument") from None
 
 
+SHORT_ANSWER_TOKENS = 16  # done in a fraction of a second: nothing worth cancelling
+
+
+def may_run_long(body: dict[str, Any] | None) -> bool:
+    """Whether a non-streamed generation could go on long enough for its client to give up on it.
+    Only those are asked of the engine as streams (so hanging up stops them); a stream costs a
+    connection of its own, a few ms that a short answer is better off without."""
+    if body is None or body.get("stream"):
+        return False
+    budget = next((body[k] for k in ("max_tokens", "max_completion_tokens", "n_predict") if k in body), None)
+    return not isinstance(budget, int) or budget < 0 or budget > SHORT_ANSWER_TOKENS
+
+
 MAX_CHARS_PER_TOKEN = 256  # no vocabulary has longer tokens: more characters than this cannot fit
 
 
@@ -145,7 +158,7 @@ class Proxy:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
-        streamed = lm.engine.streamed_for_cancel.get(path) if body is not None and not body.get("stream") else None
+        streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
         data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
