@@ -72,8 +72,8 @@ class OriginPolicy:
             if parts.scheme == "http" and parts.hostname and not _is_loopback_name(parts.hostname):
                 log.warning("Allowed origin %s is plain HTTP on a remote host: prefer https://", entry)
         self.hosts = {p.hostname for p in map(urlsplit, self.listed) if p.hostname}
-        machine = socket.gethostname().lower()
-        self.hosts |= {machine, machine + ".local", socket.getfqdn().lower()}
+        machine = socket.gethostname().lower()  # (not getfqdn: a DNS lookup could stall the start offline)
+        self.hosts |= {machine, machine + ".local"}
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.any_origin or not host_header:
