@@ -134,6 +134,6 @@ def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):
 ])
 def test_only_generations_that_may_run_long_are_asked_as_streams(body, streamed):
     """A short answer ends before a client could give up on it; it skips the streamed detour."""
-    from lemonade.runtime.proxy import SHORT_ANSWER_TOKENS, may_run_long
+    from lemonade.runtime.engine_request import SHORT_ANSWER_TOKENS, may_run_long
 
     assert SHORT_ANSWER_TOKENS == 16 and may_run_long(body) is streamed

@@ -26,6 +26,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.assemble import Assembly
+from lemonade.runtime.engine_request import EngineError, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.runtime.router import LoadedModel, Router
@@ -42,10 +43,6 @@ STREAM_HEADERS = {**JSON_HEADERS, "Connection": "close"}
 ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
-class EngineError(APIError):
-    """An error the engine answered with, or the engine not answering: what a stream reports in-band."""
-
-
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     """The engine's own status and message, in our error shape."""
     message = text
@@ -57,58 +54,6 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
     return EngineError(status, f"{lm.name}: {message}", code="backend_error")
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    """The body as UTF-8 JSON for the engine. Text that is not Unicode (a lone UTF-16 surrogate such
-    as "\\ud800", which JSON can spell) is a 400 here; the engine would answer it with a 500."""
-    try:
-        return json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start:exc.end].encode("unicode_escape", "backslashreplace").decode()
-        raise APIError(400, f"The request contains text that is not valid Unicode ({bad}, a lone UTF-16 "
-                       "surrogate); send whole characters (a surrogate pair, or the character itself)",
-                       code="invalid_argument") from None
-
-
-SHORT_ANSWER_TOKENS = 16  # done in a fraction of a second: nothing worth cancelling
-
-
-def may_run_long(body: dict[str, Any] | None) -> bool:
-    """Whether a non-streamed generation could go on long enough for its client to give up on it.
-    Only those are asked of the engine as streams (so hanging up stops them); a stream costs a
-    connection of its own, a few ms that a short answer is better off without."""
-    if body is None or body.get("stream"):
-        return False
-    budget = next((body[k] for k in ("max_tokens", "max_completion_tokens", "n_predict") if k in body), None)
-    return not isinstance(budget, int) or budget < 0 or budget > SHORT_ANSWER_TOKENS
-
-
-MAX_CHARS_PER_TOKEN = 256  # no vocabulary has longer tokens: more characters than this cannot fit
-
-
-def _text_size(value: Any) -> int:
-    """Characters of text in a prompt, messages or input (content parts included, images not)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_size(v) for v in value)
-    if isinstance(value, dict):
-        return _text_size(value.get("content")) + _text_size(value.get("text"))
-    return 0
-
-
-def refuse_oversized_prompt(lm: LoadedModel, body: dict[str, Any] | None) -> None:
-    """A prompt that cannot possibly fit the model's context is refused before it reaches the engine,
-    which would otherwise tokenize all of it (minutes for tens of MB) before saying so."""
-    ctx = lm.options.get("resolved_ctx_size") or lm.options.get("ctx_size")
-    if not body or not isinstance(ctx, int) or ctx <= 0:
-        return
-    chars = sum(_text_size(body.get(key)) for key in ("messages", "prompt", "input"))
-    if chars > ctx * MAX_CHARS_PER_TOKEN:
-        raise EngineError(400, f"The request's text ({chars} characters) cannot fit the {ctx}-token context "
-                          f"{lm.name} is loaded with. Shorten it, or load the model with a larger ctx_size.",
-                          code="context_length_exceeded")
 
 
 class EngineUnreachable(EngineError):
