@@ -29,6 +29,7 @@ from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 
 log = logging.getLogger("lemonade.server")
+NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
 
 # Which of our endpoints a deployment mode serves, for "use X instead" hints.
 ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
@@ -153,9 +154,11 @@ class Services:
                            code="model_load_error")
         return files
 
-    def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None) -> int | None:
+    def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None,
+                       files: dict[str, list[Path]] | None | object = NOT_LOOKED_UP) -> int | None:
         """The context a model has: the value it was loaded with, else what its options (`options`, or
-        the effective ones) would give, automatic sizing resolved; None when unknown."""
+        the effective ones) would give, automatic sizing resolved; None when unknown. `files`: the
+        model's files when the caller has looked them up already."""
         loaded = self.router.loaded.get(model.name)
         if loaded is not None and options is None:
             ctx = loaded.options.get("resolved_ctx_size") or loaded.options.get("ctx_size")
@@ -166,7 +169,9 @@ class Services:
             return None
         if options is None:
             options = self.options.resolve(model.name, model.recipe)
-        return engine.context_length(options, self.catalog.local_files(model))
+        if files is NOT_LOOKED_UP:
+            files = self.catalog.local_files(model)
+        return engine.context_length(options, files)  # type: ignore[arg-type]
 
     async def delete_model(self, model: ModelInfo) -> bool:
         """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:

@@ -110,10 +110,11 @@ def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], b
 
 def flags_of(argv: list[str]) -> list[str]:
     """The flag tokens of an argument list (values, negative numbers included, are skipped)."""
-    return [t.split("=", 1)[0] for t in argv if t.startswith("-") and not _is_number(t)]
+    return [t.split("=", 1)[0] for t in argv if t.startswith("-") and not is_number(t)]
 
 
-def _is_number(token: str) -> bool:
+def is_number(token: str) -> bool:
+    """`-1`, `0.5`: a value, not a flag, though it may start with a dash."""
     try:
         float(token)
         return True

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lemonade.backends.engine import Option
+from lemonade.backends.engine import Option, is_number
 from lemonade.backends.registry import all_option_names, args_options, recipe_modes, recipe_options
 from lemonade.config import Config
 from lemonade.util.atomic import atomic_write_json, read_json
@@ -58,19 +58,11 @@ def all_options() -> dict[str, Option]:
 def _flag_groups(argv: list[str]) -> list[list[str]]:
     groups: list[list[str]] = []
     for token in argv:
-        if token.startswith("-") and not _is_number(token) or not groups:
+        if token.startswith("-") and not is_number(token) or not groups:
             groups.append([token])
         else:
             groups[-1].append(token)
     return groups
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
 
 
 def merge_args(global_args: str, model_args: str) -> str:

@@ -178,7 +178,7 @@ def show(svc: Services, model: ModelInfo, verbose: bool = False) -> dict[str, An
     template = meta.pop("tokenizer.chat_template", None)
     if template is None and meta and model.mode == "chat":
         template = _fallback_template(meta)
-    ctx = svc.context_length(model)
+    ctx = svc.context_length(model, files=files)
     model_info = {k: v for k, v in meta.items() if verbose or not k.startswith("tokenizer.")}
     model_info.setdefault("general.architecture", details(model, files, meta)["family"])
     source = shown_checkpoint(model)  # Ollama names its blob path here; ours would name the user's folders
@@ -201,7 +201,7 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
     if model is None:
         return None
     files = svc.catalog.local_files(model)
-    ctx = svc.context_length(model)
+    ctx = svc.context_length(model, files=files)
     entry = {"name": tagged(model), "model": tagged(model), "size": _size_bytes(model, files),
              "digest": _digest(model, files), "details": details(model, files), "expires_at": FAR_FUTURE,
              "size_vram": 0}

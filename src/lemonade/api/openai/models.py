@@ -38,7 +38,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     ctx = svc.catalog.max_context_window(model, files)
     if ctx is not None:
         obj["max_context_window"] = ctx
-    context = svc.context_length(model)
+    context = svc.context_length(model, files=files)
     if context is not None:
         obj["context_length"] = context
     obj["downloaded"] = downloaded
