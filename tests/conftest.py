@@ -41,7 +41,7 @@ def llama_backend() -> Path:
     from lemonade.backends.install import BackendInstaller
 
     installer = BackendInstaller(TEST_CACHE)
-    if installer.llama_server_path("cpu") is None:
+    if installer.state("llamacpp", "cpu").state != "installed":
         installer.install("llamacpp", "cpu", progress=lambda e: print(e.get("message", ""), file=sys.stderr))
     return TEST_CACHE / "backends" / "llamacpp" / "cpu"
 

@@ -52,6 +52,7 @@ from lemonade.backends.llamacpp_build import (
     LLAMA_CPP_VERSION,
     BuildLog,
     InstallError,
+    build_flags,
     check_toolchain,
     cmake_build,
     emit,
@@ -231,6 +232,13 @@ class BackendInstaller:
                 f"this Lemonade uses {PINNED_VERSION}).",
                 action=action, version=version, devices=["cpu"],
             )  # fmt: skip
+        if info.get("source") == "source-build" and info.get("cmake_flags") != build_flags():
+            return BackendState(
+                "llamacpp", "cpu", "update_required",
+                message="The installed llama.cpp was built with other options than this Lemonade uses for this "
+                "CPU (e.g. with AMX kernels, which crashed); rebuild it.",
+                action=action, version=version, devices=["cpu"],
+            )  # fmt: skip
         return BackendState("llamacpp", "cpu", "installed", version=version, devices=["cpu"])
 
     def default_backend(self) -> str:
@@ -392,7 +400,8 @@ class BackendInstaller:
         for name in ("llama-server", "llama-gguf-split"):
             if (bin_dir / name).is_file():
                 shutil.copy2(bin_dir / name, staging / name)
-        return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend))}
+        return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend)),
+                "cmake_flags": build_flags()}
 
     @staticmethod
     def _release_allowed() -> bool:

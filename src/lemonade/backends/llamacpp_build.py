@@ -71,6 +71,34 @@ CMAKE_FLAGS = (
     f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}",
 )
 
+
+
+def cpu_cmake_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """Flags for this machine's CPU on top of llama.cpp's `-march=native`.
+
+    AMX stays off: on CPUs that report AMX (Xeon Sapphire Rapids and later) the pinned build's AMX
+    matrix kernels crashed llama-server with SIGSEGV in its warm-up decode (seen on this project's
+    2-core VMs; `ggml_backend_amx_mul_mat`), while the AVX-512 kernels of the same build serve
+    correctly. Explicit `-mno-amx-*` flags win over `-march=native` in GCC and Clang, so ggml
+    compiles its AMX code out. A CPU without AMX builds exactly as before.
+    """
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return ()
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    if "amx_tile" not in flags:
+        return ()
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    return (f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}")
+
+
+def build_flags() -> list[str]:
+    """Every CMake flag a source build of this machine uses; recorded in install.json, so a build
+    made with other flags (an older Lemonade's) is rebuilt rather than trusted."""
+    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
+
+
 TOOLCHAIN_HINT = (
     "Install a C/C++ toolchain and CMake, then retry. "
     "Debian/Ubuntu: `sudo apt-get install build-essential cmake`; "
@@ -518,7 +546,7 @@ def cmake_build(src: Path, build_dir: Path, tools: dict[str, str], blog: BuildLo
     build_dir.mkdir(parents=True, exist_ok=True)
 
     emit(progress, "configure", "Configuring llama.cpp (cmake)", None)
-    cmd = [cmake, "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS]
+    cmd = [cmake, "-S", str(src), "-B", str(build_dir), *build_flags()]
     if generator:
         cmd[1:1] = ["-G", generator]
 
