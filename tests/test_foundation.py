@@ -79,6 +79,37 @@ def test_openapi_describes_routes(server):
         assert path in spec["paths"], path
 
 
+def _resolve(spec: dict, schema: dict) -> dict:
+    ref = schema.get("$ref", "")
+    return spec["components"]["schemas"][ref.rsplit("/", 1)[-1]] if ref else schema
+
+
+def test_openapi_types_every_success_answer(server):
+    """Every operation documents what it answers on success (api/responses.py), so clients and the
+    fuzz run can check the fields; only Ollama's always-refused routes document none."""
+    with server.client() as c:
+        spec = c.get("/openapi.json").json()
+    untyped = []
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            ok = op["responses"].get("200")
+            if ok is None:
+                assert path.startswith(("/api/create", "/api/copy", "/api/push", "/api/blobs")), (method, path)
+                continue
+            for media, content in ok.get("content", {}).items():
+                schema = _resolve(spec, content.get("schema") or {})
+                if media == "application/json" and not ({"properties", "items"} & schema.keys()):
+                    untyped.append(f"{method.upper()} {path}")
+    assert not untyped, untyped
+    health = _resolve(spec, spec["paths"]["/v1/health"]["get"]["responses"]["200"]["content"]["application/json"]
+                      ["schema"])
+    assert {"status", "version", "all_models_loaded", "max_models"} <= set(health["required"])
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert {"application/json", "text/event-stream"} <= chat.keys()
+    tags = spec["paths"]["/api/tags"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert _resolve(spec, tags)["properties"]["models"]["items"]["$ref"].endswith("/OllamaModel")
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/load", "/v1/models/register", "/internal/set",
                                   "/v1/embeddings", "/v1/install"])
 def test_malformed_json_is_400(server, path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -767,3 +768,52 @@ def test_a_lone_surrogate_is_a_400_not_an_engine_500(server):
             resp = c.post(path, content=body("a \\ud800 b"))
             assert resp.status_code == 400 and "surrogate" in resp.text, (path, resp.text)
         assert c.post("/v1/chat/completions", content=body("\\ud83c\\udf4b")).status_code == 200  # a pair: a lemon
+
+
+# ----- /openapi.json tells the truth about successful answers (api/responses.py) ----------------
+
+def _inline_refs(node, components):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline_refs(components[node["$ref"].rsplit("/", 1)[-1]], components)
+        return {k: _inline_refs(v, components) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline_refs(v, components) for v in node]
+    return node
+
+
+def test_real_answers_match_their_documented_schemas(server):
+    """One real request per operation family, with the real model loaded: each JSON answer validates
+    against the schema /openapi.json documents for it (the fuzz run rarely gets past validation)."""
+    import jsonschema
+
+    with server.client() as c:
+        spec = c.get("/openapi.json").json()
+        components = spec["components"]["schemas"]
+        chat = {"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 4}
+        requests = [
+            ("post", "/v1/chat/completions", chat),
+            ("post", "/v1/chat/completions", {**chat, "max_tokens": 40}),  # the assembled-from-stream path
+            ("post", "/v1/completions", {"model": GEMMA_NAME, "prompt": "Hello", "max_tokens": 4}),
+            ("post", "/v1/responses", {"model": GEMMA_NAME, "input": "Hello", "max_output_tokens": 4}),
+            ("post", "/v1/messages", {"model": GEMMA_NAME, "max_tokens": 4, "messages": CHAT}),
+            ("post", "/v1/messages/count_tokens", {"model": GEMMA_NAME, "messages": CHAT}),
+            ("post", "/v1/tokenize", {"model": GEMMA_NAME, "content": "Hello world"}),
+            ("get", "/v1/slots", None),
+            ("get", "/v1/health", None), ("get", "/v1/stats", None), ("get", "/v1/system-info", None),
+            ("get", "/v1/system-stats", None), ("get", "/v1/models", None), ("get", f"/v1/models/{GEMMA_NAME}", None),
+            ("get", f"/v1/models/{GEMMA_NAME}/options", None), ("get", "/v1/downloads", None),
+            ("post", "/api/chat", {"model": GEMMA_NAME, "messages": CHAT, "stream": False,
+                                   "options": {"num_predict": 4}}),
+            ("post", "/api/generate", {"model": GEMMA_NAME, "prompt": "Hello", "stream": False,
+                                       "options": {"num_predict": 4}}),
+            ("post", "/api/show", {"model": GEMMA_NAME}), ("get", "/api/tags", None), ("get", "/api/ps", None),
+            ("get", "/api/version", None), ("get", "/internal/config", None), ("get", "/internal/aliases", None),
+            ("post", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        ]
+        for method, path, body in requests:
+            resp = c.request(method.upper(), path, json=body)
+            assert resp.status_code == 200, (path, resp.text[:300])
+            template = next(p for p in spec["paths"] if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", p), path))
+            schema = spec["paths"][template][method]["responses"]["200"]["content"]["application/json"]["schema"]
+            jsonschema.validate(resp.json(), _inline_refs(schema, components))

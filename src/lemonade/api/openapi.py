@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from lemonade.api.errors import api_family
+from lemonade.api.responses import OLLAMA_SUCCESS, SUCCESS, UNSUPPORTED, Answer
 
 REF = "#/components/schemas/{model}"
 _MESSAGE = {"type": "string"}
@@ -61,8 +62,27 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def _add_component(components: dict[str, Any], name: str, schema: dict[str, Any]) -> None:
+    if components.setdefault(name, schema) != schema:
+        raise ValueError(f"Two different schemas are named {name} in /openapi.json: rename one")
+
+
+def _success(answer: Answer, components: dict[str, Any]) -> dict[str, Any]:
+    """The documented 200 response of an operation (api/responses.py)."""
+    if answer is None:
+        return {"description": "Success, with an empty body"}
+    if isinstance(answer, dict):
+        return {"description": "Success", "content": {media: {"schema": schema} for media, schema in answer.items()}}
+    schema = answer.model_json_schema(ref_template=REF)
+    for name, nested in schema.pop("$defs", {}).items():
+        _add_component(components, name, nested)
+    _add_component(components, answer.__name__, schema)
+    return {"description": "Success",
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=answer.__name__)}}}}
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document with the real error responses and without the 422 it never sends."""
+    """FastAPI's document with the real success and error responses, without the 422 it never sends."""
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
@@ -72,9 +92,15 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for path, item in doc["paths"].items():
         family = api_family(path)
         error = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
-        for operation in item.values():
+        table = OLLAMA_SUCCESS if family == "ollama" else SUCCESS
+        for method, operation in item.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
+            key = (method, _tail(path))
+            if family == "ollama" and key in UNSUPPORTED:
+                responses.pop("200", None)
+            elif key in table:
+                responses["200"] = _success(table[key], components)
             if _tail(path) in STREAMED[family] and "200" in responses:
                 media = STREAM_MEDIA.get(family, "text/event-stream")
                 responses["200"].setdefault("content", {})[media] = {"schema": STREAM_SCHEMAS[media]}

@@ -1,0 +1,387 @@
+"""What each operation answers on success, for `/openapi.json` only.
+
+Routes return plain dicts (or relay an engine's JSON) on purpose: validating every answer through
+a pydantic `response_model` would cost time on the request path (docs/performance.md) and would
+drop fields engines add. These models only *document* the answers: `api/openapi.py` attaches them
+to the operations listed in `SUCCESS`, keyed by method and path after the prefix. Every model allows
+extra fields: the fields named are the ones the spec documents and the server always sends, so a
+client can rely on them and a fuzzer checks them (`benchmarks/fuzz_api.py`, `tests/test_fuzz.py`).
+`tests/test_foundation.py` checks that no JSON operation is left without one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Number = int | float
+
+
+class Doc(BaseModel):
+    """A documented answer: named fields are always there; others may follow."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ----- status -----------------------------------------------------------------------------------------
+class Live(Doc):
+    status: Literal["ok"]
+
+
+class LoadedModel(Doc):
+    model_name: str
+    checkpoint: str | None = None
+    type: str
+    recipe: str
+    device: str
+    pinned: bool
+    is_busy: bool
+    backend_url: str
+    recipe_options: dict[str, Any]
+    launch_command: list[str]
+
+
+class Health(Doc):
+    status: Literal["ok"]
+    version: str
+    model_loaded: str | None
+    all_models_loaded: list[LoadedModel]
+    max_models: dict[str, int]
+    pinned_models: dict[str, int]
+    queue: dict[str, Any]
+    websocket_port: int | None = None
+
+
+class Stats(Doc):
+    time_to_first_token: Number | None
+    tokens_per_second: Number | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+class SystemStats(Doc):
+    cpu_percent: Number | None
+    memory_gb: Number | None
+    gpu_percent: Number | None
+    vram_gb: Number | None
+    npu_percent: Number | None
+
+
+class SystemInfo(Doc):
+    devices: dict[str, Any]
+    recipes: dict[str, Any]
+
+
+# ----- models and their management ---------------------------------------------------------------
+class Model(Doc):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    recipe: str | None = None
+    downloaded: bool | None = None
+    labels: list[str] = []
+
+
+class ModelList(Doc):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class Status(Doc):
+    """The `{"status": "success", "message": ...}` answer of Lemonade's management routes."""
+
+    status: str
+    message: str | None = None
+
+
+class Registered(Status):
+    model_name: str
+
+
+class Installed(Status):
+    recipe: str
+    backend: str
+
+
+class OptionsView(Doc):
+    model_name: str
+    recipe: str
+    saved: dict[str, Any]
+    effective: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+class ModelFiles(Doc):
+    model_id: str
+    files: list[dict[str, Any]]
+
+
+class Updates(Status):
+    updates_available: int
+    models: list[dict[str, Any]]
+
+
+class SearchResult(Doc):
+    repository_id: str
+    source: str
+
+
+class SearchResults(Doc):
+    source: str
+    query: str
+    total: int
+    results: list[SearchResult]
+
+
+class Variants(Doc):
+    checkpoint: str
+    variants: list[dict[str, Any]]
+
+
+class DownloadJob(Doc):
+    id: str
+    model_name: str
+    status: str
+    running: bool
+
+
+class Pinned(Status):
+    model_name: str
+    pinned: bool
+
+
+class Alias(Doc):
+    alias: str
+    target: str
+
+
+class Aliases(Doc):
+    aliases: list[Alias]
+
+
+# ----- inference (OpenAI) -------------------------------------------------------------------------
+class AssistantMessage(Doc):
+    role: str
+    content: str | None = None
+
+
+class ChatChoice(Doc):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+
+
+class ChatCompletion(Doc):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+
+
+class CompletionChoice(Doc):
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+class Completion(Doc):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+
+
+class Embedding(Doc):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # str: base64 with encoding_format=base64
+
+
+class Embeddings(Doc):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+
+
+class Response(Doc):
+    id: str
+    object: Literal["response"]
+    status: str
+    output: list[dict[str, Any]]
+
+
+class Transcription(Doc):
+    text: str
+
+
+class RerankResult(Doc):
+    index: int
+    relevance_score: float
+
+
+class Reranked(Doc):
+    model: str
+    results: list[RerankResult]
+
+
+class Tokens(Doc):
+    tokens: list[int | dict[str, Any]]
+
+
+class SlotAction(Doc):
+    id_slot: int | None = None
+
+
+# ----- Anthropic ----------------------------------------------------------------------------------
+class AnthropicMessage(Doc):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    content: list[dict[str, Any]]
+    model: str
+    stop_reason: str | None
+    usage: dict[str, Any]
+
+
+class TokenCount(Doc):
+    input_tokens: int
+
+
+# ----- Ollama ------------------------------------------------------------------------------------
+class OllamaModel(Doc):
+    name: str
+    model: str
+    size: int
+    digest: str
+    details: dict[str, Any]
+
+
+class OllamaModels(Doc):
+    models: list[OllamaModel]
+
+
+class OllamaShow(Doc):
+    modelfile: str
+    parameters: str
+    template: str
+    details: dict[str, Any]
+    model_info: dict[str, Any]
+    capabilities: list[str]
+
+
+class OllamaVersion(Doc):
+    version: str
+
+
+class OllamaChat(Doc):
+    model: str
+    created_at: str
+    message: dict[str, Any]
+    done: bool
+
+
+class OllamaGenerate(Doc):
+    model: str
+    created_at: str
+    response: str
+    done: bool
+
+
+class OllamaEmbed(Doc):
+    model: str
+    embeddings: list[list[float]]
+
+
+class OllamaEmbedding(Doc):
+    embedding: list[float]
+
+
+class OllamaStatus(Doc):
+    status: str
+
+
+# ----- MCP ---------------------------------------------------------------------------------------
+class JsonRpcReply(Doc):
+    jsonrpc: Literal["2.0"]
+    id: str | int | None
+    result: dict[str, Any] | None = Field(None, description="Present on success")
+    error: dict[str, Any] | None = Field(None, description="Present on failure: code and message")
+
+
+TEXT = {"type": "string"}  # text/plain answers
+Answer = type[BaseModel] | dict[str, dict[str, Any]] | None  # None: an empty body
+# (method, path after the prefix) -> the model of its 200 JSON answer, a schema per media type, or
+# None for an empty body. Lemonade's, OpenAI's, Anthropic's and llama.cpp's routes share this table.
+SUCCESS: dict[tuple[str, str], Answer] = {
+    ("get", "/live"): Live,
+    ("head", "/live"): None,
+    ("get", "/"): {"text/plain": TEXT},
+    ("head", "/"): {"text/plain": TEXT},
+    ("get", "/metrics"): {"text/plain": TEXT},
+    ("head", "/metrics"): {"text/plain": TEXT},
+    ("get", "/health"): Health,
+    ("get", "/stats"): Stats,
+    ("get", "/system-stats"): SystemStats,
+    ("get", "/system-info"): SystemInfo,
+    ("get", "/models"): ModelList,
+    ("get", "/models/{model_id}"): Model,
+    ("post", "/models/register"): Registered,
+    ("get", "/models/{model_id}/options"): OptionsView,
+    ("post", "/models/{model_id}/options"): OptionsView,
+    ("delete", "/models/{model_id}/options"): OptionsView,
+    ("get", "/models/{model_id}/files"): ModelFiles,
+    ("post", "/models/check-updates"): Updates,
+    ("post", "/load"): Status,
+    ("post", "/unload"): Status,
+    ("post", "/install"): Installed,
+    ("post", "/uninstall"): Installed,
+    ("post", "/pull"): Registered,
+    ("post", "/delete"): Status,
+    ("get", "/downloads"): {"application/json": {"type": "array", "items": DownloadJob.model_json_schema()}},
+    ("post", "/downloads/control"): Status,  # the job as it is now, or {"status": "ok"} once removed
+    ("get", "/registry/search"): SearchResults,
+    ("get", "/pull/variants"): Variants,
+    ("post", "/chat/completions"): ChatCompletion,
+    ("post", "/completions"): Completion,
+    ("post", "/embeddings"): Embeddings,
+    ("post", "/responses"): Response,
+    ("post", "/audio/transcriptions"): {"application/json": Transcription.model_json_schema(),
+                                        "text/plain": TEXT, "text/vtt": TEXT, "application/x-subrip": TEXT},
+    ("post", "/rerank"): Reranked,
+    ("post", "/reranking"): Reranked,
+    ("post", "/reranker"): Reranked,
+    ("post", "/tokenize"): Tokens,
+    ("get", "/slots"): {"application/json": {"type": "array", "items": {"type": "object"}}},
+    ("post", "/slots/{slot_id}"): SlotAction,
+    ("post", "/messages"): AnthropicMessage,
+    ("post", "/messages/count_tokens"): TokenCount,
+    ("get", "/internal/config"): {"application/json": {"type": "object", "required": ["port", "host"],
+                                                       "properties": {"port": {"type": "integer"},
+                                                                      "host": {"type": "string"}}}},
+    ("post", "/internal/set"): Status,
+    ("post", "/internal/pin"): Pinned,
+    ("get", "/internal/aliases"): Aliases,
+    ("post", "/internal/aliases"): Alias,
+    ("delete", "/internal/aliases/{alias}"): Alias,
+    ("post", "/mcp"): JsonRpcReply,
+}
+# The Ollama API (`/api/...`), whose paths after `/api` overlap the others' (`/pull`, `/embeddings`).
+OLLAMA_SUCCESS: dict[tuple[str, str], Answer] = {
+    ("get", "/tags"): OllamaModels,
+    ("get", "/ps"): OllamaModels,
+    ("post", "/show"): OllamaShow,
+    ("get", "/version"): OllamaVersion,
+    ("delete", "/delete"): None,
+    ("post", "/chat"): OllamaChat,
+    ("post", "/generate"): OllamaGenerate,
+    ("post", "/embed"): OllamaEmbed,
+    ("post", "/embeddings"): OllamaEmbedding,
+    ("post", "/pull"): OllamaStatus,
+}
+# Operations that always refuse (Ollama's model creation and upload): no success answer to document.
+UNSUPPORTED = {("post", "/create"), ("post", "/copy"), ("post", "/push"), ("post", "/blobs/{digest}"),
+               ("head", "/blobs/{digest}")}
