@@ -370,3 +370,35 @@ def test_uninstall_system_is_refused(tmp_path):
     with pytest.raises(InstallError) as err:
         BackendInstaller(tmp_path).uninstall("llamacpp", "system")
     assert err.value.code == "unsupported_backend"
+
+
+def test_source_build_leaves_amx_out_on_cpus_that_have_it(tmp_path):
+    """AMX kernels of the pinned build crashed llama-server on AMX CPUs: they are compiled out there,
+    and a CPU without AMX builds as before (flags read from the real /proc/cpuinfo format)."""
+    from lemonade.backends.llamacpp_build import CMAKE_FLAGS, build_flags, cpu_cmake_flags
+
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n\n")
+    plain = tmp_path / "plain"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n\n")
+    assert cpu_cmake_flags(plain) == () and cpu_cmake_flags(tmp_path / "missing") == ()
+    flags = cpu_cmake_flags(amx)
+    assert any(f.startswith("-DCMAKE_C_FLAGS=") and "-mno-amx-int8" in f for f in flags)
+    assert any(f.startswith("-DCMAKE_CXX_FLAGS=") and "-mno-amx-tile" in f for f in flags)
+    assert build_flags()[:len(CMAKE_FLAGS)] == list(CMAKE_FLAGS)
+
+
+def test_a_build_made_with_other_flags_must_be_rebuilt(tmp_path):
+    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp_build import LLAMA_CPP_PYTHON_VERSION, LLAMA_CPP_VERSION, build_flags
+    from lemonade.util.atomic import atomic_write_json
+
+    installer = BackendInstaller(tmp_path)
+    folder = installer.backend_dir("cpu")
+    folder.mkdir(parents=True)
+    (folder / "llama-server").write_text("")
+    info = {"version": LLAMA_CPP_VERSION, "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "source": "source-build"}
+    atomic_write_json(folder / "install.json", info)
+    assert installer.state("llamacpp", "cpu").state == "update_required"
+    atomic_write_json(folder / "install.json", {**info, "cmake_flags": build_flags()})
+    assert installer.state("llamacpp", "cpu").state == "installed"
