@@ -175,14 +175,19 @@ class Proxy:
             return json.loads(await self._call(lm, "GET", path, None))
 
     async def post_raw(self, model: ModelInfo, path: str, data: bytes, content_type: str) -> bytes:
-        """A non-JSON body (e.g. audio) to the model's engine; returns the engine's bytes."""
+        """A non-JSON body (e.g. audio; fields in `path`'s query) to the model's engine, in the shape
+        the engine takes (`Engine.encode_raw`); returns its answer in ours (`Engine.decode_raw`)."""
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
+                engine_path, body, engine_type = lm.engine.encode_raw(path, data, content_type)
                 try:
-                    return await self._call(lm, "POST", path, None, raw=data, content_type=content_type)
+                    content = await self._call(lm, "POST", engine_path, None, raw=body, content_type=engine_type)
+                    return lm.engine.decode_raw(path, content)
                 except EngineUnreachable:
                     if attempt or not await self.router.confirm_crash(lm):
                         raise
+                except EngineError as exc:
+                    raise lm.engine.raw_error(path, exc) from None
         raise AssertionError("unreachable")
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
