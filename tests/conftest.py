@@ -62,7 +62,7 @@ def whisper_backend() -> Path:
 @pytest.fixture(scope="session")
 def whispercpp_backend() -> Path:
     """The whisper.cpp cpu backend (a static whisper-server built from the pywhispercpp sdist's
-    sources, about 3 minutes cold), installed once per machine into the test cache."""
+    sources, 3 to 8 minutes cold), installed once per machine into the test cache."""
     from lemonade.backends.registry import Engines
     from lemonade.config import Config
 

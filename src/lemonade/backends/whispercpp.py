@@ -177,7 +177,7 @@ class WhisperCppEngine(Engine):
         how = ("downloads the official whisper.cpp release archive, or builds it from source when that is "
                "unreachable" if release_asset_name() else "builds whisper.cpp from source")
         return BackendState(self.recipe, "cpu", "installable",
-                            message=f"Backend is supported but not installed. Installing it {how} (about 3 minutes "
+                            message=f"Backend is supported but not installed. Installing it {how} (3 to 8 minutes "
                                     "on 2 cores; needs cmake and a C++ compiler).",
                             action=action, version=WHISPER_CPP_VERSION, devices=["cpu"])
 

@@ -8,8 +8,8 @@ llama.cpp:
 - the official release archive, where upstream publishes one for this platform and GitHub is
   reachable (tried first, failing within seconds offline). For v1.8.5 that is Windows only
   (`whisper-bin-x64.zip`, `whisper-bin-Win32.zip`); Linux and macOS always build from source;
-- a static CMake build of the sdist's sources, target `whisper-server` (about 3 minutes on 2
-  cores; `CMAKE_<LANG>_COMPILER_LAUNCHER=ccache` from the environment makes a rebuild quick).
+- a static CMake build of the sdist's sources, target `whisper-server` (3 to 8 minutes on 2
+  shared cores; `CMAKE_<LANG>_COMPILER_LAUNCHER=ccache` from the environment makes a rebuild quick).
 
 Environment knobs, as llama.cpp's: `LEMONADE_WHISPERCPP_SDIST=<path>` (a local pywhispercpp
 sdist; skips the release archive), `LEMONADE_WHISPERCPP_RELEASE_BASE_URL=<url>` (a mirror of
