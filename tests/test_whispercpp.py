@@ -194,6 +194,21 @@ def test_whispercpp_args_allow_list(http, speech_wav):
     assert transcribe(http, speech_wav).status_code == 200
 
 
+def test_server_wide_args_are_the_admins(http):
+    """`whispercpp.args` in the config may use flags a request may not, but never Lemonade's own
+    nor ones whisper-server does not know; it is merged into every load's command line."""
+    for args, flag in (("--port 9", "--port"), ("--bogus", "--bogus")):
+        resp = http.post("/internal/set", json={"whispercpp": {"args": args}})
+        assert resp.status_code == 400 and f"'{flag}'" in resp.json()["error"]["message"], resp.text
+    try:
+        assert http.post("/internal/set", json={"whispercpp": {"args": "-bs 2"}}).status_code == 200
+        assert http.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+        argv = loaded(http)[MODEL]["launch_command"]
+        assert argv[argv.index("-bs") + 1] == "2"
+    finally:
+        http.post("/internal/set", json={"whispercpp": {"args": ""}})
+
+
 def test_unload_frees_the_process(http, speech_wav):
     assert transcribe(http, speech_wav).status_code == 200
     pid = loaded(http)[MODEL]["pid"]
