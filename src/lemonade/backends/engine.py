@@ -208,12 +208,13 @@ class Engine(ABC):
                      backend: str, port: int) -> Launch:
         """Start (and wait for) the engine process for `model` on a loopback `port`."""
 
-    def encode_raw(self, path: str, data: bytes, content_type: str) -> tuple[str, bytes, str]:
+    def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:
         """How a raw (non-JSON) request body for the engine path `path` (its query string holds the
-        request's fields) is sent: (path, body, content type). As it is by default; an engine whose
-        server takes another shape re-shapes it here (whisper-server: a multipart form). May raise
-        lemonade.errors.APIError for a field the engine cannot take."""
-        return path, data, content_type
+        request's fields) is sent: (path, head, tail, content type), the body going untouched
+        between head and tail, so a large upload is never copied. As it is by default; an engine
+        whose server takes another shape frames it here (whisper-server: a multipart form). May
+        raise lemonade.errors.APIError for a field the engine cannot take."""
+        return path, b"", b"", content_type
 
     def decode_raw(self, path: str, content: bytes) -> bytes:
         """The engine's answer to a raw request for `path`, in the shape our API module reads (for a

@@ -100,14 +100,16 @@ def model_file(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
     return path
 
 
-def multipart(fields: dict[str, str], audio: bytes, filename: str = "audio") -> tuple[bytes, str]:
-    """A multipart/form-data body: the text fields, then the audio as part `file`."""
+def multipart_frame(fields: dict[str, str], filename: str = "audio") -> tuple[bytes, bytes, str]:
+    """The framing of a multipart/form-data body whose last part, `file`, is the audio: (what goes
+    before the audio, what goes after it, the content type). The boundary is random, so no field
+    value can end a part early."""
     boundary = f"lemonade-{uuid.uuid4().hex}"
     head = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
                     for name, value in fields.items())
     head += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
              "Content-Type: application/octet-stream\r\n\r\n").encode()
-    return head + audio + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+    return head, f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 def transcription_fields(query: str) -> dict[str, str]:
@@ -222,13 +224,13 @@ class WhisperCppEngine(Engine):
         return Launch(server, dict(options), backend)
 
     # ----- requests ----------------------------------------------------------------------------------
-    def encode_raw(self, path: str, data: bytes, content_type: str) -> tuple[str, bytes, str]:
+    def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:
         """A transcription (audio body, fields in the query) as whisper-server's multipart form."""
         url = urlsplit(path)
         if url.path != INFERENCE_PATH:
-            return path, data, content_type
-        body, multipart_type = multipart(transcription_fields(url.query), data)
-        return INFERENCE_PATH, body, multipart_type
+            return path, b"", b"", content_type
+        head, tail, multipart_type = multipart_frame(transcription_fields(url.query))
+        return INFERENCE_PATH, head, tail, multipart_type
 
     def decode_raw(self, path: str, content: bytes) -> bytes:
         if urlsplit(path).path != INFERENCE_PATH:

@@ -99,16 +99,19 @@ class Proxy:
         self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
-                    raw: bytes | None = None, content_type: str = "application/json") -> bytes:
+                    raw: bytes | Framed | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
+        headers = {"Content-Type": content_type}
+        if isinstance(raw, Framed):
+            headers["Content-Length"] = str(len(raw))
         data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
             async with self.http().request(method, lm.base_url + path, data=data,
-                                           headers={"Content-Type": content_type}) as resp:
+                                           headers=headers) as resp:
                 return resp.status, await resp.read()
 
         call = asyncio.ensure_future(round_trip() if streamed is None else
@@ -179,7 +182,8 @@ class Proxy:
         the engine takes (`Engine.encode_raw`); returns its answer in ours (`Engine.decode_raw`)."""
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
-                engine_path, body, engine_type = lm.engine.encode_raw(path, data, content_type)
+                engine_path, head, tail, engine_type = lm.engine.encode_raw(path, content_type)
+                body = Framed(head, data, tail) if head or tail else data
                 try:
                     content = await self._call(lm, "POST", engine_path, None, raw=body, content_type=engine_type)
                     return lm.engine.decode_raw(path, content)
@@ -277,6 +281,21 @@ class Proxy:
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(_cleanup, resp, release))
+
+
+class Framed:
+    """A raw body sent between an engine's framing (`Engine.encode_raw`) without being copied: an
+    async iterable of its three parts, with a known length."""
+
+    def __init__(self, head: bytes, body: bytes, tail: bytes) -> None:
+        self.parts = (head, body, tail)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
 
 
 def error_event(err: APIError) -> bytes:
