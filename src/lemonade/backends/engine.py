@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from lemonade.backends.base import WrappedServer
     from lemonade.config import Config
+    from lemonade.errors import APIError
     from lemonade.model_info import ModelInfo
 
 Progress = Callable[[dict[str, Any]], None] | None
@@ -89,9 +90,13 @@ def install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
 
 
-def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], bool] | None = None) -> list[str]:
+def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], bool] | None = None, *,
+                config_key: str = "llamacpp.args", examples: str = "threads, batch sizes, cache types, sampling, ...",
+                instead: str = " Use the load options instead (e.g. ctx_size).") -> list[str]:
     """Tokenise user `*_args`, refusing flags the server sets itself (and, when given, any flag
-    that `allowed` refuses). Raises ValueError naming the flag."""
+    that `allowed` refuses). Raises ValueError naming the flag. `config_key` is the engine's
+    server-wide setting, `examples` the kinds of flags allowed and `instead` what to use for a
+    forbidden flag, all for the message."""
     try:
         argv = shlex.split(text)
     except ValueError as exc:
@@ -99,12 +104,11 @@ def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], b
     for flag in flags_of(argv):
         if flag in forbidden:
             raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: Lemonade sets "
-                             f"{forbidden[flag]} itself. Use the load options instead (e.g. ctx_size).")
+                             f"{forbidden[flag]} itself.{instead}")
         if allowed is not None and not allowed(flag):
             raise ValueError(f"Argument '{flag}' is not allowed in custom arguments: only engine flags that touch "
-                             "neither files nor the network may be set per model or per request (threads, batch "
-                             "sizes, cache types, sampling, ...). An admin can set other flags server-wide in the "
-                             "engine's config (e.g. llamacpp.args).")
+                             f"neither files nor the network may be set per model or per request ({examples}). "
+                             f"An admin can set other flags server-wide in the engine's config ({config_key}).")
     return argv
 
 
@@ -203,6 +207,23 @@ class Engine(ABC):
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
         """Start (and wait for) the engine process for `model` on a loopback `port`."""
+
+    def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:
+        """How a raw (non-JSON) request body for the engine path `path` (its query string holds the
+        request's fields) is sent: (path, head, tail, content type), the body going untouched
+        between head and tail, so a large upload is never copied. As it is by default; an engine
+        whose server takes another shape frames it here (whisper-server: a multipart form). May
+        raise lemonade.errors.APIError for a field the engine cannot take."""
+        return path, b"", b"", content_type
+
+    def decode_raw(self, path: str, content: bytes) -> bytes:
+        """The engine's answer to a raw request for `path`, in the shape our API module reads (for a
+        transcription: `{"text", "language", "duration", "segments"}` as JSON)."""
+        return content
+
+    def raw_error(self, path: str, error: APIError) -> APIError:
+        """The engine's refusal of a raw request for `path`, said in terms of our API's fields."""
+        return error
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         """Tokens a model loaded with these options could take: `ctx_size` as given (engines that

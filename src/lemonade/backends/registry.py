@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
+from lemonade.backends.whispercpp import WhisperCppEngine
 
 if TYPE_CHECKING:
     from lemonade.config import Config
 
-ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine)
+ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine)
 
 
 def _positive(name: str) -> Any:
@@ -29,8 +30,6 @@ def _positive(name: str) -> Any:
 _CTX = {"ctx_size": Option(int, "ctx_size")}
 # recipe -> (modes, default first; backends; options)
 UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]]] = {
-    "whispercpp": (("transcription",), ("cpu", "vulkan", "npu"), {
-        "whispercpp_backend": Option(str, "whispercpp.backend"), "whispercpp_args": Option(str, "whispercpp.args")}),
     "sd-cpp": (("image",), ("cpu", "vulkan", "rocm"), {
         "steps": Option(int, "sdcpp.steps", check=_positive("steps")),
         "cfg_scale": Option((int, float), "sdcpp.cfg_scale"),

@@ -99,16 +99,19 @@ class Proxy:
         self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
-                    raw: bytes | None = None, content_type: str = "application/json") -> bytes:
+                    raw: bytes | Framed | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
+        headers = {"Content-Type": content_type}
+        if isinstance(raw, Framed):
+            headers["Content-Length"] = str(len(raw))
         data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
             async with self.http().request(method, lm.base_url + path, data=data,
-                                           headers={"Content-Type": content_type}) as resp:
+                                           headers=headers) as resp:
                 return resp.status, await resp.read()
 
         call = asyncio.ensure_future(round_trip() if streamed is None else
@@ -175,14 +178,20 @@ class Proxy:
             return json.loads(await self._call(lm, "GET", path, None))
 
     async def post_raw(self, model: ModelInfo, path: str, data: bytes, content_type: str) -> bytes:
-        """A non-JSON body (e.g. audio) to the model's engine; returns the engine's bytes."""
+        """A non-JSON body (e.g. audio; fields in `path`'s query) to the model's engine, in the shape
+        the engine takes (`Engine.encode_raw`); returns its answer in ours (`Engine.decode_raw`)."""
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
+                engine_path, head, tail, engine_type = lm.engine.encode_raw(path, content_type)
+                body = Framed(head, data, tail) if head or tail else data
                 try:
-                    return await self._call(lm, "POST", path, None, raw=data, content_type=content_type)
+                    content = await self._call(lm, "POST", engine_path, None, raw=body, content_type=engine_type)
+                    return lm.engine.decode_raw(path, content)
                 except EngineUnreachable:
                     if attempt or not await self.router.confirm_crash(lm):
                         raise
+                except EngineError as exc:
+                    raise lm.engine.raw_error(path, exc) from None
         raise AssertionError("unreachable")
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
@@ -272,6 +281,21 @@ class Proxy:
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(_cleanup, resp, release))
+
+
+class Framed:
+    """A raw body sent between an engine's framing (`Engine.encode_raw`) without being copied: an
+    async iterable of its three parts, with a known length."""
+
+    def __init__(self, head: bytes, body: bytes, tail: bytes) -> None:
+        self.parts = (head, body, tail)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
 
 
 def error_event(err: APIError) -> bytes:

@@ -1,0 +1,266 @@
+"""Installing a native engine backend (a server binary) into the cache dir, atomically.
+
+Shared by llama.cpp (`install.py`) and whisper.cpp (`whispercpp_install.py`). The layout under
+`<cache>/backends/<recipe>/`:
+
+    <backend>/               the installed backend (appears only when complete)
+      <server binary>        a static build, or a release archive's binary + libs
+      install.json           {"version", "source": "release"|"source-build", ...}
+    <backend>-build.log      full log of the last install attempt (kept after failures)
+    _downloads/              sdist / release archive, reused by retries
+    _src/<project>-<ver>/    extracted sources
+    _build/<backend>-<ver>/  CMake build folder, kept so a retried build is incremental
+    .install.lock            serialises installs across threads and processes
+
+An install is produced in a temp sibling folder (`.<backend>.tmp-*`), checked, and renamed into
+place at the end, so a failed or interrupted install never leaves something that looks installed.
+A subclass says how the binaries are produced (`_produce`) and checked (`_verify`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import re
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from lemonade.backends.engine import InstallError
+from lemonade.backends.native_build import BuildLog, Progress, emit
+from lemonade.paths import backends_dir
+from lemonade.util.atomic import atomic_write_json, read_json
+
+log = logging.getLogger("lemonade.install")
+
+INSTALL_JSON = "install.json"
+
+
+class NativeInstall:
+    """The installs of one recipe's native backends under one cache dir.
+
+    `install_pinned()` blocks (the server runs it in a worker thread) and is safe to call
+    concurrently from threads or processes: a second caller waits for the first and then finds
+    it installed.
+    """
+
+    recipe: str = ""
+    version: str = ""  # the pinned engine version an install must report
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.root = backends_dir(self.cache_dir) / self.recipe
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def backend_dir(self, backend: str) -> Path:
+        return self.root / backend
+
+    def log_path(self, backend: str) -> Path:
+        return self.root / f"{backend}-build.log"
+
+    @property
+    def downloads_dir(self) -> Path:
+        return self.root / "_downloads"
+
+    @property
+    def src_root(self) -> Path:
+        return self.root / "_src"
+
+    def build_dir(self, backend: str) -> Path:
+        return self.root / "_build" / f"{backend}-{self.version}"
+
+    def _lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".install.lock"))
+
+    def read_install_info(self, backend: str) -> dict | None:
+        """install.json of an installed backend, None when absent or unreadable."""
+        try:
+            info = read_json(self.backend_dir(backend) / INSTALL_JSON, None)
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
+    # --- what a subclass says ------------------------------------------------------------------
+
+    def is_installed(self, backend: str) -> bool:
+        """Installed and up to date (the pinned version)."""
+        raise NotImplementedError
+
+    def _heading(self, backend: str) -> str:
+        """The build log's first line: what is installed, from which sources."""
+        return f"Lemonade install of {self.recipe}:{backend} {self.version}"
+
+    def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
+        """Fill `staging` with the binaries; return the install.json fields known so far."""
+        raise NotImplementedError
+
+    def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
+        """Run the new binary; return install.json fields (at least "version"), or raise
+        InstallError(code="verify_failed")."""
+        raise NotImplementedError
+
+    # --- install / uninstall -------------------------------------------------------------------
+
+    def install_pinned(self, backend: str, progress: Progress | None = None, force: bool = False) -> dict:
+        """Install (or update) `backend` to the pinned version; blocking. `force=True` reinstalls an
+        up-to-date one. Returns {"status": "success", "recipe", "backend", "version"}."""
+        result = {"status": "success", "recipe": self.recipe, "backend": backend}
+        name = f"{self.recipe}:{backend}"
+        if self.is_installed(backend) and not force:
+            emit(progress, "done", f"{name} {self.version} is already installed", 100.0)
+            return {**result, "version": self.version}
+        with self._lock():
+            # Someone else may have finished the same install while we waited for the lock.
+            if self.is_installed(backend) and not force:
+                emit(progress, "done", f"{name} {self.version} is already installed", 100.0)
+                return {**result, "version": self.version}
+            self._sweep_leftovers(backend)
+            started = time.monotonic()
+            info = self._install_locked(backend, progress)
+            log.info("installed %s %s (%s) in %.0f s", name, info["version"], info["source"],
+                     time.monotonic() - started)
+        emit(progress, "done", f"Installed {name} {info['version']}", 100.0)
+        return {**result, "version": info["version"]}
+
+    def _install_locked(self, backend: str, progress: Progress | None) -> dict:
+        final = self.backend_dir(backend)
+        staging = Path(tempfile.mkdtemp(prefix=f".{backend}.tmp-", dir=self.root))
+        work = Path(tempfile.mkdtemp(prefix=f".{backend}.work-", dir=self.root))
+        blog = BuildLog(self.log_path(backend))
+        blog.write(f"{self._heading(backend)} at {_now()} on {platform.platform()}")
+        log.info("installing %s:%s %s; log: %s", self.recipe, backend, self.version, blog.path)
+        try:
+            info = self._produce(backend, staging, work, blog, progress)
+            info.update(self._verify(backend, staging, blog, progress))
+            info.update({"recipe": self.recipe, "backend": backend, "installed_at": _now(), "log": str(blog.path)})
+            atomic_write_json(staging / INSTALL_JSON, info)
+            (staging / INSTALL_JSON).chmod(0o644)  # temp files are created 0600
+            staging.chmod(0o755)  # mkdtemp makes 0700; the install should be readable like any program
+            self._swap_into_place(staging, final)
+            blog.write(f"== installed into {final}")
+            return info
+        except InstallError as exc:
+            blog.write(f"== FAILED: {exc}")
+            raise InstallError(with_tail(str(exc), blog), code=exc.code, log_path=blog.path) from exc
+        except BaseException as exc:
+            blog.write(f"== FAILED: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt / SystemExit: clean up below, don't wrap
+            raise InstallError(
+                with_tail(f"Installing {self.recipe}:{backend} failed: {type(exc).__name__}: {exc}", blog),
+                log_path=blog.path,
+            ) from exc
+        finally:
+            blog.close()
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _swap_into_place(self, staging: Path, final: Path) -> None:
+        """Replace `final` with `staging`; the old install disappears only after the new one is in."""
+        old: Path | None = None
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=self.root))
+            os.replace(final, old / final.name)
+        os.replace(staging, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _sweep_leftovers(self, backend: str) -> None:
+        """Temp folders from an install that crashed or was killed (we hold the lock)."""
+        for pattern in (f".{backend}.tmp-*", f".{backend}.work-*", f".{backend}.old-*"):
+            for path in self.root.glob(pattern):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def remove(self, backend: str) -> dict:
+        """Remove an installed backend (binaries, build folder, logs). The shared `_downloads/` and
+        `_src/` stay, so a reinstall works offline. Removing what is not installed succeeds."""
+        result = {"status": "success", "recipe": self.recipe, "backend": backend}
+        with self._lock():
+            final = self.backend_dir(backend)
+            was_installed = final.exists()
+            if was_installed:
+                trash = Path(tempfile.mkdtemp(prefix=f".{backend}.old-", dir=self.root))
+                os.replace(final, trash / final.name)  # atomic: gone from the layout at once
+                shutil.rmtree(trash, ignore_errors=True)
+            shutil.rmtree(self.build_dir(backend), ignore_errors=True)
+            self.log_path(backend).unlink(missing_ok=True)
+            self.log_path(backend).with_name(self.log_path(backend).name + ".1").unlink(missing_ok=True)
+            self._sweep_leftovers(backend)
+        log.info("uninstalled %s:%s (was installed: %s)", self.recipe, backend, was_installed)
+        if not was_installed:
+            result["message"] = f"{self.recipe}:{backend} was not installed"
+        return result
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+_HINTS = (
+    (
+        ("No CMAKE_CXX_COMPILER could be found", "No CMAKE_C_COMPILER could be found",
+         "is not able to compile a simple test program"),
+        "The C/C++ compiler is missing or broken. Debian/Ubuntu: sudo apt-get install build-essential cmake",
+    ),
+    (
+        ("Killed signal terminated program", "virtual memory exhausted", "out of memory"),
+        "The compiler ran out of memory. Close other programs (or add swap) and run the install again.",
+    ),
+    (
+        ("No space left on device",),
+        "The disk is full. Free some space under the cache dir and run the install again.",
+    ),
+)  # fmt: skip
+
+
+_ERROR_RE = re.compile(r"(\berror:|CMake Error|\*\*\* .*Error \d)")
+
+
+def with_tail(message: str, blog: BuildLog, lines: int = 40) -> str:
+    """The error message, a next step, the last lines of the build log and where the full log is."""
+    try:
+        tail = blog.tail(lines)
+        with open(blog.path, encoding="utf-8", errors="replace") as fh:
+            whole = fh.read()
+    except OSError:
+        tail = whole = ""
+    hint = next((h for needles, h in _HINTS if any(n in whole for n in needles)), "")
+    if not hint and "failed (exit" in message and ("CMake" in message or "Compiling" in message):
+        hint = "Fix the problem shown below and run the install again; the build resumes where it stopped."
+    out = message + (f"\n{hint}" if hint else "") + f"\nFull log: {blog.path}"
+    # With parallel jobs and noisy compiler warnings the first error is often not in the tail.
+    errors = [ln for ln in whole.splitlines() if _ERROR_RE.search(ln) and ln not in tail][:10]
+    if errors:
+        out += "\n--- first errors in the log ---\n" + "\n".join(errors)
+    if tail:
+        out += f"\n--- last {lines} lines of the log ---\n{tail}"
+    return out
+
+
+def copy_tree_contents(src: Path, dest: Path) -> None:
+    for item in src.iterdir():
+        target = dest / item.name
+        if item.is_dir() and not item.is_symlink():
+            shutil.copytree(item, target, symlinks=True)
+        else:
+            shutil.copy2(item, target, follow_symlinks=False)
+
+
+def release_allowed(env_sdist: str, env_no_release: str, asset: str | None) -> bool:
+    """Whether to try a release archive: there is one for this platform, and the user asked
+    neither for a build from a given sdist nor for no release downloads."""
+    if os.environ.get(env_sdist):
+        return False
+    if os.environ.get(env_no_release, "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    return asset is not None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

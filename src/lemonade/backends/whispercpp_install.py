@@ -1,0 +1,170 @@
+"""The pinned whisper.cpp and how its `whisper-server` gets into `<cache>/backends/whispercpp/cpu/`.
+
+The pin is whisper.cpp v1.8.5 (commit f24588a2), the tree the `pywhispercpp` 1.5.1 sdist on PyPI
+vendors under `whisper.cpp/` (its `examples/server` is whisper-server; the files are identical to
+the v1.8.5 tag). Two ways to get it, both through `native_build.py` / `native_install.py` like
+llama.cpp:
+
+- the official release archive, where upstream publishes one for this platform and GitHub is
+  reachable (tried first, failing within seconds offline). For v1.8.5 that is Windows only
+  (`whisper-bin-x64.zip`, `whisper-bin-Win32.zip`); Linux and macOS always build from source;
+- a static CMake build of the sdist's sources, target `whisper-server` (3 to 8 minutes on 2
+  shared cores; `CMAKE_<LANG>_COMPILER_LAUNCHER=ccache` from the environment makes a rebuild quick).
+
+Environment knobs, as llama.cpp's: `LEMONADE_WHISPERCPP_SDIST=<path>` (a local pywhispercpp
+sdist; skips the release archive), `LEMONADE_WHISPERCPP_RELEASE_BASE_URL=<url>` (a mirror of
+`.../releases/download`), `LEMONADE_WHISPERCPP_NO_RELEASE=1`.
+
+whisper-server has no `--version`: an install is checked by running `whisper-server --help`, and
+install.json records the pinned version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from lemonade.backends.engine import InstallError
+from lemonade.backends.native_build import (
+    BuildLog,
+    Progress,
+    VendoredSource,
+    check_toolchain,
+    cmake_build,
+    cpu_cmake_flags,
+    emit,
+    extract_vendored,
+    fetch_release,
+    fetch_sdist,
+)
+from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed
+
+log = logging.getLogger("lemonade.install")
+
+WHISPER_CPP_VERSION = "v1.8.5"  # also the GitHub release tag
+WHISPER_CPP_COMMIT = "f24588a272ae8e23280d9c220536437164e6ed28"
+PYWHISPERCPP_VERSION = "1.5.1"
+
+RELEASE_BASE_URL = "https://github.com/ggml-org/whisper.cpp/releases/download"
+ENV_SDIST = "LEMONADE_WHISPERCPP_SDIST"
+ENV_RELEASE_BASE_URL = "LEMONADE_WHISPERCPP_RELEASE_BASE_URL"
+ENV_NO_RELEASE = "LEMONADE_WHISPERCPP_NO_RELEASE"
+
+EXE = "whisper-server.exe" if sys.platform == "win32" else "whisper-server"
+
+WHISPER_SOURCE = VendoredSource(
+    project="whisper.cpp", version=WHISPER_CPP_VERSION, commit=WHISPER_CPP_COMMIT, package="pywhispercpp",
+    package_version=PYWHISPERCPP_VERSION, filename=f"pywhispercpp-{PYWHISPERCPP_VERSION}.tar.gz",
+    vendor_path=("whisper.cpp",), required=("examples/server/server.cpp", "src/whisper.cpp", "ggml"),
+    env_sdist=ENV_SDIST,
+)
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",  # one relocatable binary
+    "-DWHISPER_BUILD_TESTS=OFF",
+    "-DWHISPER_BUILD_EXAMPLES=ON",  # whisper-server is an example
+    "-DWHISPER_BUILD_SERVER=ON",
+    # Nothing that reaches for the network or for libraries the machine may lack.
+    "-DWHISPER_CURL=OFF",
+    "-DWHISPER_SDL2=OFF",
+    "-DWHISPER_FFMPEG=OFF",
+)
+
+
+def build_flags() -> list[str]:
+    """Every CMake flag a source build of this machine uses (recorded in install.json)."""
+    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
+
+
+def release_asset_name(tag: str = WHISPER_CPP_VERSION) -> str | None:
+    """The CPU release archive upstream publishes for this OS/CPU at `tag`, or None (v1.8.5:
+    Windows only)."""
+    if sys.platform != "win32":
+        return None
+    machine = platform.machine().lower()
+    return {"amd64": "whisper-bin-x64.zip", "x86_64": "whisper-bin-x64.zip",
+            "x86": "whisper-bin-Win32.zip", "i386": "whisper-bin-Win32.zip"}.get(machine)
+
+
+def release_url(asset: str, tag: str = WHISPER_CPP_VERSION) -> str:
+    base = os.environ.get(ENV_RELEASE_BASE_URL) or RELEASE_BASE_URL
+    return f"{base.rstrip('/')}/{tag}/{asset}"
+
+
+class WhisperCppInstall(NativeInstall):
+    """The whisper.cpp `cpu` backend under one cache dir."""
+
+    recipe = "whispercpp"
+    version = WHISPER_CPP_VERSION
+
+    def server_path(self, backend: str = "cpu") -> Path | None:
+        exe = self.backend_dir(backend) / EXE
+        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
+            return exe
+        return None
+
+    def installed_version(self, backend: str = "cpu") -> str | None:
+        """The version install.json records, when the binary is there too."""
+        if self.server_path(backend) is None:
+            return None
+        info = self.read_install_info(backend)
+        return info.get("version") if info else None
+
+    def is_installed(self, backend: str) -> bool:
+        return self.installed_version(backend) == WHISPER_CPP_VERSION
+
+    def _heading(self, backend: str) -> str:
+        return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "
+                f"pywhispercpp {PYWHISPERCPP_VERSION})")
+
+    def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
+        release_error: str | None = None
+        asset = release_asset_name()
+        if asset is not None and release_allowed(ENV_SDIST, ENV_NO_RELEASE, asset):
+            try:
+                folder = fetch_release(release_url(asset), EXE, self.downloads_dir, work, blog, progress)
+                copy_tree_contents(folder, staging)
+                blog.write(f"== release archive unpacked from {folder}")
+                return {"source": "release"}
+            except InstallError:
+                raise
+            except Exception as exc:  # any failure here means: build from source
+                release_error = f"{type(exc).__name__}: {exc}"
+                blog.write(f"== release archive unavailable ({release_error}); building from source")
+                emit(progress, "download", "Release archive unavailable; building whisper.cpp from source", None)
+        try:
+            tools = check_toolchain("whisper.cpp")
+        except InstallError as exc:
+            if release_error:
+                raise InstallError(f"Could not download the whisper.cpp release archive ({release_error}), and {exc}",
+                                   code=exc.code) from exc
+            raise
+        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
+        sdist = fetch_sdist(WHISPER_SOURCE, self.downloads_dir, blog, progress)
+        src = extract_vendored(WHISPER_SOURCE, sdist, self.src_root, blog, progress)
+        bin_dir = cmake_build("whisper.cpp", src, self.build_dir(backend), tools, blog, progress, flags=build_flags(),
+                              targets=("whisper-server",), binary=EXE)
+        emit(progress, "install", f"Copying whisper-server into {self.backend_dir(backend)}", None)
+        shutil.copy2(bin_dir / EXE, staging / EXE)
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": build_flags()}
+
+    def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
+        emit(progress, "install", "Checking the new whisper-server", None)
+        try:
+            proc = subprocess.run([str(staging / EXE), "--help"], capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
+            ok, raw = proc.returncode == 0 and "--inference-path" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, raw = False, f"{type(exc).__name__}: {exc}"
+        blog.write(f"$ whisper-server --help\n{raw}")
+        if not ok:
+            raise InstallError("The new whisper-server does not run as expected (its --help failed; see the log).",
+                               code="verify_failed", log_path=blog.path)
+        return {"version": WHISPER_CPP_VERSION, "commit": WHISPER_CPP_COMMIT, "pywhispercpp": PYWHISPERCPP_VERSION}
