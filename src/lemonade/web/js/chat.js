@@ -141,7 +141,7 @@ export function create(root) {
   function requestBody(model) {
     const msgs = [];
     if (settings.system.trim()) msgs.push({ role: 'system', content: settings.system });
-    for (const m of active.messages) if (!m.error || m.content) msgs.push({ role: m.role, content: m.content });
+    for (const m of active.messages) if (m.role === 'user' || m.content) msgs.push({ role: m.role, content: m.content });
     const body = { model, messages: msgs, stream: true };
     for (const key of ['temperature', 'top_p', 'max_tokens']) {
       if (settings[key] !== '' && settings[key] !== null) body[key] = Number(settings[key]);
@@ -163,12 +163,13 @@ export function create(root) {
     input.value = '';
     attachments = [];
     drawAttachments();
+    const body = requestBody(model); // before the reply exists: it is not part of the request
     const reply = { role: 'assistant', content: '', reasoning: '' };
     active.messages.push(reply);
     drawList();
     drawMessages();
     const el = messages.lastElementChild;
-    const body = el.querySelector('.content');
+    const text = el.querySelector('.content');
     const thinking = h('div', { class: 'content reasoning' });
     const fold = h('details', { class: 'reasoning', hidden: true }, h('summary', {}, 'Reasoning'), thinking);
     el.prepend(fold);
@@ -179,12 +180,12 @@ export function create(root) {
     let frame = 0;
     const paint = () => {
       frame = 0;
-      render(body, reply.content);
+      render(text, reply.content);
       if (reply.reasoning) { fold.hidden = false; render(thinking, reply.reasoning); }
       messages.scrollTop = messages.scrollHeight;
     };
     try {
-      const resp = await send('/chat/completions', { method: 'POST', body: requestBody(model), signal: controller.signal });
+      const resp = await send('/chat/completions', { method: 'POST', body, signal: controller.signal });
       for await (const { event, data } of events(resp)) {
         if (data === '[DONE]') break;
         if (event === 'error' || data?.error) throw new Error(data.error?.message || data.error || 'The engine reported an error');
