@@ -169,7 +169,7 @@ export function create(root) {
     drawList();
     drawMessages();
     const el = messages.lastElementChild;
-    const text = el.querySelector('.content');
+    const out = el.querySelector('.content');
     const thinking = h('div', { class: 'content reasoning' });
     const fold = h('details', { class: 'reasoning', hidden: true }, h('summary', {}, 'Reasoning'), thinking);
     el.prepend(fold);
@@ -180,7 +180,7 @@ export function create(root) {
     let frame = 0;
     const paint = () => {
       frame = 0;
-      render(text, reply.content);
+      render(out, reply.content);
       if (reply.reasoning) { fold.hidden = false; render(thinking, reply.reasoning); }
       messages.scrollTop = messages.scrollHeight;
     };
