@@ -25,9 +25,11 @@ function askForKey(refusedKey) {
   if (pendingPrompt) return pendingPrompt;
   const dialog = document.getElementById('key-dialog');
   const input = document.getElementById('key-input');
-  document.getElementById('key-message').textContent = refusedKey
+  const message = document.getElementById('key-message');
+  message.textContent = refusedKey
     ? 'The server refused this API key. Enter the right one.'
     : 'This server requires an API key.';
+  message.className = refusedKey ? 'error' : '';
   input.value = '';
   input.setAttribute('aria-invalid', refusedKey ? 'true' : 'false');
   pendingPrompt = new Promise((resolve) => {

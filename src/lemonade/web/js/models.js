@@ -131,7 +131,7 @@ export function create(root) {
     clear(jobsBox, jobs.length ? jobs.map((j) => {
       const bar = progressBar(`Download of ${j.model_name}`);
       const total = j.total_download_size;
-      bar.set(j.percent, [j.status, total ? `${bytes(j.cumulative_bytes_downloaded)} of ${bytes(total)}` : '',
+      bar.set(j.percent, [total ? `${bytes(j.cumulative_bytes_downloaded)} of ${bytes(total)}` : '',
         j.total_files > 1 ? `file ${j.file_index}/${j.total_files}` : ''].filter(Boolean).join(' · '));
       const stopped = !j.running;
       return h('div', { class: `card job ${j.status}`, dataset: { job: j.id, status: j.status } },
@@ -164,7 +164,8 @@ export function create(root) {
     const kind = filterKind.value;
     const rows = state.models.filter((m) => (which === 'all' || (which === 'downloaded') === !!m.downloaded)
       && (kind === 'all' || kindOf(m) === kind)
-      && (!text || m.id.toLowerCase().includes(text) || (m.labels || []).some((l) => l.includes(text))));
+      && (!text || m.id.toLowerCase().includes(text) || (m.labels || []).some((l) => l.includes(text))))
+      .sort((a, b) => Number(!!b.downloaded) - Number(!!a.downloaded)); // downloaded first, else catalog order
     const live = new Set(loaded().map((m) => m.model_name));
     clear(catalogBox, h('table', { class: 'models', id: 'catalog' },
       h('thead', {}, h('tr', {}, h('th', {}, 'Model'), h('th', {}, 'Labels'), h('th', {}, 'Size'), h('th', {}, 'State'), h('th', {}, h('span', { class: 'sr-only' }, 'Actions')))),
