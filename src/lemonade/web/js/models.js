@@ -59,26 +59,35 @@ export function create(root) {
     await refreshHealth();
   }
 
-  /** Pinning goes through /v1/load with the model's current options, so it is not reloaded. */
+  /** Pinning goes through /v1/load (the public API) with the options the model was loaded with,
+   * where they differ from what a plain load would use, so the server sees nothing to reload. */
   async function pin(m, pinned) {
-    const options = { ...(m.recipe_options || {}) };
-    delete options.resolved_ctx_size;
-    await call('/load', { method: 'POST', body: { ...options, model_name: m.model_name, pinned } });
+    const view = await call(`/models/${encodeURIComponent(m.model_name)}/options`);
+    const body = { ...changed(m.recipe_options || {}, view.effective), model_name: m.model_name, pinned };
+    await call('/load', { method: 'POST', body });
     toast(`${pinned ? 'Pinned' : 'Unpinned'} ${m.model_name}`);
     await refreshHealth();
   }
 
   // ----- load dialog with per-model options --------------------------------------------------------
+  /** The options of `values` that differ from `base` (and are known to it): what a request must name. */
+  function changed(values, base) {
+    return Object.fromEntries(Object.entries(values).filter(([k, v]) =>
+      k in base && k !== 'model_name' && v !== null && JSON.stringify(v) !== JSON.stringify(base[k])));
+  }
+
   async function loadDialog(model) {
     const view = await call(`/models/${encodeURIComponent(model.id)}/options`);
     const inputs = {};
     const rows = Object.entries(view.effective).filter(([k]) => k !== 'model_name').map(([key, value]) => {
       const def = view.defaults[key];
       let control;
-      if (typeof def === 'boolean' || typeof value === 'boolean') control = h('input', { type: 'checkbox', checked: !!value });
+      if (value === null) { // a tri-state option: unset means "as configured server-wide"
+        control = h('select', {}, h('option', { value: '' }, 'server setting'), h('option', { value: 'true' }, 'on'), h('option', { value: 'false' }, 'off'));
+      } else if (typeof def === 'boolean' || typeof value === 'boolean') control = h('input', { type: 'checkbox', checked: !!value });
       else if (typeof def === 'number' || typeof value === 'number') control = h('input', { type: 'number', value: String(value ?? ''), step: 'any' });
       else control = h('input', { type: 'text', value: value ?? '' });
-      inputs[key] = { control, kind: control.type };
+      inputs[key] = { control, kind: control.tagName === 'SELECT' ? 'tristate' : control.type };
       return field(key, control, key in view.saved ? 'saved for this model' : `default: ${JSON.stringify(def)}`);
     });
     const pinned = h('input', { type: 'checkbox', checked: !!view.saved.pinned });
@@ -86,7 +95,8 @@ export function create(root) {
     const bar = progressBar(`Loading ${model.id}`);
     bar.hidden = true;
     const values = () => Object.fromEntries(Object.entries(inputs).map(([k, { control, kind }]) =>
-      [k, kind === 'checkbox' ? control.checked : kind === 'number' ? (control.value === '' ? null : Number(control.value)) : control.value]));
+      [k, kind === 'checkbox' ? control.checked : kind === 'tristate' ? (control.value === '' ? null : control.value === 'true')
+        : kind === 'number' ? (control.value === '' ? null : Number(control.value)) : control.value]));
     const dialog = h('dialog', { class: 'options-dialog', 'aria-label': `Load ${model.id}` },
       h('form', { method: 'dialog' },
         h('h2', {}, `Load ${model.id}`),
@@ -102,8 +112,7 @@ export function create(root) {
           h('button', { value: 'cancel' }, 'Close'),
           h('button', { type: 'button', class: 'primary', onclick: (e) => busy(e.target, async () => {
             bar.hidden = false;
-            const body = { ...values(), model_name: model.id, pinned: pinned.checked, save_options: remember.checked };
-            for (const [k, v] of Object.entries(body)) if (v === null) delete body[k];
+            const body = { ...changed(values(), view.effective), model_name: model.id, pinned: pinned.checked, save_options: remember.checked };
             await streamed('/load', body, (p, text) => bar.set(p ?? 0, text));
             toast(`Loaded ${model.id}`);
             dialog.close();
