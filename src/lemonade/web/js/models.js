@@ -45,12 +45,17 @@ export function create(root) {
     clear(loadedBox, items.length ? items.map((m) => h('div', { class: 'card', dataset: { model: m.model_name } },
       h('div', { class: 'card-title' }, h('strong', {}, m.model_name), badge(m.type), badge(m.recipe),
         m.pinned ? badge('pinned', 'accent') : null, m.is_busy ? badge('busy', 'warn') : null),
-      h('div', { class: 'hint' }, [m.backend && `backend ${m.backend}`, m.recipe_options?.resolved_ctx_size && `context ${m.recipe_options.resolved_ctx_size}`,
+      h('div', { class: 'hint' }, [m.backend && `backend ${m.backend}`, contextOf(m) && `context ${contextOf(m)}`,
         m.load_seconds && `loaded in ${m.load_seconds} s`, m.pid && `pid ${m.pid}`].filter(Boolean).join(' · ')),
       h('div', { class: 'row' },
         h('button', { onclick: (e) => busy(e.target, () => pin(m, !m.pinned)) }, m.pinned ? 'Unpin' : 'Pin'),
         h('button', { onclick: (e) => busy(e.target, () => unload(m.model_name)) }, 'Unload'))))
       : h('p', { class: 'empty' }, 'No model is loaded. Load one below, or just chat: a chat request loads its model.'));
+  }
+
+  function contextOf(m) {
+    const o = m.recipe_options || {};
+    return o.resolved_ctx_size || (o.ctx_size > 0 ? o.ctx_size : null);
   }
 
   async function unload(name) {
