@@ -103,6 +103,22 @@ def test_root_serves_the_app_to_browsers_and_the_probe_answer_to_ollama(server, 
     assert 0 < total < FIRST_LOAD_BUDGET, sizes
 
 
+def test_every_file_of_the_app_is_package_data():
+    """pyproject's package-data lists web/ folder by folder (setuptools globs do not descend), so a
+    new folder must be listed there, or the installed package would lack its files."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lemonade"]
+    package = root / "src" / "lemonade"
+    files = [p.relative_to(package) for p in (package / "web").rglob("*") if p.is_file()]
+    assert len(files) > 10
+    missing = [f for f in files if not any(f.parent.as_posix() == str(Path(pat).parent)
+                                           and fnmatch.fnmatch(f.name, Path(pat).name) for pat in patterns)]
+    assert missing == []
+
+
 # ----- chat -----------------------------------------------------------------------------------------
 
 def test_chat_streams_a_reply_with_stats_and_keeps_the_conversation(server, page):
@@ -150,6 +166,21 @@ def test_stop_button_ends_a_reply(server, page):
     expect(stop).to_be_hidden()
     expect(page.locator(".message.assistant").last.locator(".stats")).to_contain_text("stopped")
     expect(page.get_by_role("button", name="Send")).to_be_visible()
+
+
+UNNAMED_CONTROLS = """() => [...document.querySelectorAll('button, input, select, textarea, a[href]')]
+    .filter((el) => el.offsetParent !== null && el.type !== 'hidden')
+    .filter((el) => !(el.getAttribute('aria-label') || el.getAttribute('aria-labelledby') || el.title
+        || (el.labels && [...el.labels].some((l) => l.textContent.trim())) || el.textContent.trim()))
+    .map((el) => el.outerHTML.slice(0, 120))"""
+
+
+def test_every_control_has_an_accessible_name(server, page):
+    for view in ("chat", "models", "backends", "logs"):
+        page.goto(server.url + f"/#/{view}")
+        expect(page.locator(f".view-{view}")).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate(UNNAMED_CONTROLS) == [], view
 
 
 def test_models_at_phone_width(server, browser):
