@@ -253,6 +253,11 @@ def test_search_variants_pull_with_progress_then_listed(server, page, hub):
     expect(row.locator(".badge", has_text="downloaded")).to_be_visible()
     assert httpx.get(server.url + f"/v1/models/{name}").json()["downloaded"] is True
 
+    page.once("dialog", lambda d: d.accept())  # "Delete ... and its files?"
+    row.get_by_role("button", name="Delete").click()
+    expect(row).to_have_count(0)  # a deleted user model leaves the catalog
+    assert httpx.get(server.url + f"/v1/models/{name}").status_code == 404
+
 
 def test_reload_mid_download_keeps_the_job_then_pause_resume_cancel_remove(server, page, hub):
     repo = "test-org/gemma-webapp-GGUF"
