@@ -203,11 +203,15 @@ def test_load_pin_unload(server, page):
     row.get_by_role("button", name="Load…").click()
     dialog = page.get_by_role("dialog", name=f"Load {GEMMA_NAME}")
     dialog.get_by_label("ctx_size").fill("2048")
+    dialog.get_by_label("Save these options for this model").check()
     dialog.get_by_role("button", name="Load", exact=True).click()
     card = page.locator(f'#loaded-models [data-model="{GEMMA_NAME}"]')
     expect(card).to_be_visible(timeout=120_000)
     expect(card).to_contain_text("context 2048")
     pid = loaded(server)[GEMMA_NAME]["pid"]
+    options_url = server.url + f"/v1/models/{GEMMA_NAME}/options"
+    assert httpx.get(options_url).json()["saved"]["ctx_size"] == 2048  # only what was changed is saved
+    assert "llamacpp_backend" not in httpx.get(options_url).json()["saved"]
 
     card.get_by_role("button", name="Pin").click()
     expect(card.locator(".badge", has_text="pinned")).to_be_visible()
@@ -216,12 +220,22 @@ def test_load_pin_unload(server, page):
     assert model["recipe_options"]["ctx_size"] == 2048
     shot(page, "models")
 
+    page.goto(server.url + "/#/chat")  # the chat's picker lists loaded models first
+    expect(page.locator('#chat-model optgroup[label="Loaded"] option')).to_have_text([GEMMA_NAME])
+    page.goto(server.url + "/#/models")
+
     card.get_by_role("button", name="Unpin").click()
     expect(card.locator(".badge", has_text="pinned")).to_have_count(0)
     assert loaded(server)[GEMMA_NAME]["pinned"] is False
+    assert loaded(server)[GEMMA_NAME]["pid"] == pid
     card.get_by_role("button", name="Unload").click()
     expect(card).to_have_count(0)
     assert GEMMA_NAME not in loaded(server)
+    row.get_by_role("button", name="Load…").click()  # saved options can be reset from the dialog
+    expect(dialog).to_contain_text("saved for this model")
+    dialog.get_by_role("button", name="Reset saved").click()
+    expect(dialog).to_have_count(0)
+    assert httpx.get(options_url).json()["saved"] == {}
 
 
 def test_search_variants_pull_with_progress_then_listed(server, page, hub):
