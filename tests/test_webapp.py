@@ -319,9 +319,37 @@ def test_catalog_filter_and_backends_view(server, page):
 
     page.goto(server.url + "/#/backends")
     row = page.locator('#backends tr[data-backend="llamacpp:cpu"]')
-    expect(row).to_contain_text("installed")
+    expect(row.locator(".badge")).to_have_text("installed")
     expect(row.get_by_role("button", name="Uninstall")).to_be_visible()
     shot(page, "backends")
+
+
+def test_backend_install_with_progress_then_uninstall(make_server, browser):
+    """A cache without the faster-whisper backend: Install runs the real pip install into a private
+    venv, streamed (/v1/install SSE) into the row's progress bar; Uninstall removes it."""
+    srv = make_server(engines=("llamacpp",))
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(srv.url + "/#/backends")
+    row = pg.locator('#backends tr[data-backend="fasterwhisper:cpu"]')
+    state = row.locator(".badge")
+    expect(state).to_have_text("installable")
+    row.get_by_role("button", name="Install", exact=True).click()
+    bar = row.locator(".progress")
+    expect(bar).to_be_visible()
+    # the install's own progress messages, as they come
+    expect(bar.locator(".progress-text")).to_contain_text(re.compile(r"\d+% · Creating a Python environment"))
+    expect(state).to_have_text("installed", timeout=600_000)
+    expect(row.get_by_role("button", name="Uninstall")).to_be_visible()
+    assert (srv.cache / "backends" / "fasterwhisper" / "cpu" / "install.json").is_file()
+
+    pg.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name="Uninstall").click()
+    expect(state).to_have_text("installable", timeout=120_000)
+    expect(row.get_by_role("button", name="Install", exact=True)).to_be_visible()
+    assert not (srv.cache / "backends" / "fasterwhisper" / "cpu").exists()
+    context.close()
 
 
 # ----- logs -----------------------------------------------------------------------------------------
