@@ -124,6 +124,7 @@ def test_every_file_of_the_app_is_package_data():
 def test_chat_streams_a_reply_with_stats_and_keeps_the_conversation(server, page):
     page.goto(server.url + "/#/chat")
     expect(page.locator("#chat-model")).to_have_value(GEMMA_NAME)
+    expect(page.get_by_role("button", name="Attach an image")).to_be_hidden()  # Gemma has no `vision` label
     page.get_by_text("Settings").click()
     page.get_by_label("Max tokens").fill("40")
     # count how often the reply's text changes while it streams (more than once = streamed)
@@ -150,6 +151,12 @@ def test_chat_streams_a_reply_with_stats_and_keeps_the_conversation(server, page
     expect(page.locator(".chat-list li")).to_have_count(1)
     stored = json.loads(page.evaluate("localStorage.getItem('lemonade.chats')"))
     assert stored[0]["messages"][1]["role"] == "assistant" and stored[0]["messages"][1]["content"]
+    page.get_by_role("button", name="+ New chat").click()
+    expect(page.locator(".chat-list li")).to_have_count(2)
+    expect(page.locator(".message")).to_have_count(0)
+    page.get_by_role("button", name="Delete conversation New chat").click()
+    expect(page.locator(".chat-list li")).to_have_count(1)
+    expect(page.locator(".message.user")).to_have_text("Write one sentence about lemons.")
     page.set_viewport_size(PHONE)  # usable on a phone: nothing wider than the screen
     expect(page.locator(".message.assistant .stats")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
