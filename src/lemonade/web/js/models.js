@@ -186,7 +186,7 @@ export function create(root) {
       h('tbody', {}, rows.map((m) => h('tr', { dataset: { model: m.id } },
         h('td', {}, h('span', { class: 'name' }, m.id), h('small', { class: 'hint block' }, m.checkpoint)),
         h('td', {}, (m.labels || []).map((l) => badge(l))),
-        h('td', {}, m.size ? `${m.size} GB` : ''),
+        h('td', { class: 'nowrap' }, m.size ? `${m.size} GB` : ''),
         h('td', {}, live.has(m.id) ? badge('loaded', 'accent') : m.downloaded ? badge('downloaded', 'ok') : badge('available')),
         h('td', { class: 'actions' },
           m.downloaded
