@@ -321,11 +321,12 @@ def test_ollama_paths_need_the_api_key(make_server, gemma_dir: Path) -> None:
 
 
 def test_root_answers_ollama_probes(server: Server) -> None:
-    """Ollama clients check `GET /` (and `HEAD /`) before anything else; browsers go to the docs."""
+    """Ollama clients check `GET /` (and `HEAD /`) before anything else; browsers get the web app."""
     with httpx.Client(base_url=server.url) as c:
         probe = c.get("/")
         assert probe.status_code == 200 and probe.text == "Ollama is running"
         assert c.head("/").status_code == 200
         browser = c.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
-        assert browser.status_code == 307 and browser.headers["location"] == "/docs"
+        assert browser.status_code == 200 and browser.headers["content-type"].startswith("text/html")
+        assert '<script type="module" src="/static/js/main.js">' in browser.text
     assert ollama.Client(host=server.url).list().models  # the official client connects

@@ -8,12 +8,14 @@ import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from lemonade.config import Config, ConfigError
 from lemonade.observability.logs import setup_logging
 from lemonade.paths import cache_dir as default_cache_dir
+from lemonade.util.browser import app_url, local_base_url, open_url
 
 log = logging.getLogger("lemonade.server")
 
@@ -50,10 +52,19 @@ def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None
     return config, services, create_app(services)
 
 
-def serve(cli_overrides: dict[str, Any] | None = None) -> int:
+def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -> int:
+    """Run the server until it is stopped; `open_app`: open the web app in a browser once it listens."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if open_app and self.started:
+                url = app_url(local_base_url(host, port))
+                log.info("Opening the web app at %s", url)
+                # a browser command may take its time to return: never on the event loop
+                threading.Thread(target=open_url, args=(url,), daemon=True).start()
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
             # A requested shutdown (Ctrl-C, SIGTERM) ends with status 0 once the engines are stopped,

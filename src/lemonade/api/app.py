@@ -1,8 +1,8 @@
 """The ASGI app: routers mounted under Lemonade's four prefixes, middleware, error handling.
 
 Every API route is served at `/api/v1`, `/api/v0`, `/v1` and `/v0`. Root-only: `/live`,
-`/metrics`, `/mcp`, `/internal/*`; the Ollama API lives at `/api/*`; `/logs/stream` is served at
-the root and under the prefixes.
+`/metrics`, `/mcp`, `/internal/*` and the web app (`/`, `/static/*`, api/webapp.py); the Ollama API
+lives at `/api/*`; `/logs/stream` is served at the root and under the prefixes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse, RedirectResponse
+from fastapi.responses import PlainTextResponse
 
 from lemonade import __version__
 from lemonade.api import internal
@@ -28,6 +28,7 @@ from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginGuard, OriginPolicy
+from lemonade.api.webapp import install_web_app
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -57,6 +58,7 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     install_error_handlers(app)
     install_openapi(app)
+    install_web_app(app)
 
     # GET and HEAD as two routes, so each has its own OpenAPI operationId (one multi-method route
     # gives both the same id, which OpenAPI forbids and generated clients choke on).
@@ -66,14 +68,6 @@ def create_app(services: Services) -> FastAPI:
         if request.method == "HEAD":
             return Response(status_code=200, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
-
-    @app.get("/", tags=["status"], response_class=PlainTextResponse)
-    @app.head("/", tags=["status"], response_class=PlainTextResponse)
-    async def root(request: Request) -> Response:
-        """Ollama clients probe `/` and expect Ollama's answer; a browser is sent to the API docs."""
-        if "text/html" in request.headers.get("accept", ""):
-            return RedirectResponse("/docs")
-        return PlainTextResponse("Ollama is running")
 
     @app.get("/metrics", tags=["status"], response_class=PlainTextResponse)
     @app.head("/metrics", tags=["status"], response_class=PlainTextResponse)

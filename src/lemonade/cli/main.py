@@ -41,6 +41,7 @@ def serve(
     offline: bool | None = typer.Option(None, "--offline/--online", help="Never touch the network"),
     llamacpp: str | None = typer.Option(None, help="llama.cpp backend: cpu or system"),
     llamacpp_args: str | None = typer.Option(None, help="Extra arguments for every llama-server"),
+    open_app: bool = typer.Option(False, "--open", help="Open the web app in your browser once the server is up"),
 ) -> None:
     """Start the server (foreground). Ctrl-C stops it and every engine it started."""
     from lemonade.server import serve as run
@@ -61,14 +62,14 @@ def serve(
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-    raise typer.Exit(run(overrides))
+    raise typer.Exit(run(overrides, open_app=open_app))
 
 
 def _register_commands() -> None:
     """Client commands live in their own modules; `models_cmd` (pull, delete, ...) is optional."""
-    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, residency
+    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, open_cmd, residency
 
-    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background):
+    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background, open_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -1,0 +1,519 @@
+"""The web app at `/`, end to end in a real browser: Debian's headless chromium driven by Playwright,
+against the real server with the real Gemma 3 270M (chat, load, pin, unload) and the local hub
+(registry search, variants, server-owned downloads with the real huggingface_hub).
+
+Set `LEMONADE_SCREENSHOTS=docs/screenshots` to also save the README's screenshots while the tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.conftest import GEMMA_NAME
+from tests.hub import fixtures as fx
+
+CHROMIUM = os.environ.get("LEMONADE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = os.environ.get("LEMONADE_SCREENSHOTS")
+FIRST_LOAD_BUDGET = 1_000_000  # bytes, uncompressed: everything the first page load fetches
+PHONE = {"width": 390, "height": 800}
+DESKTOP = {"width": 1200, "height": 800}
+TIMEOUT_MS = 60_000
+
+
+def shot(page: Page, name: str) -> None:
+    """A README screenshot (only when LEMONADE_SCREENSHOTS names a folder), without passing toasts."""
+    if not SHOTS:
+        return
+    Path(SHOTS).mkdir(parents=True, exist_ok=True)
+    page.evaluate("document.getElementById('toasts').replaceChildren()")
+    page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), animations="disabled", caret="hide")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: apt-get install chromium (see .ci/run)"
+    with sync_playwright() as pw:
+        # Debian's chromium, not Playwright's own download (which needs a host this machine cannot reach)
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server(module_servers, hub_server, gemma_dir):
+    return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh browser profile per test (empty localStorage), desktop size."""
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, errors  # no uncaught script error on any page
+
+
+def health(server) -> dict[str, Any]:
+    return httpx.get(server.url + "/v1/health", timeout=30).json()
+
+
+def loaded(server) -> dict[str, dict[str, Any]]:
+    return {m["model_name"]: m for m in health(server)["all_models_loaded"]}
+
+
+def job_card(page: Page, model: str):
+    return page.locator(f'[data-job="model:{model}"]')
+
+
+# ----- serving the app ------------------------------------------------------------------------------
+
+def test_root_serves_the_app_to_browsers_and_the_probe_answer_to_ollama(server, page):
+    assert httpx.get(server.url + "/").text == "Ollama is running"  # Ollama clients send no text/html
+    total = 0
+    page.goto(server.url + "/")
+    expect(page.get_by_role("navigation", name="Views")).to_be_visible()
+    expect(page.locator("#chat-model")).to_contain_text(GEMMA_NAME)  # the app talked to the API
+    page.wait_for_load_state("networkidle")
+    sizes = page.evaluate("""() => [performance.getEntriesByType('navigation')[0],
+        ...performance.getEntriesByType('resource')].map(e => [e.name, e.decodedBodySize])""")
+    total = sum(size for _name, size in sizes)
+    names = [name for name, _ in sizes]
+    assert any(n.endswith("/static/vendor/marked.esm.js") for n in names)
+    assert all(n.startswith(server.url) for n in names), names  # nothing from a CDN
+    print(f"first load: {len(sizes)} requests, {total} bytes uncompressed")
+    assert 0 < total < FIRST_LOAD_BUDGET, sizes
+
+
+def test_every_file_of_the_app_is_package_data():
+    """pyproject's package-data lists web/ folder by folder (setuptools globs do not descend), so a
+    new folder must be listed there, or the installed package would lack its files."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lemonade"]
+    package = root / "src" / "lemonade"
+    files = [p.relative_to(package) for p in (package / "web").rglob("*") if p.is_file()]
+    assert len(files) > 10
+    missing = [f for f in files if not any(f.parent.as_posix() == str(Path(pat).parent)
+                                           and fnmatch.fnmatch(f.name, Path(pat).name) for pat in patterns)]
+    assert missing == []
+
+
+# ----- chat -----------------------------------------------------------------------------------------
+
+def test_chat_streams_a_reply_with_stats_and_keeps_the_conversation(server, page):
+    page.goto(server.url + "/#/chat")
+    expect(page.locator("#chat-model")).to_have_value(GEMMA_NAME)
+    expect(page.get_by_role("button", name="Attach an image")).to_be_hidden()  # Gemma has no `vision` label
+    page.get_by_text("Settings").click()
+    page.get_by_label("Max tokens").fill("40")
+    # count how often the reply's text changes while it streams (more than once = streamed)
+    page.evaluate("""() => {
+        window.__updates = 0;
+        new MutationObserver(() => {
+            const el = document.querySelector('.message.assistant.streaming > .content');
+            if (el && el.textContent.trim()) window.__updates++;
+        }).observe(document.querySelector('.messages'), {subtree: true, childList: true, characterData: true});
+    }""")
+    page.get_by_role("textbox", name="Message").fill("Write one sentence about lemons.")
+    page.get_by_role("button", name="Send").click()
+    reply = page.locator(".message.assistant").last
+    expect(reply.locator(".stats")).to_contain_text("tokens/s", timeout=120_000)
+    expect(reply.locator(".stats")).to_contain_text("first token")
+    assert reply.locator(".content").inner_text().strip()
+    assert page.evaluate("window.__updates") > 1  # text appeared piece by piece
+    assert GEMMA_NAME in loaded(server)  # the chat request loaded the model
+    page.get_by_text("Settings").click()
+    shot(page, "chat")
+
+    page.reload()  # the conversation is kept in the browser
+    expect(page.locator(".message.user")).to_have_text("Write one sentence about lemons.")
+    expect(page.locator(".chat-list li")).to_have_count(1)
+    stored = json.loads(page.evaluate("localStorage.getItem('lemonade.chats')"))
+    assert stored[0]["messages"][1]["role"] == "assistant" and stored[0]["messages"][1]["content"]
+    page.get_by_role("button", name="+ New chat").click()
+    expect(page.locator(".chat-list li")).to_have_count(2)
+    expect(page.locator(".message")).to_have_count(0)
+    page.get_by_role("button", name="Delete conversation New chat").click()
+    expect(page.locator(".chat-list li")).to_have_count(1)
+    expect(page.locator(".message.user")).to_have_text("Write one sentence about lemons.")
+    page.set_viewport_size(PHONE)  # usable on a phone: nothing wider than the screen
+    expect(page.locator(".message.assistant .stats")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "chat-phone")
+
+
+def test_stop_button_ends_a_reply(server, page):
+    page.goto(server.url + "/#/chat")
+    page.get_by_role("textbox", name="Message").fill("Tell me a very long story about a lemon tree.")
+    page.get_by_role("button", name="Send").click()
+    stop = page.get_by_role("button", name="Stop")
+    expect(page.locator(".message.assistant.streaming > .content")).not_to_be_empty(timeout=120_000)
+    stop.click()
+    expect(stop).to_be_hidden()
+    expect(page.locator(".message.assistant").last.locator(".stats")).to_contain_text("stopped")
+    expect(page.get_by_role("button", name="Send")).to_be_visible()
+
+
+UNNAMED_CONTROLS = """() => [...document.querySelectorAll('button, input, select, textarea, a[href]')]
+    .filter((el) => el.offsetParent !== null && el.type !== 'hidden')
+    .filter((el) => !(el.getAttribute('aria-label') || el.getAttribute('aria-labelledby') || el.title
+        || (el.labels && [...el.labels].some((l) => l.textContent.trim())) || el.textContent.trim()))
+    .map((el) => el.outerHTML.slice(0, 120))"""
+
+
+def test_every_control_has_an_accessible_name(server, page):
+    for view in ("chat", "models", "backends", "logs"):
+        page.goto(server.url + f"/#/{view}")
+        expect(page.locator(f".view-{view}")).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate(UNNAMED_CONTROLS) == [], view
+
+
+def test_models_at_phone_width(server, browser):
+    context = browser.new_context(viewport=PHONE)
+    pg = context.new_page()
+    pg.goto(server.url + "/#/models")
+    expect(pg.locator(f'#catalog tr[data-model="{GEMMA_NAME}"]')).to_be_visible()
+    # nothing wider than the screen: no sideways scrolling on a phone
+    assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(pg, "models-phone")
+    context.close()
+
+
+# ----- model manager --------------------------------------------------------------------------------
+
+def test_load_pin_unload(server, page):
+    httpx.post(server.url + "/v1/unload", json={}, timeout=60)
+    page.goto(server.url + "/#/models")
+    row = page.locator(f'#catalog tr[data-model="{GEMMA_NAME}"]')
+    row.get_by_role("button", name="Load…").click()
+    dialog = page.get_by_role("dialog", name=f"Load {GEMMA_NAME}")
+    dialog.get_by_label("ctx_size").fill("2048")
+    dialog.get_by_label("Save these options for this model").check()
+    dialog.get_by_role("button", name="Load", exact=True).click()
+    card = page.locator(f'#loaded-models [data-model="{GEMMA_NAME}"]')
+    expect(card).to_be_visible(timeout=120_000)
+    expect(card).to_contain_text("context 2048")
+    pid = loaded(server)[GEMMA_NAME]["pid"]
+    options_url = server.url + f"/v1/models/{GEMMA_NAME}/options"
+    assert httpx.get(options_url).json()["saved"]["ctx_size"] == 2048  # only what was changed is saved
+    assert "llamacpp_backend" not in httpx.get(options_url).json()["saved"]
+
+    card.get_by_role("button", name="Pin").click()
+    expect(card.locator(".badge", has_text="pinned")).to_be_visible()
+    model = loaded(server)[GEMMA_NAME]
+    assert model["pinned"] is True and model["pid"] == pid  # pinned without a reload
+    assert model["recipe_options"]["ctx_size"] == 2048
+    shot(page, "models")
+
+    page.goto(server.url + "/#/chat")  # the chat's picker lists loaded models first
+    expect(page.locator('#chat-model optgroup[label="Loaded"] option')).to_have_text([GEMMA_NAME])
+    page.goto(server.url + "/#/models")
+
+    card.get_by_role("button", name="Unpin").click()
+    expect(card.locator(".badge", has_text="pinned")).to_have_count(0)
+    assert loaded(server)[GEMMA_NAME]["pinned"] is False
+    assert loaded(server)[GEMMA_NAME]["pid"] == pid
+    card.get_by_role("button", name="Unload").click()
+    expect(card).to_have_count(0)
+    assert GEMMA_NAME not in loaded(server)
+    row.get_by_role("button", name="Load…").click()  # saved options can be reset from the dialog
+    expect(dialog).to_contain_text("saved for this model")
+    dialog.get_by_role("button", name="Reset saved").click()
+    expect(dialog).to_have_count(0)
+    assert httpx.get(options_url).json()["saved"] == {}
+
+
+def test_search_variants_pull_with_progress_then_listed(server, page, hub):
+    name = "user.gemma-3-270m-GGUF-Q4_K_M"
+    hub.throttle(25_000_000, path=fx.GEMMA_FILE)  # about 10 s: progress is seen on its way up
+    page.goto(server.url + "/#/models")
+    page.get_by_label("Registry search").fill("gemma")
+    page.get_by_role("button", name="Search").click()
+    result = page.locator(f'#search-results [data-repo="{fx.GEMMA_REPO}"]')
+    result.get_by_role("button", name="Variants").click()
+    variant = result.locator(".variant", has_text="Q4_K_M")
+    expect(variant).to_contain_text(re.compile(r"\d+ MB"))
+    variant.get_by_role("button", name="Download").click()
+
+    card = job_card(page, name)
+    expect(card).to_be_visible()
+    seen: list[float] = []
+    deadline = time.monotonic() + 180
+    while card.get_attribute("data-status") != "completed":
+        assert time.monotonic() < deadline, f"download did not complete; progress seen {seen}"
+        assert card.get_attribute("data-status") in ("downloading", None), card.inner_text()
+        seen.append(card.locator("progress").evaluate("e => e.value"))
+        time.sleep(0.1)
+    expect(card.locator("progress")).to_have_js_property("value", 100)
+    expect(card).to_contain_text("100%")
+    assert any(0 < p < 100 for p in seen), seen  # the bar moved, not only jumped to the end
+    assert seen == sorted(seen)
+    row = page.locator(f'#catalog tr[data-model="{name}"]')
+    expect(row.locator(".badge", has_text="downloaded")).to_be_visible()
+    assert httpx.get(server.url + f"/v1/models/{name}").json()["downloaded"] is True
+
+    page.once("dialog", lambda d: d.accept())  # "Delete ... and its files?"
+    row.get_by_role("button", name="Delete").click()
+    expect(row).to_have_count(0)  # a deleted user model leaves the catalog
+    assert httpx.get(server.url + f"/v1/models/{name}").status_code == 404
+
+
+def test_reload_mid_download_keeps_the_job_then_pause_resume_cancel_remove(server, page, hub):
+    repo = "test-org/gemma-webapp-GGUF"
+    hub.clone_repo(fx.GEMMA_REPO, repo)
+    name = "user.gemma-webapp-GGUF-Q4_K_M"
+    hub.throttle(2_000_000, path=fx.GEMMA_FILE)  # two minutes for the whole file: it is in flight
+    page.goto(server.url + "/#/models")
+    page.get_by_label("Registry search").fill("gemma-webapp")
+    page.get_by_role("button", name="Search").click()
+    result = page.locator(f'#search-results [data-repo="{repo}"]')
+    result.get_by_role("button", name="Variants").click()
+    result.locator(".variant", has_text="Q4_K_M").get_by_role("button", name="Download").click()
+    hub.wait_for_download(fx.GEMMA_FILE, min_bytes=3_000_000, repo=repo)
+    card = job_card(page, name)
+    expect(card).to_have_attribute("data-status", "downloading")
+
+    page.reload()  # the job is the server's: a new page finds it, still running, with its progress
+    expect(card).to_have_attribute("data-status", "downloading")
+    expect(card).to_contain_text(re.compile(r"\b[1-9][\d.]* MB of 2\d\d MB"))  # bytes so far, of the whole
+    shot(page, "downloads")
+
+    card.get_by_role("button", name="Pause").click()
+    expect(card).to_have_attribute("data-status", "paused")
+    expect(card.get_by_role("button", name="Resume")).to_be_visible()
+    card.get_by_role("button", name="Resume").click()
+    expect(card).to_have_attribute("data-status", "downloading")
+    card.get_by_role("button", name="Cancel").click()
+    expect(card).to_have_attribute("data-status", "cancelled")
+    card.get_by_role("button", name="Remove").click()
+    expect(card).to_have_count(0)
+    assert f"model:{name}" not in [j["id"] for j in httpx.get(server.url + "/v1/downloads").json()]
+    assert httpx.get(server.url + f"/v1/models/{name}").json()["downloaded"] is False
+
+
+def test_catalog_filter_and_backends_view(server, page):
+    page.goto(server.url + "/#/models")
+    page.get_by_label("Filter models").fill("gemma-3-270m-q4")
+    rows = page.locator("#catalog tbody tr")
+    expect(rows.first).to_have_attribute("data-model", GEMMA_NAME)
+    page.get_by_label("Filter models").fill("")
+    page.get_by_label("Model type").select_option("transcription")
+    expect(rows.first).to_contain_text("Whisper")
+    assert all("transcription" in t for t in rows.all_inner_texts())
+
+    page.goto(server.url + "/#/backends")
+    row = page.locator('#backends tr[data-backend="llamacpp:cpu"]')
+    expect(row.locator(".badge")).to_have_text("installed")
+    expect(row.get_by_role("button", name="Uninstall")).to_be_visible()
+    shot(page, "backends")
+
+
+def test_backend_install_with_progress_then_uninstall(make_server, browser):
+    """A cache without the faster-whisper backend: Install runs the real pip install into a private
+    venv, streamed (/v1/install SSE) into the row's progress bar; Uninstall removes it."""
+    srv = make_server(engines=("llamacpp",))
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(srv.url + "/#/backends")
+    row = pg.locator('#backends tr[data-backend="fasterwhisper:cpu"]')
+    state = row.locator(".badge")
+    expect(state).to_have_text("installable")
+    row.get_by_role("button", name="Install", exact=True).click()
+    bar = row.locator(".progress")
+    expect(bar).to_be_visible()
+    # the install's own progress messages, as they come
+    expect(bar.locator(".progress-text")).to_contain_text(re.compile(r"\d+% · Creating a Python environment"))
+    expect(state).to_have_text("installed", timeout=600_000)
+    expect(row.get_by_role("button", name="Uninstall")).to_be_visible()
+    assert (srv.cache / "backends" / "fasterwhisper" / "cpu" / "install.json").is_file()
+
+    pg.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name="Uninstall").click()
+    expect(state).to_have_text("installable", timeout=120_000)
+    expect(row.get_by_role("button", name="Install", exact=True)).to_be_visible()
+    assert not (srv.cache / "backends" / "fasterwhisper" / "cpu").exists()
+    context.close()
+
+
+# ----- logs -----------------------------------------------------------------------------------------
+
+def test_logs_view_receives_lines_filters_and_pauses(server, page):
+    page.goto(server.url + "/#/logs")
+    lines = page.locator("#log-lines .log")
+    expect(lines.first).to_be_visible()  # the snapshot
+    expect(page.locator("#logs-state")).to_have_text("live")
+
+    def provoke(tag: str) -> None:
+        """A warning in the server's log: a request from a foreign web page is refused."""
+        httpx.get(server.url + f"/v1/models?{tag}", headers={"Origin": f"https://{tag}.example"})
+
+    provoke("webapp-live")
+    expect(lines.filter(has_text="webapp-live.example")).to_have_count(1)  # arrived live
+    page.get_by_label("Lowest level shown").select_option("Error")
+    expect(lines.filter(has_text="webapp-live.example")).to_have_count(0)
+    page.get_by_label("Lowest level shown").select_option("Info")
+    page.get_by_role("button", name="Pause").click()
+    provoke("webapp-paused")
+    time.sleep(1)
+    expect(lines.filter(has_text="webapp-paused.example")).to_have_count(0)
+    page.get_by_role("button", name="Resume").click()
+    expect(lines.filter(has_text="webapp-paused.example")).to_have_count(1)
+    page.get_by_label("Filter log lines").fill("webapp-paused")
+    expect(lines).to_have_count(1)
+    page.get_by_label("Filter log lines").fill("(server)")
+    shot(page, "logs")
+
+
+def non_loopback_ipv4() -> str | None:
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_the_servers_own_page_by_ip_address_works_with_the_origin_policy(module_servers, gemma_dir, browser):
+    """Opened by this machine's address (not a loopback name), the page is same-origin: its API calls
+    and its /logs/stream WebSocket pass the origin check."""
+    address = non_loopback_ipv4()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to open the page by")
+    srv = module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)}, args=["--host", "0.0.0.0"])
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.goto(f"http://{address}:{srv.port}/#/logs")
+    expect(pg.locator("#logs-state")).to_have_text("live")
+    expect(pg.locator("#log-lines .log").first).to_be_visible()
+    pg.goto(f"http://{address}:{srv.port}/#/chat")
+    expect(pg.locator("#chat-model")).to_contain_text(GEMMA_NAME)
+    context.close()
+    assert "Refused" not in srv.log()
+
+
+# ----- API key --------------------------------------------------------------------------------------
+
+def test_wrong_api_key_is_refused_the_right_one_is_kept(make_server, gemma_dir, browser):
+    srv = make_server(env={"LEMONADE_API_KEY": "s3cret", "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(srv.url + "/#/models")
+    dialog = pg.get_by_role("dialog", name="API key")
+    expect(dialog).to_be_visible()
+    dialog.get_by_label("Key").fill("wrong")
+    dialog.get_by_role("button", name="Use key").click()
+    expect(dialog).to_be_visible()  # asked again
+    expect(dialog).to_contain_text("refused")
+    expect(pg.locator("#catalog")).to_have_count(0)
+    dialog.get_by_label("Key").fill("s3cret")
+    dialog.get_by_role("button", name="Use key").click()
+    expect(dialog).to_be_hidden()
+    expect(pg.locator(f'#catalog tr[data-model="{GEMMA_NAME}"]')).to_be_visible()
+    pg.goto(srv.url + "/#/logs")  # the WebSocket carries the key too
+    expect(pg.locator("#logs-state")).to_have_text("live")
+    expect(pg.locator("#log-lines .log").first).to_be_visible()
+
+    pg.reload()  # kept in the browser: not asked again
+    expect(pg.locator("#logs-state")).to_have_text("live")
+    expect(dialog).to_be_hidden()
+    assert pg.evaluate("localStorage.getItem('lemonade.apiKey')") == "s3cret"
+    context.close()
+
+
+# ----- optional tabs --------------------------------------------------------------------------------
+
+def test_speech_tab_appears_with_a_transcription_model_images_stays_hidden(
+        module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, browser, tmp_path):
+    from tests.test_engines import SENTENCE, WHISPER, heard, publish_whisper
+
+    publish_whisper(hub_server, whisper_ct2_dir)
+    srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(srv.url + "/#/models")
+    speech_tab = pg.get_by_role("link", name="Speech")
+    images_tab = pg.get_by_role("link", name="Images", exact=True)
+    expect(pg.locator(f'#catalog tr[data-model="{WHISPER}"]')).to_be_visible()
+    expect(speech_tab).to_be_hidden()  # no transcription model downloaded yet
+    expect(images_tab).to_be_hidden()  # no image engine in this build: never an image model
+
+    pg.locator(f'#catalog tr[data-model="{WHISPER}"]').get_by_role("button", name="Download").click()
+    expect(job_card(pg, WHISPER)).to_have_attribute("data-status", "completed", timeout=120_000)
+    expect(speech_tab).to_be_visible()
+    expect(images_tab).to_be_hidden()
+    speech_tab.click()
+
+    wav = tmp_path / "fox.wav"
+    raw = tmp_path / "fox.raw.wav"
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), SENTENCE], check=True)
+    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", str(wav)], check=True)
+    expect(pg.locator("#stt-model")).to_have_value(WHISPER)
+    expect(pg.locator("#tts")).to_be_hidden()  # no speech-synthesis model
+    pg.get_by_label("Audio file (WAV)").set_input_files(str(wav))
+    pg.get_by_role("button", name="Transcribe file").click()
+    expect(pg.locator("#transcript")).not_to_have_text(re.compile(r"^(Transcribing…)?$"), timeout=120_000)
+    text = pg.locator("#transcript").inner_text()
+    assert heard(text) >= 0.5, text
+    shot(pg, "speech")
+    pg.goto(srv.url + "/#/images")  # a hidden tab cannot be opened by its address either
+    expect(pg.locator(".view-images")).to_have_count(0)
+    expect(pg.get_by_role("link", name="Chat")).to_have_attribute("aria-current", "page")
+    context.close()
+
+
+# ----- opening the app from the command line ----------------------------------------------------------
+
+def recording_browser(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A BROWSER command (Python's webbrowser honours it) that writes the URL it is given to a file."""
+    urls = tmp_path / "urls.txt"
+    script = tmp_path / "browser.py"
+    script.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.argv[2] + '\\n')\n")
+    return {"BROWSER": f"{sys.executable} {script} {urls} %s"}, urls
+
+
+def test_lemonade_open_and_serve_open(server, make_server, tmp_path):
+    env, urls = recording_browser(tmp_path)
+    cli_env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
+    cli_env.update(env, LEMONADE_BASE_URL=server.url)
+    for args, expected in ((["open"], server.url + "/"), (["open", "models"], server.url + "/#/models"),
+                           (["logs"], server.url + "/#/logs")):
+        done = subprocess.run([sys.executable, "-m", "lemonade.cli.main", *args], env=cli_env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert urls.read_text().splitlines()[-1] == expected
+        assert expected in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "open", "nowhere"], env=cli_env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "nowhere" in bad.stderr
+
+    urls.unlink()
+    srv = make_server(env=env, args=["--open"])
+    deadline = time.monotonic() + 30
+    while not urls.exists():
+        assert time.monotonic() < deadline, srv.log()
+        time.sleep(0.1)
+    assert urls.read_text().splitlines() == [f"http://127.0.0.1:{srv.port}/"]
