@@ -26,7 +26,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.assemble import Assembly
-from lemonade.runtime.engine_request import EngineError, encode, may_run_long, refuse_oversized_prompt
+from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.runtime.router import LoadedModel, Router
@@ -44,16 +44,22 @@ ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
-    """The engine's own status and message, in our error shape."""
-    message = text
+    """The engine's own status and message, in our error shape. A string `code` of a 4xx is kept: an
+    engine of ours names the client's mistake that way (e.g. `invalid_audio`); llama-server's codes
+    are numbers."""
+    message, code = text, None
     try:
         body = json.loads(text)
         err = body.get("error", body)
-        message = err.get("message", text) if isinstance(err, dict) else str(err)
+        if isinstance(err, dict):
+            message, code = err.get("message", text), err.get("code")
+        else:
+            message = str(err)
     except (ValueError, AttributeError):
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
-    return EngineError(status, f"{lm.name}: {message}", code="backend_error")
+    keep = status < 500 and isinstance(code, str) and code
+    return EngineError(status, f"{lm.name}: {message}", code=code if keep else "backend_error")
 
 
 class EngineUnreachable(EngineError):
@@ -99,16 +105,19 @@ class Proxy:
         self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
-                    raw: bytes | None = None, content_type: str = "application/json") -> bytes:
+                    raw: bytes | FileBody | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
-        data = raw if raw is not None else encode(body) if body is not None else None
+        data: Any = raw if raw is not None else encode(body) if body is not None else None
+        headers = {"Content-Type": content_type}
+        if isinstance(raw, FileBody):  # streamed from the file, with its length (engines read Content-Length)
+            data = raw.chunks()
+            headers["Content-Length"] = str(raw.size)
 
         async def round_trip() -> tuple[int, bytes]:
-            async with self.http().request(method, lm.base_url + path, data=data,
-                                           headers={"Content-Type": content_type}) as resp:
+            async with self.http().request(method, lm.base_url + path, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
         call = asyncio.ensure_future(round_trip() if streamed is None else
@@ -174,8 +183,9 @@ class Proxy:
         async with self.router.hold(lm):
             return json.loads(await self._call(lm, "GET", path, None))
 
-    async def post_raw(self, model: ModelInfo, path: str, data: bytes, content_type: str) -> bytes:
-        """A non-JSON body (e.g. audio) to the model's engine; returns the engine's bytes."""
+    async def post_raw(self, model: ModelInfo, path: str, data: bytes | FileBody, content_type: str) -> bytes:
+        """A non-JSON body (e.g. audio; a `FileBody` is streamed from its file) to the model's engine;
+        returns the engine's bytes."""
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
                 try:
