@@ -12,6 +12,8 @@ import subprocess
 import wave
 from pathlib import Path
 
+import numpy as np
+
 SENTENCE = "Please call Stella and ask her to bring these things with her from the store."
 ESPEAK = ["espeak-ng", "-v", "en-us", "-s", "120", "-g", "4"]
 RATE = 16000
@@ -61,6 +63,16 @@ def pcm16(wav: Path) -> bytes:
     with wave.open(str(wav)) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (RATE, 1, 2)
         return w.readframes(w.getnframes())
+
+
+def loud_span_ms(pcm: bytes, level: float = 0.01, frame_ms: int = 10) -> tuple[int, int]:
+    """Where the sound in PCM16 `pcm` starts and ends (first and last 10 ms frame whose RMS passes
+    `level`): the ground truth the realtime API's VAD times are checked against."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    size = RATE * frame_ms // 1000
+    frames = samples[: len(samples) // size * size].reshape(-1, size)
+    loud = np.flatnonzero(np.sqrt((frames ** 2).mean(axis=1)) > level)
+    return int(loud[0]) * frame_ms, (int(loud[-1]) + 1) * frame_ms
 
 
 def words(text: str) -> list[str]:
