@@ -8,7 +8,8 @@ faster-whisper install (the engine's private venv, as the server runs it):
 1. Real-time factor (audio seconds per wall second) of the same WAV (espeak-ng speech, about
    `--seconds` long), transcribed alternately in-process (a helper process that loads
    `WhisperModel` exactly as our worker does and times `decode_audio` + `transcribe`) and through
-   `/v1/audio/transcriptions`, `--runs` times each, A/B then B/A.
+   `/v1/audio/transcriptions`, `--runs` times each, A/B then B/A. Then the same for one short
+   sentence, `--short-runs` times: there the difference is the server's cost per request.
 2. Realtime latency: a `WS /realtime` session (server VAD, defaults) receives a spoken sentence
    and its trailing silence in 85 ms chunks at the pace of a microphone, `--turns` times; the
    time from `speech_stopped` to `...transcription.completed` (arrival at the client) is the wait
@@ -102,8 +103,8 @@ def seed_hf_cache(hf_home: Path, folder: Path) -> None:
             (snapshot / f.name).symlink_to(f)
 
 
-def make_speech(root: Path, seconds: float) -> tuple[Path, Path]:
-    """(long WAV of about `seconds`, one sentence with 1.5 s of silence after it), 16 kHz mono."""
+def make_speech(root: Path, seconds: float) -> tuple[Path, Path, Path]:
+    """(long WAV of about `seconds`, one sentence with silence around it, the sentence alone), 16 kHz mono."""
     parts = []
     total = 0.0
     i = 0
@@ -120,7 +121,7 @@ def make_speech(root: Path, seconds: float) -> tuple[Path, Path]:
     subprocess.run(["sox", *parts, str(long)], check=True)
     turn = root / "turn.wav"
     subprocess.run(["sox", parts[0], str(turn), "pad", "0.5", "1.5"], check=True)
-    return long, turn
+    return long, turn, Path(parts[0])
 
 
 def seconds_of(wav: Path) -> float:
@@ -197,6 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the transcribed recording")
     parser.add_argument("--runs", type=int, default=5, help="transcriptions per side")
+    parser.add_argument("--short-runs", type=int, default=20, help="short-sentence transcriptions per side")
     parser.add_argument("--turns", type=int, default=5, help="realtime turns")
     args = parser.parse_args()
 
@@ -208,7 +210,7 @@ def main() -> None:
     python = engine_python()
     with tempfile.TemporaryDirectory(prefix="bench-stt-") as tmp:
         root = Path(tmp)
-        long, turn = make_speech(root, args.seconds)
+        long, turn, short = make_speech(root, args.seconds)
         cache = root / "cache"
         link = cache / "backends" / "fasterwhisper" / "cpu"
         link.parent.mkdir(parents=True)
@@ -226,9 +228,10 @@ def main() -> None:
             helper = subprocess.Popen([str(python), "-c", IN_PROCESS, str(ct2_folder())], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, start_new_session=True)
             assert helper.stdout and helper.stdout.readline().strip() == "ready"
-            audio_s, turn_s = seconds_of(long), seconds_of(turn)
+            audio_s, turn_s, short_s = seconds_of(long), seconds_of(turn), seconds_of(short)
             load_start = load_avg()
             direct, server = rtf_runs(url, helper, long, args.runs)
+            short_direct, short_server = rtf_runs(url, helper, short, args.short_runs)
             turns = asyncio.run(realtime_turns(port, turn, args.turns))
             load_end = load_avg()
         finally:
@@ -247,6 +250,10 @@ def main() -> None:
           f"| {d / s:.3f} |")
     print(f"| wall time, min / max (s) | {min(direct):.2f} / {max(direct):.2f} | {min(server):.2f} / "
           f"{max(server):.2f} | |")
+    sd, ss = statistics.median(short_direct), statistics.median(short_server)
+    print(f"| short sentence ({short_s:.1f} s), wall time median (ms) | {sd * 1000:.0f} | {ss * 1000:.0f} "
+          f"| {ss / sd:.3f} |")
+    print(f"| short sentence, added per request, median (ms) | | {(ss - sd) * 1000:.0f} | |")
     stops = [t["stop_to_completed"] * 1000 for t in turns]
     deltas = [t["start_to_first_delta"] * 1000 for t in turns]
     print(f"realtime ({args.turns} turns of {turn_s:.1f} s, 85 ms chunks at real-time pace): "

@@ -6,10 +6,11 @@ session, one at a time and in order, through the same path as `/v1/audio/transcr
 router loads the model on demand, keeps residency and busy protection, the engine decodes). So
 speech keeps being read and turns keep being detected while an earlier turn is transcribed.
 
-- Server VAD (default, `audio/vad.py`): `speech_started`, then every `INTERIM_MS` of speech an
-  interim transcription of the turn so far as a `...transcription.delta` whose `delta` is the
-  whole interim text (it replaces the previous one: the spec's "replaceable"), then on silence
-  `speech_stopped`, `committed` and `...transcription.completed` with the final transcript.
+- Server VAD (default, `audio/vad.py`): `speech_started`, then every `INTERIM_MS` of speech (or
+  twice as long as the last interim took, when that is more) an interim transcription of the turn
+  so far as a `...transcription.delta` whose `delta` is the whole interim text (it replaces the
+  previous one: the spec's "replaceable"), then on silence `speech_stopped`, `committed` and
+  `...transcription.completed` with the final transcript.
 - `turn_detection: null`: audio is buffered until `input_audio_buffer.commit`; no VAD or interim
   events, only `committed` and `completed`.
 - Bad messages get an `error` event and the connection stays open. Authentication and the Origin
@@ -24,6 +25,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,7 @@ router = APIRouter(tags=["openai"])
 log = logging.getLogger("lemonade.realtime")
 
 BYTES_PER_MS = SAMPLE_RATE * 2 // 1000
-INTERIM_MS = 1000  # speech between interim transcriptions of a turn in progress
+INTERIM_MS = 1000  # speech between interim transcriptions of a turn in progress, at least
 MAX_BUFFER_MS = 10 * 60 * 1000  # audio held for one turn; more must be committed first
 MIN_COMMIT_MS = 100  # shorter buffers hold no word; OpenAI refuses them the same way
 
@@ -84,6 +86,8 @@ class RealtimeSession:
         self.committed: set[str] = set()
         self.last_interim_ms = 0
         self.interim_queued = False
+        self.interim_every_ms = INTERIM_MS  # twice the last interim's cost when that is more: on a slow or
+        # busy machine interims get rarer, so the turn's final transcription waits less behind one
         self.jobs: asyncio.Queue[Job] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
         self.gone = asyncio.Event()
@@ -240,7 +244,7 @@ class RealtimeSession:
                 await self.commit()
         if not self.vad.speaking:
             self.trim(settings)
-        elif self.vad.position_ms - self.last_interim_ms >= INTERIM_MS and not self.interim_queued:
+        elif self.vad.position_ms - self.last_interim_ms >= self.interim_every_ms and not self.interim_queued:
             self.last_interim_ms = self.vad.position_ms
             self.interim_queued = True
             assert self.item_id is not None
@@ -282,6 +286,7 @@ class RealtimeSession:
             if model is None:
                 continue
             params = {k: v for k, v in (("language", self.config.language), ("prompt", self.config.prompt)) if v}
+            started = time.monotonic()
             try:
                 result = await transcribe(self.svc, model, wav_header(len(job.pcm)) + job.pcm, params)
             except APIError as exc:
@@ -292,6 +297,7 @@ class RealtimeSession:
                 continue
             text = str(result.get("text", "")).strip()
             if not job.final:
+                self.interim_every_ms = max(INTERIM_MS, int(2000 * (time.monotonic() - started)))
                 if text:  # still ahead of the turn's `completed`, which waits behind it in the queue
                     await self.send(event("conversation.item.input_audio_transcription.delta", item_id=job.item_id,
                                           content_index=0, delta=text))
