@@ -245,6 +245,38 @@ def test_model_goes_through_the_router(server, speech):
         assert loaded(http)[WHISPER]["type"] == "transcription"
 
 
+def test_client_leaving_mid_transcription_frees_the_model(server, speech):
+    """A session closed while its turn is transcribed: the transcription is dropped, the model is
+    released (not left busy) and the next session is served."""
+    async def leave() -> None:
+        async with session(ws_url(server, model=WHISPER)) as ws:
+            await send(ws, "session.update", session={"turn_detection": None})
+            await recv(ws)
+            await stream(ws, speech * 3, pace=0)
+            await send(ws, "input_audio_buffer.commit")
+            assert (await recv(ws))["type"] == "input_audio_buffer.committed"
+        # closed here, while the 3x longer turn is being transcribed
+
+    asyncio.run(leave())
+    with server.client() as http:
+        for _ in range(300):
+            if not loaded(http)[WHISPER]["is_busy"]:
+                break
+            time.sleep(0.1)
+        assert not loaded(http)[WHISPER]["is_busy"]
+
+    async def again() -> str:
+        async with session(ws_url(server, model=WHISPER)) as ws:
+            await send(ws, "session.update", session={"turn_detection": None})
+            await recv(ws)
+            await stream(ws, speech, pace=0)
+            await send(ws, "input_audio_buffer.commit")
+            return (await until(ws, f"{TRANSCRIPTION}.completed"))[-1]["transcript"]
+
+    assert wer(SENTENCE, asyncio.run(again())) <= MAX_WER
+    assert "Traceback" not in server.log()
+
+
 def rejected(url: str, **kw: Any) -> int:
     """The HTTP status a refused WebSocket handshake got."""
     async def run() -> int:

@@ -97,7 +97,8 @@ class RealtimeSession:
     # ----- sending ---------------------------------------------------------------------------------
     async def send(self, message: dict[str, Any]) -> None:
         async with self.send_lock:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client left meanwhile
+            # The client left meanwhile (starlette raises RuntimeError after a close, uvicorn an OSError).
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self.ws.send_json(message)
 
     async def error(self, exc: ProtocolError | APIError, client_event_id: str | None = None, **extra: Any) -> None:
