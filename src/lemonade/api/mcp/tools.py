@@ -355,7 +355,7 @@ async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any
         else:
             head, body = raw[:HEAD_BYTES], raw
         try:
-            check_audio(head)
+            check_audio(svc, model, head)
             result = await transcribe(svc, model, body, params)
         except APIError as exc:
             raise ToolError(f"Transcription with {model.name} failed: {exc.message}") from None

@@ -107,12 +107,20 @@ def check_params(fmt: str | None, language: str | None, prompt: str | None,
     return fmt, params
 
 
-def check_audio(head: bytes) -> str:
-    """The container of an upload starting with `head`, or a 400 saying why it is refused."""
+def check_audio(svc: Services, model: ModelInfo, head: bytes) -> str:
+    """The container of an upload starting with `head`, or a 400 saying why it is refused (not audio,
+    or a container the model's engine does not decode)."""
     try:
-        return formats.check(head)
+        kind = formats.check(head)
     except formats.AudioFormatError as exc:
         raise APIError(400, f"Invalid value for 'file': {exc}", code="invalid_audio") from None
+    engine = svc.engines.get(model.recipe)
+    accepted = engine.audio_formats if engine is not None else formats.FORMATS
+    if kind not in accepted:
+        raise APIError(400, f"Invalid value for 'file': {model.name} (recipe '{model.recipe}') reads "
+                       f"{', '.join(accepted)} audio, not {kind}; convert the file or use another model",
+                       code="unsupported_audio_format")
+    return kind
 
 
 @router.post("/audio/transcriptions")
@@ -135,7 +143,7 @@ async def transcriptions(request: Request) -> Response:
                                _field(form, "prompt"), _field(form, "temperature"))
     model = svc.check_model(svc.resolve(name), "transcription", "/audio/transcriptions")
     head = await upload.read(formats.HEAD_BYTES)
-    check_audio(head)
+    check_audio(svc, model, head)
     size = upload.size if upload.size is not None else await asyncio.to_thread(_size, upload.file)
     body, media_type = shaped(await transcribe(svc, model, FileBody(upload.file, size), params), fmt)
     if isinstance(body, dict):
