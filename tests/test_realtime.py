@@ -324,6 +324,14 @@ def test_dedicated_websocket_port(server, speech):
 
     assert wer(SENTENCE, asyncio.run(run())[-1]["transcript"]) <= MAX_WER
 
+    async def logs() -> dict[str, Any]:  # the other WebSocket of that port
+        async with connect(f"ws://127.0.0.1:{ws_port}/logs/stream") as ws:
+            await send(ws, "logs.subscribe", after_seq=None)
+            return await recv(ws)
+
+    snapshot = asyncio.run(logs())
+    assert snapshot["type"] == "logs.snapshot" and snapshot["entries"]
+
 
 def test_openai_sdk_realtime_client(server, speech):
     """The official SDK connects to `<base_url>/realtime?model=...` and reads our events."""
