@@ -57,12 +57,13 @@ def _field(form: Any, name: str) -> str | None:
     return str(value)
 
 
-async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody,
-                     params: dict[str, str]) -> dict[str, Any]:
+async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, params: dict[str, str],
+                     content_type: str = "application/octet-stream") -> dict[str, Any]:
     """One transcription through the router and the model's engine (the HTTP route, the realtime
-    API and the MCP tool all come here): `{"text", "language", "duration", "segments"}`."""
+    API and the MCP tool all come here): `{"text", "language", "duration", "segments"}`.
+    `content_type`: the audio's, as the client said it (an engine may pass it on)."""
     path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
-    result = json.loads(await svc.proxy.post_raw(model, path, audio, "application/octet-stream"))
+    result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
     svc.metrics.record_inference(model.name, "audio/transcriptions", None, None)
     return result
 
@@ -145,7 +146,9 @@ async def transcriptions(request: Request) -> Response:
     head = await upload.read(formats.HEAD_BYTES)
     check_audio(svc, model, head)
     size = upload.size if upload.size is not None else await asyncio.to_thread(_size, upload.file)
-    body, media_type = shaped(await transcribe(svc, model, FileBody(upload.file, size), params), fmt)
+    result = await transcribe(svc, model, FileBody(upload.file, size), params,
+                              upload.content_type or "application/octet-stream")
+    body, media_type = shaped(result, fmt)
     if isinstance(body, dict):
         return JSONResponse(body)
     return PlainTextResponse(body, media_type=media_type)

@@ -289,7 +289,7 @@ class RealtimeSession:
             params = {k: v for k, v in (("language", self.config.language), ("prompt", self.config.prompt)) if v}
             started = time.monotonic()
             try:
-                result = await transcribe(self.svc, model, wav_header(len(job.pcm)) + job.pcm, params)
+                result = await transcribe(self.svc, model, wav_header(len(job.pcm)) + job.pcm, params, "audio/wav")
             except APIError as exc:
                 log.warning("Realtime transcription with %s failed: %s", model.name, exc.message)
                 if job.final:
