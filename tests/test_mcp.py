@@ -196,11 +196,12 @@ def test_tool_failures_are_is_error_results(server: Server, name: str, arguments
     assert mentions in texts(result)[0], texts(result)
 
 
-def test_transcribe_with_a_real_file_reports_the_missing_engine(server: Server, tmp_path: Path) -> None:
+def test_transcribe_without_a_model_asks_for_one(server: Server, tmp_path: Path) -> None:
+    """No transcription model is loaded or downloaded here (tests/test_speech_input.py transcribes)."""
     clip = tmp_path / "clip.wav"
     clip.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt ")
     result = call(server, "lemonade_transcribe_audio", {"audio_path": str(clip)})
-    assert result.is_error is True and "transcription" in texts(result)[0] and "not available" in texts(result)[0]
+    assert result.is_error is True and "No transcription model" in texts(result)[0] and "`model`" in texts(result)[0]
 
 
 @pytest.mark.parametrize("key", ["output_path", "output_dir"])

@@ -22,6 +22,7 @@ from lemonade.util.atomic import atomic_write_json, read_json
 DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 13305,
+    "websocket_port": "auto",  # the legacy dedicated WebSocket port: "auto" (OS-assigned) or a port number
     "log_level": "info",
     "ctx_size": -1,
     "max_loaded_models": 1,  # or a map per model type, e.g. {"llm": 2, "transcription": 1}
@@ -95,6 +96,8 @@ def validate_value(key: str, value: Any) -> Any:
     default = _DEFAULT_LEAVES[key]
     if key in MAP_KEYS and isinstance(value, dict):
         return _validate_type_map(key, value)
+    if key == "websocket_port":
+        return _websocket_port(value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")
@@ -109,6 +112,16 @@ def validate_value(key: str, value: Any) -> Any:
         raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
     _check_range(key, value)
     return value
+
+
+def _websocket_port(value: Any) -> str | int:
+    """"auto" or a port number (also as text, as env vars and `config set` give it)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535):
+        return value
+    raise ConfigError("Config key 'websocket_port' must be \"auto\" or a port from 1 to 65535, got "
+                      + json.dumps(value))
 
 
 def _validate_type_map(key: str, value: dict[str, Any]) -> dict[str, int]:

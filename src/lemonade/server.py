@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import errno
 import logging
 import os
@@ -38,6 +40,26 @@ def check_port(host: str, port: int) -> None:
             raise
 
 
+def bind_websocket_port(host: str, setting: str | int) -> socket.socket:
+    """The listening socket of the dedicated WebSocket port ("auto": one the OS picks), bound before
+    the server starts so `/v1/health` can report it from the first request."""
+    port = 0 if setting == "auto" else int(setting)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise PortInUse(f"WebSocket port {port} on {host} is already in use. Start with --websocket-port auto "
+                            "or another port.") from None
+        raise
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
 def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None):  # noqa: ANN201
     """Config, logging and the app, without starting to listen (also used by tests and benchmarks)."""
     from lemonade.api.app import create_app
@@ -56,7 +78,19 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     """Run the server until it is stopped; `open_app`: open the web app in a browser once it listens."""
     import uvicorn
 
+    from lemonade.api.app import websocket_only
+
+    class Follower(uvicorn.Server):
+        """The dedicated WebSocket port's server: it runs inside the main server's `serve` and stops
+        with it, so it leaves the signals to the main one."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
     class Server(uvicorn.Server):
+        follower: tuple[uvicorn.Server, socket.socket] | None = None
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if open_app and self.started:
@@ -71,6 +105,19 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
             # instead of uvicorn re-raising the signal at exit.
             self._captured_signals.clear()
 
+        async def serve(self, sockets: Any = None) -> None:
+            if self.follower is None:
+                await super().serve(sockets)
+                return
+            other, sock = self.follower
+            task = asyncio.ensure_future(other.serve(sockets=[sock]))
+            try:
+                await super().serve(sockets)
+            finally:
+                other.should_exit = True
+                with contextlib.suppress(Exception, SystemExit):
+                    await task
+
     try:
         config, services, app = build(cli_overrides)
     except ConfigError as exc:
@@ -79,15 +126,21 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     host, port = config.get("host"), config.get("port")
     try:
         check_port(host, port)
+        ws_sock = bind_websocket_port(host, config.get("websocket_port"))
     except PortInUse as exc:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    services.websocket_port = ws_sock.getsockname()[1]
     # Last resort if the interpreter exits without running the lifespan shutdown.
     atexit.register(services.router.kill_all_now)
     log.info("Starting Lemonade on http://%s:%d", host, port)
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5, ws_ping_interval=20))
+                                   timeout_graceful_shutdown=5, ws_ping_interval=20))
+    follower = Follower(uvicorn.Config(websocket_only(app, port), lifespan="off", log_level="warning",
+                                       access_log=False, timeout_graceful_shutdown=5, ws_ping_interval=20))
+    server.follower = (follower, ws_sock)
+    log.info("WebSockets (/realtime, /logs/stream) also on the dedicated port %d", services.websocket_port)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind (a race with another server)

@@ -46,6 +46,7 @@ class Services:
         self.api_key = api_key
         self.admin_key = admin_key
         self.allowed_origins = allowed_origins  # LEMONADE_ALLOWED_ORIGINS (api/origins.py)
+        self.websocket_port: int | None = None  # the dedicated WebSocket port, once `serve` listens on it
         values = config.values
         self.catalog = Catalog(self.cache_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)

@@ -2,14 +2,17 @@
 
 Every API route is served at `/api/v1`, `/api/v0`, `/v1` and `/v0`. Root-only: `/live`,
 `/metrics`, `/mcp`, `/internal/*` and the web app (`/`, `/static/*`, api/webapp.py); the Ollama API
-lives at `/api/*`; `/logs/stream` is served at the root and under the prefixes.
+lives at `/api/*`; the WebSockets `/logs/stream` and `/realtime` are served at the root and under the
+prefixes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
@@ -18,13 +21,13 @@ from lemonade import __version__
 from lemonade.api import internal
 from lemonade.api.anthropic import messages
 from lemonade.api.disconnect import DisconnectWatch
-from lemonade.api.errors import install_error_handlers
+from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import AuthMiddleware, BodySizeLimit, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.ollama import routes as ollama_routes
-from lemonade.api.openai import audio, inference
+from lemonade.api.openai import audio, inference, realtime
 from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginGuard, OriginPolicy
@@ -39,7 +42,29 @@ PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are m
 def api_routers() -> list[APIRouter]:
     """Routers served under every prefix. Order matters where paths overlap (`/models/...`)."""
     return [status.router, models.router, openai_models.router, load.router, backends.router, downloads.router,
-            inference.router, audio.router, llamacpp_routes.router, messages.router, logs.router]
+            inference.router, audio.router, llamacpp_routes.router, messages.router, logs.router,
+            realtime.router]
+
+
+def websocket_only(app: FastAPI, http_port: int) -> Any:
+    """The legacy dedicated WebSocket port (lemonade.md, health `websocket_port`): the same app, so the
+    same routes, key checks and Origin rules, for WebSocket upgrades only; HTTP there is a 404 that
+    names the port HTTP is served on."""
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        message = (f"This port serves only the WebSockets /realtime and /logs/stream (under any prefix); the HTTP "
+                   f"API is on port {http_port}, which serves the WebSockets too.")
+        body = json.dumps(error_body(api_family(scope.get("path", "")), 404, message, "not_found",
+                                     "websocket_port")).encode()
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return asgi
 
 
 def create_app(services: Services) -> FastAPI:
@@ -87,6 +112,7 @@ def create_app(services: Services) -> FastAPI:
         for router in api_routers():
             app.include_router(router, prefix=prefix)
     app.include_router(logs.router)
+    app.include_router(realtime.router)
     app.include_router(internal.router)
     app.include_router(ollama_routes.router)
     app.include_router(mcp_routes.router)

@@ -143,6 +143,9 @@ class Engine(ABC):
     # it writes to it, so that hanging up stops a non-streamed generation too (runtime/assemble.py).
     streamed_for_cancel: ClassVar[dict[str, dict[str, Any]]] = {}
     metrics_path: ClassVar[str | None] = None  # Prometheus text the engine exposes, relayed by /metrics
+    # Audio containers a transcription engine decodes (names of audio/formats.py); an upload in another
+    # one is refused with a 400 before the model loads. WAV is what the spec requires of every engine.
+    audio_formats: ClassVar[tuple[str, ...]] = ("wav",)
     # The weight file format it loads ("gguf"): a bare file of that format in the extra models dir,
     # or a repository of such files, is a model of this recipe.
     file_format: ClassVar[str | None] = None

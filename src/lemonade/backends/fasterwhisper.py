@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemonade.audio.formats import FORMATS
 from lemonade.backends.base import WrappedServer
 from lemonade.backends.engine import (
     BackendState,
@@ -63,6 +64,7 @@ class FasterWhisperEngine(Engine):
     backend_option = None
     process = "whisper-worker"
     endpoints = {"audio/transcriptions": "/transcribe"}
+    audio_formats = FORMATS  # the worker decodes with PyAV (FFmpeg)
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)

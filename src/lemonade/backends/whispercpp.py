@@ -163,6 +163,8 @@ class WhisperCppEngine(Engine):
     backend_option = "whispercpp_backend"
     process = "whisper-server"
     endpoints = {"audio/transcriptions": INFERENCE_PATH}
+    # whisper-server decodes with miniaudio and stb_vorbis: no WebM, no Ogg Opus (Ogg Vorbis only)
+    audio_formats = ("wav", "mp3", "flac", "ogg")
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)

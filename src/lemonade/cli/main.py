@@ -34,6 +34,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def serve(
     host: str | None = typer.Option(None, help="Address to listen on (env LEMONADE_HOST)"),
     port: int | None = typer.Option(None, help="Port to listen on (env LEMONADE_PORT)"),
+    websocket_port: str | None = typer.Option(None, help="Legacy dedicated WebSocket port (/realtime, /logs/stream; "
+                                              "also served on --port): auto (default) or a number"),
     log_level: str | None = typer.Option(None, help="trace, debug, info, warning, error"),
     ctx_size: int | None = typer.Option(None, help="Default context size; -1 = automatic"),
     max_loaded_models: int | None = typer.Option(None, help="Models of each type kept loaded; -1 = unlimited"),
@@ -47,9 +49,9 @@ def serve(
     from lemonade.server import serve as run
 
     overrides: dict = {}
-    for key, value in (("host", host), ("port", port), ("log_level", log_level), ("ctx_size", ctx_size),
-                       ("max_loaded_models", max_loaded_models), ("extra_models_dir", extra_models_dir),
-                       ("offline", offline)):
+    for key, value in (("host", host), ("port", port), ("websocket_port", websocket_port), ("log_level", log_level),
+                       ("ctx_size", ctx_size), ("max_loaded_models", max_loaded_models),
+                       ("extra_models_dir", extra_models_dir), ("offline", offline)):
         if value is not None:
             overrides[key] = value
     if llamacpp is not None or llamacpp_args is not None:
@@ -67,9 +69,19 @@ def serve(
 
 def _register_commands() -> None:
     """Client commands live in their own modules; `models_cmd` (pull, delete, ...) is optional."""
-    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, open_cmd, residency
+    from lemonade.cli import (
+        alias_cmd,
+        backends_cmd,
+        background,
+        chat,
+        config_cmd,
+        info,
+        open_cmd,
+        residency,
+        transcribe_cmd,
+    )
 
-    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background, open_cmd):
+    for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -3,8 +3,11 @@ and whether it can fit at all. Pure functions, kept apart from the relaying in `
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from lemonade.errors import APIError
 
@@ -26,6 +29,27 @@ def encode(body: dict[str, Any]) -> bytes:
         raise APIError(400, f"The request contains text that is not valid Unicode ({bad}, a lone UTF-16 "
                        "surrogate); send whole characters (a surrogate pair, or the character itself)",
                        code="invalid_argument") from None
+
+
+@dataclass
+class FileBody:
+    """A request body read from a file in 1 MB pieces (an upload the HTTP layer spooled to disk), so a
+    long recording reaches the engine without a copy of it in the server's memory. It is read from
+    the start on every attempt (the proxy asks a restarted engine again)."""
+
+    file: BinaryIO
+    size: int
+    chunk: int = 1 << 20
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        await asyncio.to_thread(self.file.seek, 0)
+        left = self.size
+        while left > 0:
+            piece = await asyncio.to_thread(self.file.read, min(self.chunk, left))
+            if not piece:
+                return
+            left -= len(piece)
+            yield piece
 
 
 SHORT_ANSWER_TOKENS = 16  # done in a fraction of a second: nothing worth cancelling

@@ -26,7 +26,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
 from lemonade.runtime.assemble import Assembly
-from lemonade.runtime.engine_request import EngineError, encode, may_run_long, refuse_oversized_prompt
+from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.runtime.router import LoadedModel, Router
@@ -44,16 +44,22 @@ ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
-    """The engine's own status and message, in our error shape."""
-    message = text
+    """The engine's own status and message, in our error shape. A string `code` of a 4xx is kept: an
+    engine of ours names the client's mistake that way (e.g. `invalid_audio`); llama-server's codes
+    are numbers."""
+    message, code = text, None
     try:
         body = json.loads(text)
         err = body.get("error", body)
-        message = err.get("message", text) if isinstance(err, dict) else str(err)
+        if isinstance(err, dict):
+            message, code = err.get("message", text), err.get("code")
+        else:
+            message = str(err)
     except (ValueError, AttributeError):
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
-    return EngineError(status, f"{lm.name}: {message}", code="backend_error")
+    keep = status < 500 and isinstance(code, str) and code
+    return EngineError(status, f"{lm.name}: {message}", code=code if keep else "backend_error")
 
 
 class EngineUnreachable(EngineError):
@@ -99,19 +105,21 @@ class Proxy:
         self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
-                    raw: bytes | Framed | None = None, content_type: str = "application/json") -> bytes:
+                    raw: bytes | FileBody | Framed | None = None, content_type: str = "application/json") -> bytes:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
         streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
+        data: Any = raw if raw is not None else encode(body) if body is not None else None
         headers = {"Content-Type": content_type}
-        if isinstance(raw, Framed):
+        if isinstance(raw, FileBody):
+            raw = Framed(b"", raw, b"")
+        if isinstance(raw, Framed):  # streamed in parts, with its length (engines read Content-Length)
+            data = raw
             headers["Content-Length"] = str(len(raw))
-        data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
-            async with self.http().request(method, lm.base_url + path, data=data,
-                                           headers=headers) as resp:
+            async with self.http().request(method, lm.base_url + path, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
         call = asyncio.ensure_future(round_trip() if streamed is None else
@@ -177,9 +185,10 @@ class Proxy:
         async with self.router.hold(lm):
             return json.loads(await self._call(lm, "GET", path, None))
 
-    async def post_raw(self, model: ModelInfo, path: str, data: bytes, content_type: str) -> bytes:
-        """A non-JSON body (e.g. audio; fields in `path`'s query) to the model's engine, in the shape
-        the engine takes (`Engine.encode_raw`); returns its answer in ours (`Engine.decode_raw`)."""
+    async def post_raw(self, model: ModelInfo, path: str, data: bytes | FileBody, content_type: str) -> bytes:
+        """A non-JSON body (e.g. audio; fields in `path`'s query; a `FileBody` is streamed from its file)
+        to the model's engine, in the shape the engine takes (`Engine.encode_raw`); returns its answer
+        in ours (`Engine.decode_raw`)."""
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
                 engine_path, head, tail, engine_type = lm.engine.encode_raw(path, content_type)
@@ -285,17 +294,23 @@ class Proxy:
 
 class Framed:
     """A raw body sent between an engine's framing (`Engine.encode_raw`) without being copied: an
-    async iterable of its three parts, with a known length."""
+    async iterable of its parts (a `FileBody` read from its file), with a known length."""
 
-    def __init__(self, head: bytes, body: bytes, tail: bytes) -> None:
-        self.parts = (head, body, tail)
+    def __init__(self, head: bytes, body: bytes | FileBody, tail: bytes) -> None:
+        self.head, self.body, self.tail = head, body, tail
 
     def __len__(self) -> int:
-        return sum(len(p) for p in self.parts)
+        body = self.body.size if isinstance(self.body, FileBody) else len(self.body)
+        return len(self.head) + body + len(self.tail)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        for part in self.parts:
-            yield part
+        yield self.head
+        if isinstance(self.body, FileBody):
+            async for piece in self.body.chunks():
+                yield piece
+        else:
+            yield self.body
+        yield self.tail
 
 
 def error_event(err: APIError) -> bytes:

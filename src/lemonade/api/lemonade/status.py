@@ -37,9 +37,8 @@ async def health(request: Request) -> dict[str, Any]:
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
     }
-    port = request.url.port
-    if port:
-        body["websocket_port"] = port
+    if svc.websocket_port is not None:  # only while the dedicated WebSocket server runs (lemonade.md)
+        body["websocket_port"] = svc.websocket_port
     return body
 
 

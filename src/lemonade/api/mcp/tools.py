@@ -3,15 +3,16 @@
 Every tool goes through the same router and proxy as the HTTP APIs (auto-load, download, stats).
 A tool failure (bad arguments, unknown model, load error, engine error) is a result with
 `isError: true` and a message the calling model can act on, never a JSON-RPC error.
-`lemonade_transcribe_audio`, `lemonade_generate_image` and `lemonade_omni` validate their
-arguments fully (output paths included) and then report that their engine is not available in
-this server.
+`lemonade_transcribe_audio` runs the same transcription as `/v1/audio/transcriptions`.
+`lemonade_generate_image` and `lemonade_omni` validate their arguments fully (output paths
+included) and then report that their engine is not available in this server.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import re
@@ -22,7 +23,10 @@ from typing import Any
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root
+from lemonade.api.openai.audio import check_audio, check_params, shaped, transcribe
+from lemonade.audio.formats import HEAD_BYTES
 from lemonade.model_info import ModelInfo
+from lemonade.runtime.engine_request import FileBody
 from lemonade.services import ENDPOINT_FOR_MODE, Services
 
 log = logging.getLogger("lemonade.mcp")
@@ -99,7 +103,8 @@ TOOLS: list[dict[str, Any]] = [
                        "of the two is required. Returns the transcript and the full OpenAI-shaped response.",
         "inputSchema": {"type": "object", "properties": {
             "model": {**_MODEL, "description": "A transcription model, e.g. Whisper-Tiny"},
-            "audio_path": {"type": "string", "minLength": 1, "description": "Absolute path of a local audio file"},
+            "audio_path": {"type": "string", "minLength": 1,
+                           "description": "Absolute path of a local audio file (wav, mp3, flac, ogg or webm)"},
             "audio_base64": {"type": "string", "minLength": 1},
             "filename": {"type": "string"},
             "language": {"type": "string"},
@@ -290,16 +295,42 @@ def _refuse_media_tool(svc: Services, args: dict[str, Any], mode: str, tool: str
                     f"(/v1{ENDPOINT_FOR_MODE[mode]}) instead.")
 
 
+def _pick_transcription_model(svc: Services) -> ModelInfo:
+    """No `model` given: the most recently used loaded transcription model, else a downloaded one."""
+    loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "transcription" and not lm.retiring]
+    if loaded:
+        return max(loaded, key=lambda lm: lm.last_use).model
+    for model in svc.catalog.all():
+        if model.mode == "transcription" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
+            return model
+    raise ToolError("No transcription model is loaded or downloaded. Pass `model` (a transcription model from "
+                    "lemonade_list_models, e.g. Whisper-Tiny-En-CT2); it is downloaded first if needed.")
+
+
+def _audio_file(raw: str) -> tuple[Path, int]:
+    """The file `audio_path` names and its size. Reads are not confined to the image sandbox (which
+    guards writes): the spec's caller passes recordings from anywhere on its own machine. Only a
+    file that starts like audio is read further (`check_audio`)."""
+    if "\x00" in raw:
+        raise ToolError("`audio_path` must not contain NUL characters")
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        raise ToolError(f"`audio_path` must be an absolute path (the server's working directory is not yours): {raw}")
+    if not path.is_file():
+        raise ToolError(f"audio_path not found (or not a file): {raw}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ToolError(f"audio_path is empty: {raw}")
+    return path, size
+
+
 async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     has_path, has_b64 = args.get("audio_path") is not None, args.get("audio_base64") is not None
     if has_path == has_b64:
         raise ToolError("Provide exactly one of `audio_path` (path of a local audio file) or `audio_base64`.")
+    path: Path | None = None
     if has_path:
-        path = Path(args["audio_path"]).expanduser()
-        if not path.is_file():
-            raise ToolError(f"audio_path not found (or not a file): {args['audio_path']}")
-        if path.stat().st_size == 0:
-            raise ToolError(f"audio_path is empty: {args['audio_path']}")
+        path, size = _audio_file(args["audio_path"])
     else:
         try:
             raw = base64.b64decode(args["audio_base64"], validate=True)
@@ -307,7 +338,34 @@ async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any
             raise ToolError("`audio_base64` is not valid base64. To pass a file, use `audio_path`.") from None
         if not raw:
             raise ToolError("`audio_base64` decoded to zero bytes. To pass a file, use `audio_path`.")
-    raise _refuse_media_tool(svc, args, "transcription", "lemonade_transcribe_audio", "transcription (whisper.cpp)")
+    try:
+        fmt, params = check_params(args.get("response_format"), args.get("language"), args.get("prompt"),
+                                   args.get("temperature"))
+    except APIError as exc:
+        raise ToolError(exc.message) from None
+    if args.get("model"):
+        model = checked_model(svc, args["model"], "transcription", "lemonade_transcribe_audio")
+    else:
+        model = _pick_transcription_model(svc)
+    with contextlib.ExitStack() as stack:
+        if path is not None:
+            fh = stack.enter_context(path.open("rb"))
+            head = fh.read(HEAD_BYTES)
+            body: bytes | FileBody = FileBody(fh, size)
+        else:
+            head, body = raw[:HEAD_BYTES], raw
+        try:
+            check_audio(svc, model, head)
+            result = await transcribe(svc, model, body, params)
+        except APIError as exc:
+            raise ToolError(f"Transcription with {model.name} failed: {exc.message}") from None
+    full, _media_type = shaped(result, fmt)
+    return result_blocks(str(result.get("text", "")), full)
+
+
+def result_blocks(transcript: str, full: str | dict[str, Any]) -> dict[str, Any]:
+    """mcp.md: the bare transcript, then the full OpenAI-shaped response."""
+    return result(text(transcript), text(full if isinstance(full, str) else json.dumps(full)))
 
 
 async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
