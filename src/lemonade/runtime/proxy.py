@@ -200,10 +200,13 @@ class Proxy:
         A client that asked for a stream reads the engine's errors as a stream too (context overflow,
         an engine that is gone): one `error` event, re-shaped by `transform` into its API's own error
         event, never a bare JSON body that an SSE parser skips. Admission errors (unknown model,
-        queue full with Retry-After, every slot pinned) keep their HTTP status."""
+        queue full with Retry-After, every slot pinned), and every error before a raw byte stream
+        (`media_type` other than SSE, e.g. audio) keep their HTTP status."""
         try:
             return await self._stream(model, path, body, endpoint, transform, media_type)
         except EngineError as exc:
+            if media_type != "text/event-stream":
+                raise  # a raw byte stream (audio) has no in-band errors; nothing was sent, so the status says it
             log.warning("Streamed request to %s failed: %s", model.name, exc.message)
             source = _error_events(exc)
             return StreamingResponse(transform(source) if transform else source, media_type=media_type,
