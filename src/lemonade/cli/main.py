@@ -66,9 +66,9 @@ def serve(
 
 def _register_commands() -> None:
     """Client commands live in their own modules; `models_cmd` (pull, delete, ...) is optional."""
-    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, residency
+    from lemonade.cli import alias_cmd, backends_cmd, background, chat, config_cmd, info, residency, speech_cmd
 
-    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background):
+    for module in (info, residency, chat, alias_cmd, config_cmd, backends_cmd, background, speech_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)
