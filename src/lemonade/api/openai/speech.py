@@ -64,7 +64,12 @@ def _choose_format(requested: str | None, supported: tuple[str, ...], default: s
     return requested
 
 
-@router.post("/audio/speech")
+AUDIO_RESPONSE = {200: {"description": "The audio, in the requested format (streamed: pcm chunks as they are made)",
+                        "content": {media: {"schema": {"type": "string", "format": "binary"}}
+                                    for media in dict.fromkeys(CONTENT_TYPES.values())}}}
+
+
+@router.post("/audio/speech", response_class=Response, responses=AUDIO_RESPONSE)
 async def speech(request: Request, body: SpeechRequest) -> Response:
     svc: Services = request.app.state.services
     if not body.input.strip():
