@@ -94,7 +94,8 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
                "stream": streamed}
     try:
         if streamed:
-            response = await svc.proxy.stream(model, path, payload, "audio/speech", media_type=CONTENT_TYPES[fmt])
+            response = await svc.proxy.stream(model, path, payload, "audio/speech", media_type=CONTENT_TYPES[fmt],
+                                              in_band_errors=False)
         else:
             audio = await svc.proxy.post_raw(model, path, encode(payload), "application/json")
             response = Response(audio, media_type=CONTENT_TYPES[fmt])
