@@ -205,9 +205,26 @@ def test_streamed_audio_arrives_before_synthesis_ends(server, client):
         if log.count("client went away") > before:
             break
         time.sleep(0.2)
-    account = re.findall(r"client went away after (\d+) chunks", log)
+    account = re.findall(r"client went away after (\d+) chunks sent", log)
     assert account, log[-3000:]
     assert 1 <= int(account[-1]) < 12  # one chunk per sentence; it stopped before the last
+
+
+def test_abandoned_buffered_request_stops_synthesis(server):
+    """A client that gives up on a buffered answer: the server closes the engine request and the
+    worker stops between sentences, instead of holding the model for the whole text."""
+    pattern = re.compile(r"went away after 0 chunks sent, (\d+) buffered")
+    before = len(pattern.findall(server.log_path.read_text(errors="replace")))
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/audio/speech", json={"model": PIPER, "voice": "joe", "input": LONG_TEXT,
+                                                          "response_format": "wav"}, timeout=2.0)
+    deadline = time.monotonic() + 60
+    found: list[str] = []
+    while time.monotonic() < deadline and len(found) <= before:
+        found = pattern.findall(server.log_path.read_text(errors="replace"))
+        time.sleep(0.2)
+    assert len(found) > before, server.log()[-3000:]
+    assert int(found[-1]) < 12  # stopped between sentences, before the last of the 12
 
 
 def test_piper_formats_and_speed(client):

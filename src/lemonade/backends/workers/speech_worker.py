@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import select
+import socket
 import sys
 import threading
 import time
@@ -121,7 +123,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._sent = False
-        self._chunks = 0
+        self._chunks = 0  # chunks sent (streamed)
+        self._made = 0  # chunks synthesised (buffered)
         if urlsplit(self.path).path != "/speech":
             self._reply(404, {"error": {"message": f"Unknown path {self.path}"}})
             return
@@ -140,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
                 if body.get("stream"):
                     self._stream(chunks)
                 else:
-                    audio = np.concatenate(list(chunks))
+                    audio = np.concatenate(list(self._while_connected(chunks)))
                     data = encode(audio, SYNTH.sample_rate, fmt)
                     self.send_response(200)
                     self.send_header("Content-Type", CONTENT_TYPES[fmt])
@@ -152,7 +155,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(400, {"error": {"message": str(exc), "param": exc.param}})
                 return
             except (BrokenPipeError, ConnectionResetError):
-                print(f"client went away after {self._chunks} chunks; synthesis stopped", flush=True)
+                print(f"client went away after {self._chunks} chunks sent, {self._made} buffered; synthesis "
+                      "stopped", flush=True)
                 return
             except Exception as exc:  # an engine failure: a 500 if nothing was sent yet, else a cut stream
                 print(f"synthesis failed: {type(exc).__name__}: {exc}", flush=True)
@@ -161,6 +165,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             print(f"synthesised in {time.perf_counter() - started:.2f}s", flush=True)
+
+    def _while_connected(self, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """The chunks, stopping early when the caller has hung up (the server closes its connection
+        when its client leaves), so an abandoned buffered request does not hold the model."""
+        for chunk in chunks:
+            self._made += 1
+            yield chunk
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                raise BrokenPipeError("the caller closed the connection")
 
     def _stream(self, chunks: Iterator[np.ndarray]) -> None:
         self.send_response(200)
