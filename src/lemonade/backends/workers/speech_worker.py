@@ -130,10 +130,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if not isinstance(body, dict):
-                raise BadRequest("The request body must be a JSON object", "body")
         except ValueError as exc:
             self._reply(400, {"error": {"message": f"The request body is not JSON: {exc}", "param": "body"}})
+            return
+        if not isinstance(body, dict):
+            self._reply(400, {"error": {"message": "The request body must be a JSON object", "param": "body"}})
             return
         with LOCK:
             started = time.perf_counter()
