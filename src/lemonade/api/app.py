@@ -27,7 +27,7 @@ from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import AuthMiddleware, BodySizeLimit, DefaultJSONContentType, MetricsMiddleware
 from lemonade.api.ollama import routes as ollama_routes
-from lemonade.api.openai import audio, inference, realtime
+from lemonade.api.openai import audio, inference, realtime, speech
 from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginGuard, OriginPolicy
@@ -42,7 +42,7 @@ PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are m
 def api_routers() -> list[APIRouter]:
     """Routers served under every prefix. Order matters where paths overlap (`/models/...`)."""
     return [status.router, models.router, openai_models.router, load.router, backends.router, downloads.router,
-            inference.router, audio.router, llamacpp_routes.router, messages.router, logs.router,
+            inference.router, audio.router, speech.router, llamacpp_routes.router, messages.router, logs.router,
             realtime.router]
 
 

@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
+from lemonade.backends.kokoro import KokoroEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
+from lemonade.backends.piper import PiperEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
 
 if TYPE_CHECKING:
     from lemonade.config import Config
 
-ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine)
+ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
+                                             PiperEngine)
 
 
 def _positive(name: str) -> Any:
@@ -35,7 +38,6 @@ UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]
         "cfg_scale": Option((int, float), "sdcpp.cfg_scale"),
         "width": Option(int, "sdcpp.width", check=_positive("width")),
         "height": Option(int, "sdcpp.height", check=_positive("height"))}),
-    "kokoro": (("tts",), ("cpu",), {}),
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
     "vllm": (("chat",), ("rocm",), {}),

@@ -1,7 +1,8 @@
 """Checkpoint strings and GGUF variant selection, shared by listing (offline) and pulling (online).
 
 A checkpoint is `owner/repo`, `owner/repo:VARIANT` (a quantization such as `Q4_K_M`, matched
-against file names or a variant folder) or `owner/repo:path/file.ext` (one exact file).
+against file names or a variant folder), `owner/repo:path/file.ext` (one exact file) or
+`owner/repo:folder/` (every file under that folder, e.g. Kokoro's `voices/`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def is_exact_file_variant(variant: str) -> bool:
 def match_variant(files: list[str], variant: str | None) -> list[str]:
     """Repo-relative files that make up `variant`, main file first; [] when nothing matches.
 
-    `None` means the whole repository. A file variant matches that path (or a unique basename).
-    A quantization matches a variant folder (`Q8_0/...`) or files whose name, shard suffix
-    removed, ends in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj files never match.
+    `None` means the whole repository; `folder/` every file under it. A file variant matches that
+    path (or a unique basename). A quantization matches a variant folder (`Q8_0/...`) or files whose
+    name, shard suffix removed, ends in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj
+    files never match.
     """
     if variant is None:
         return sorted(files)
+    if variant.endswith("/"):
+        return sorted(f for f in files if f.startswith(variant))
     if is_exact_file_variant(variant):
         if variant in files:
             return [variant]

@@ -78,10 +78,12 @@ def _register_commands() -> None:
         info,
         open_cmd,
         residency,
+        speech_cmd,
         transcribe_cmd,
     )
 
-    for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd):
+    for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
+                   speech_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

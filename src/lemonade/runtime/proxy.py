@@ -212,16 +212,19 @@ class Proxy:
 
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
-                     media_type: str = "text/event-stream") -> Response:
+                     media_type: str = "text/event-stream", in_band_errors: bool = True) -> Response:
         """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream.
 
         A client that asked for a stream reads the engine's errors as a stream too (context overflow,
         an engine that is gone): one `error` event, re-shaped by `transform` into its API's own error
         event, never a bare JSON body that an SSE parser skips. Admission errors (unknown model,
-        queue full with Retry-After, every slot pinned) keep their HTTP status."""
+        queue full with Retry-After, every slot pinned) keep their HTTP status, and so does every error
+        when `in_band_errors` is False (a raw byte stream such as audio, which has no error event)."""
         try:
             return await self._stream(model, path, body, endpoint, transform, media_type)
         except EngineError as exc:
+            if not in_band_errors:
+                raise  # a raw byte stream (audio) has no error events; nothing was sent, so the status says it
             log.warning("Streamed request to %s failed: %s", model.name, exc.message)
             source = _error_events(exc)
             return StreamingResponse(transform(source) if transform else source, media_type=media_type,

@@ -1,0 +1,94 @@
+"""What every text-to-speech engine shares: a private venv and our speech worker per loaded model.
+
+A TTS engine (`piper.py`, `kokoro.py`) is pinned PyPI packages in a private venv (`venv_install.py`)
+plus PyAV for the mp3/opus/aac/flac encoders; a loaded model is `workers/speech_worker.py` run with
+that venv's Python on a loopback port, told which voice module to use. A subclass says which
+packages, which files of a model are which (`worker_args`), the speeds its engine accepts and
+which `response_format`s it encodes, buffered and streamed; `/v1/audio/speech` reads those.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lemonade.backends.base import WrappedServer
+from lemonade.backends.engine import BackendState, Engine, EngineUnavailable, InstallError, Launch, Option, Progress
+from lemonade.backends.venv_install import VenvBackend
+
+if TYPE_CHECKING:
+    from lemonade.config import Config
+    from lemonade.model_info import ModelInfo
+
+WORKER = Path(__file__).parent / "workers" / "speech_worker.py"
+AV_PACKAGE = "av==18.1.0"  # FFmpeg encoders (libmp3lame, libopus, aac, flac) for the worker
+ENCODED_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+
+
+def _check_threads(name: str) -> Any:
+    return lambda v: None if v >= 0 else f"Option '{name}' must be 0 (automatic) or more, got {v}"
+
+
+def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
+    return [p for paths in files.values() for p in paths if p.name.endswith(suffix)]
+
+
+class SpeechEngine(Engine):
+    """A Python-native TTS engine run by our speech worker."""
+
+    modes = ("tts",)
+    backends = ("cpu",)
+    endpoints = {"audio/speech": "/speech"}
+    packages: ClassVar[tuple[str, ...]]
+    probe: ClassVar[str]  # a statement that must run in the new venv
+    worker_engine: ClassVar[str]  # the worker's voice module: workers/tts_<name>.py
+    speech_formats: ClassVar[tuple[str, ...]] = ENCODED_FORMATS  # buffered response formats
+    stream_formats: ClassVar[tuple[str, ...]] = ("pcm",)  # streamed response formats
+    speed_range: ClassVar[tuple[float, float]] = (0.25, 4.0)
+
+    def __init__(self, cache_dir: Path, config: Config) -> None:
+        super().__init__(cache_dir, config)
+        self.venv = VenvBackend(cache_dir, self.recipe, "cpu", self.packages, probe=self.probe)
+
+    @property
+    def threads_option(self) -> str:
+        return f"{self.recipe}_threads"
+
+    @classmethod
+    def threads(cls, recipe: str) -> dict[str, Option]:
+        """The option every TTS engine takes: ONNX Runtime threads (0: one per core)."""
+        name = f"{recipe}_threads"
+        return {name: Option(int, None, default=0, check=_check_threads(name))}
+
+    def state(self, backend: str) -> BackendState:
+        if backend != "cpu":
+            return BackendState(self.recipe, backend, "unsupported", message=f"{self.recipe} runs on the CPU only")
+        return self.venv.state()
+
+    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
+        self.check_request(backend)
+        return self.venv.install(progress, force)
+
+    def uninstall(self, backend: str) -> dict[str, Any]:
+        if backend != "cpu":
+            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: cpu).", code="unknown_backend")
+        return self.venv.uninstall()
+
+    @abstractmethod
+    def worker_args(self, model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:
+        """`--model FILE` and what else the worker needs to find this model's files."""
+
+    def model_error(self, model: ModelInfo, what: str) -> EngineUnavailable:
+        return EngineUnavailable(f"Model {model.name}: its files hold no {what}; it is not a {self.recipe} model.",
+                                 code="model_load_error")
+
+    async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
+                     backend: str, port: int) -> Launch:
+        argv = [str(self.venv.python), str(WORKER), "--engine", self.worker_engine, *self.worker_args(model, files),
+                "--port", str(port), "--threads", str(options.get(self.threads_option) or 0)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        server = WrappedServer(f"{self.process}:{model.name}", argv, port, env=env)
+        await server.start()
+        return Launch(server, dict(options), backend)
