@@ -12,7 +12,8 @@ import { busy, clear, field, h, toast } from './ui.js';
 const RATE = 16000;
 const CHUNK_SAMPLES = 4096; // per audio callback: about 85 ms at 48 kHz
 // Every model takes OpenAI's voice names (mapped onto its own voices); its own names work too.
-const OPENAI_VOICES = ['alloy', 'ash', 'ballad', 'coral', 'echo', 'fable', 'onyx', 'nova', 'sage', 'shimmer', 'verse'];
+const OPENAI_VOICES = ['alloy', 'ash', 'ballad', 'coral', 'echo', 'fable', 'onyx', 'nova', 'sage', 'shimmer', 'verse',
+  'marin', 'cedar'];
 const TRANSCRIPTION = 'conversation.item.input_audio_transcription';
 
 function modelSelect(id, label) {
@@ -140,6 +141,11 @@ export function create(root) {
   })));
 
   async function startMic() {
+    if (!navigator.mediaDevices?.getUserMedia) {
+      // browsers offer the microphone only to secure pages: https, or http on localhost
+      throw new Error(`This browser offers no microphone to ${location.origin}: open the app at `
+        + `http://localhost:${location.port || 80}/ on this machine, or over https.`);
+    }
     await checkKey();
     const stream = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false } });
