@@ -594,7 +594,7 @@ def test_speech_tab_microphone_over_realtime(speech_server, playwright, tmp_path
     """The microphone path: Chromium's fake capture device plays real speech, the page resamples it to
     16 kHz PCM16 and streams it over WS /v1/realtime; the server's VAD ends the turn and the
     completed transcript (Whisper tiny.en) is shown with the sentence's words."""
-    from tests.speech import SENTENCE, wer
+    from tests.speech import SENTENCE, wer, words
 
     wav = fake_microphone(tmp_path)
     mic_browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
@@ -638,12 +638,22 @@ def test_speech_tab_microphone_over_realtime(speech_server, playwright, tmp_path
             pg.get_by_role("button", name="Speak", exact=True).click()
             expect(pg.locator("#tts-audio")).to_be_visible(timeout=300_000)
         shot(pg, "speech")
+        # the capture device loops the file: stopped while the sentence is said again, that turn is
+        # committed and its text still arrives before the page closes the socket
+        expect(pg.locator("#mic-state")).to_have_text("Hearing speech…", timeout=120_000)
+        pg.wait_for_timeout(2000)  # a few words into it
         pg.get_by_role("button", name="Stop microphone").click()
         expect(pg.get_by_role("button", name="Start microphone")).to_have_attribute("aria-pressed", "false")
+        expect(pg.locator("#transcript p")).to_have_count(2, timeout=300_000)
+        assert "input_audio_buffer.commit" in [e["type"] for e in sent]
         deadline = time.monotonic() + 90
         while not sockets[0].is_closed():  # closed once the last turn's text has come
             assert time.monotonic() < deadline, "the realtime socket stayed open after stop"
             pg.wait_for_timeout(200)
+        turns = pg.locator("#transcript p").all_inner_texts()
+        assert len(turns) == 2 and all(t.strip() for t in turns), turns
+        assert set(words(turns[1])) & set(words(SENTENCE)), turns  # the start of the sentence again
+        expect(pg.locator(".toast.error")).to_have_count(0)
         assert not errors, errors
         context.close()
     finally:
