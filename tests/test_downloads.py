@@ -473,10 +473,10 @@ def test_check_updates_and_update_available(make_server, hub, tmp_path):
         assert c.post("/v1/models/check-updates").json()["updates_available"] == 0
         hub.write_file(repo, "tiny-Q4_K_M.gguf", b"GGUF" + os.urandom(3000))
         assert c.post("/v1/models/check-updates").json() == {"status": "success", "updates_available": 1,
-                                                             "models": ["user.upd"]}
+                                                             "models": ["upd"]}
         assert model(c, "user.upd")["update_available"] is True
         listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-        assert listed["user.upd"]["update_available"] is True
+        assert listed["upd"]["update_available"] is True  # listed by its bare name
     srv.stop()
 
     # The startup check finds it again; pulling fetches the new file and clears the flag.

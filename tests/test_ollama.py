@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import GEMMA_NAME, Server, ServerFactory
 from tests.models import minilm_gguf
 
-EMBED = "extra.all-minilm-l6-v2-f16.gguf"
+EMBED = "all-minilm-l6-v2-f16"
 PULL_NAME = "user.ollama-pull-test"
 PULL_CHECKPOINT = "test-org/tiny-multiquant-GGUF:Q4_K_M"  # a tiny file: only the download path matters
 SHORT = {"num_predict": 8, "temperature": 0, "seed": 7}

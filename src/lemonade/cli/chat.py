@@ -242,7 +242,7 @@ def _is_loaded(c: ServerClient, model: str) -> bool:
 
 
 def run(
-    model: Annotated[str, typer.Argument(help="Model name (or alias), e.g. extra.gemma-3-270m-q4_k_m.gguf")],
+    model: Annotated[str, typer.Argument(help="Model name (or alias), e.g. gemma-3-270m-q4_k_m")],
     ctx_size: CtxOpt = None, llamacpp_args: ArgsOpt = None, llamacpp_backend: BackendOpt = None,
     system: Annotated[str | None, typer.Option("--system", help="System prompt for the conversation")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Longest reply, in tokens")] = None,

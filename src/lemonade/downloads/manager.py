@@ -182,7 +182,7 @@ class DownloadManager:
             for comp_name in model.components or []:
                 comp = self.catalog.find(comp_name)
                 if comp is None:
-                    raise APIError(404, f"Collection {model.name}: component '{comp_name}' is not a known model",
+                    raise APIError(404, f"Collection {model.public}: component '{comp_name}' is not a known model",
                                    code="model_not_found")
                 async for event in self.pull_events(comp, upgrade=upgrade, job=job):
                     yield event
@@ -199,7 +199,7 @@ class DownloadManager:
         if self._offline():
             if downloaded:
                 return
-            raise offline_error(f"download {model.name}")
+            raise offline_error(f"download {model.public}")
         transfer = await self._transfer(model)
         queue = transfer.subscribe(owner=job is not None)
         try:
@@ -220,11 +220,11 @@ class DownloadManager:
         if self.catalog.is_downloaded(model):
             return
         if self._offline():
-            raise offline_error(f"download {model.name}, which is not downloaded yet")
+            raise offline_error(f"download {model.public}, which is not downloaded yet")
         log.info("Model %s is not downloaded; downloading it before loading", model.name)
         async for event in self.pull_events(model, upgrade=False):
             if progress is not None:
-                progress({"phase": "download", "message": f"Downloading {model.name}: {event.get('file', '')}",
+                progress({"phase": "download", "message": f"Downloading {model.public}: {event.get('file', '')}",
                           "percent": event.get("percent")})
 
     async def _transfer(self, model: ModelInfo) -> Transfer:
@@ -239,7 +239,7 @@ class DownloadManager:
                            code="service_unavailable")
         transfer = Transfer(model.name, asyncio.get_running_loop())
         self._transfers[model.name] = transfer
-        thread = threading.Thread(target=self._work, args=(transfer, model), name=f"download {model.name}",
+        thread = threading.Thread(target=self._work, args=(transfer, model), name=f"download {model.public}",
                                   daemon=True)
         thread.start()
         return transfer
@@ -319,14 +319,14 @@ class DownloadManager:
         if isinstance(exc, HubError):
             return hub_api_error(exc)
         if isinstance(exc, DiskFull):
-            return APIError(507, f"Download of {model.name} failed: {exc}", type="server_error",
+            return APIError(507, f"Download of {model.public} failed: {exc}", type="server_error",
                             code="insufficient_storage")
         if isinstance(exc, IntegrityError):
-            return APIError(502, f"Download of {model.name} failed: {exc}", code="download_corrupted")
+            return APIError(502, f"Download of {model.public} failed: {exc}", code="download_corrupted")
         if isinstance(exc, APIError):
             return exc
         log.exception("Unexpected error while downloading %s", model.name, exc_info=exc)
-        return APIError(500, f"Download of {model.name} failed: {exc}", type="server_error", code="download_failed")
+        return APIError(500, f"Download of {model.public} failed: {exc}", type="server_error", code="download_failed")
 
     # ----- server-owned jobs ---------------------------------------------------------------------
     def list_jobs(self) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from lemonade.api.errors import APIError, bad_request
 from lemonade.api.lemonade.protocol import DeleteRequest, DownloadControlRequest, PullRequest
 from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
+from lemonade.catalog.naming import reserved_problem
 from lemonade.checkpoints.variants import parse_checkpoint
 from lemonade.downloads import search as registry_search
 from lemonade.downloads.hub import HubError, canonical_source, list_repo, split_repo_url
@@ -153,9 +154,9 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
     registering = any(body.get(k) is not None for k in REGISTRATION_KEYS) and not (
         existing is not None and existing.origin in ("builtin", "extra"))
     if registering:
-        if name.startswith(("extra.", "builtin.")):
-            raise bad_request(f"Model '{name}': the 'extra.' and 'builtin.' prefixes are reserved; register new "
-                              f"models as 'user.<name>'")
+        problem = reserved_problem(name)
+        if problem:
+            raise bad_request(problem)
         model = await _register(svc, body, name, source)
     elif existing is None:
         raise APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and 'checkpoint' "
@@ -165,7 +166,7 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
         model = existing
     downloaded = svc.catalog.is_downloaded(model)
     if svc.offline and not downloaded:
-        raise offline_error(f"download {model.name}")
+        raise offline_error(f"download {model.public}")
     if stream and not subscribe:
         return svc.downloads.start_job(model)
     events = svc.downloads.pull_events(model, upgrade=upgrade)
@@ -178,7 +179,7 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     async for _event in events:
         pass
-    return {"status": "success", "message": f"Installed model: {model.name}", "model_name": model.name}
+    return {"status": "success", "message": f"Installed model: {model.public}", "model_name": model.public}
 
 
 @router.get("/downloads")
@@ -261,13 +262,14 @@ async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
     svc = _services(request)
     model = svc.resolve(body.model_name)
     if not await svc.delete_model(model):
-        raise bad_request(f"Model {model.name} is not downloaded; there is nothing to delete",
+        raise bad_request(f"Model {model.public} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")
-    return {"status": "success", "message": f"Deleted model: {model.name}"}
+    return {"status": "success", "message": f"Deleted model: {model.public}"}
 
 
 @router.post("/models/check-updates")
 async def check_updates(request: Request) -> dict[str, Any]:
     svc = _services(request)
-    models = await svc.downloads.check_updates()
+    found = [svc.catalog.find(name) for name in await svc.downloads.check_updates()]
+    models = sorted(m.public for m in found if m is not None)
     return {"status": "success", "updates_available": len(models), "models": models}

@@ -85,7 +85,7 @@ async def transcriptions(request: Request) -> Response:
     path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
     result = json.loads(await svc.proxy.post_raw(model, path, audio, upload.content_type or
                                                  "application/octet-stream"))
-    svc.metrics.record_inference(model.name, "audio/transcriptions", None, None)
+    svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
     text = result.get("text", "")
     if fmt == "text":
         return PlainTextResponse(text + "\n")

@@ -26,7 +26,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     files = svc.catalog.local_files(model) if not model.is_collection else None
     downloaded = files is not None if not model.is_collection else svc.catalog.is_downloaded(model)
     obj: dict[str, Any] = {
-        "id": model.name,
+        "id": model.public,
         "created": model.created,
         "object": "model",
         "owned_by": "lemonade",
