@@ -157,7 +157,9 @@ def test_chat_tool_calls(client: ollama.Client) -> None:
 def test_chat_tool_calls_stream(client: ollama.Client) -> None:
     parts = list(client.chat(model=GEMMA_NAME, messages=weather_history(), tools=[WEATHER_TOOL], stream=True,
                              options={"num_predict": 40, "temperature": 0}))
-    calls = [c for p in parts if p.message.tool_calls for c in p.message.tool_calls]
+    with_calls = [p for p in parts if p.message.tool_calls]
+    assert len(with_calls) == 1  # one message carrying the complete call(s), never fragments
+    calls = with_calls[0].message.tool_calls
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert isinstance(calls[0].function.arguments, dict) and "city" in calls[0].function.arguments
     assert parts[-1].done is True

@@ -119,6 +119,33 @@ def test_tools_passed_through_and_tool_calls_returned(client):
     assert "city" in json.loads(calls[0].function.arguments)
 
 
+def test_streamed_tool_call_is_relayed_as_llama_server_sends_it(client, server):
+    """OpenAI surface: the tool-call deltas reach the official client as llama-server streams them
+    (same greedy request asked of the engine directly), and they add up to one complete call."""
+    body = {"model": GEMMA_NAME, "messages": weather_history(), "tools": WEATHER_TOOLS, "tool_choice": "required",
+            "max_tokens": 40, "temperature": 0, "seed": 7, "stream": True}
+    ours = [c.model_dump(exclude_none=True) for c in client.chat.completions.create(**body)]
+    with httpx.stream("POST", engine_url(server) + "/v1/chat/completions", json=body, timeout=300) as resp:
+        direct = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+
+    def fragments(chunks):  # (index, name piece, arguments piece) in order; ids are random per request
+        return [(f["index"], f.get("function", {}).get("name"), f.get("function", {}).get("arguments"))
+                for c in chunks for ch in c.get("choices", []) for f in ch.get("delta", {}).get("tool_calls") or []]
+
+    assert fragments(ours) == fragments(direct) and fragments(ours)
+    calls: dict[int, dict] = {}
+    for index, name, args in fragments(ours):
+        call = calls.setdefault(index, {"name": "", "arguments": ""})
+        call["name"] += name or ""
+        call["arguments"] += args or ""
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert "city" in json.loads(calls[0]["arguments"])
+    first = next(f for c in ours for ch in c.get("choices", []) for f in ch.get("delta", {}).get("tool_calls") or [])
+    assert first["id"] and first["type"] == "function" and first["function"]["name"] == "get_weather"
+    assert [ch["finish_reason"] for c in ours for ch in c.get("choices", []) if ch.get("finish_reason")] == \
+        ["tool_calls"]
+
+
 def engine_url(server) -> str:
     """The loaded model's llama-server, to ask it directly."""
     with httpx.Client(base_url=server.url) as c:
