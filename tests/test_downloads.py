@@ -42,6 +42,9 @@ def sse_events(client: httpx.Client, body: dict[str, Any]) -> list[tuple[str, di
 
 def error_of(resp: httpx.Response) -> dict[str, Any]:
     body = resp.json()
+    if isinstance(body["error"], str):  # a refused definition on /v1/pull: {"error": "..."} as documented
+        assert body == {"error": body["message"], "status": "error", "message": body["message"]}
+        return {"message": body["error"]}
     assert body["status"] == "error" and body["error"]["message"] == body["message"]
     return body["error"]
 
@@ -223,6 +226,9 @@ def test_pull_4xx(client, hub):
         resp = post(body)
         assert resp.status_code == status, (body, resp.text)
         assert needle in error_of(resp)["message"], (body, resp.text)
+        # api-lemonade.md: a refused definition is {"error": "<message>"}; other errors keep the object
+        refused = isinstance(body, dict) and "recipe" in body and status == 400
+        assert isinstance(resp.json()["error"], str) == refused, (body, resp.text)
     # Refused definitions are never registered.
     for name in ("user.Clf", "user.Both", "user.Gone", "user.NoQuant", "user.Self", "user.Lost"):
         assert client.get(f"/v1/models/{name}").status_code == 404

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import StreamingResponse
 
-from lemonade.api.errors import APIError, bad_request
+from lemonade.api.errors import APIError, bad_request, registration_error
 from lemonade.api.lemonade.protocol import DeleteRequest, DownloadControlRequest, PullRequest
 from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
 from lemonade.catalog.naming import reserved_problem
@@ -48,9 +48,9 @@ def _source(svc: Services, body: dict[str, Any]) -> str | None:
             try:
                 values.append(canonical_source(body[key]))
             except ValueError as exc:
-                raise bad_request(str(exc).replace("'source'", f"'{key}'")) from None
+                raise registration_error(str(exc).replace("'source'", f"'{key}'")) from None
     if len(set(values)) > 1:
-        raise bad_request("'source' and 'registry_source' name different registries; give one of them")
+        raise registration_error("'source' and 'registry_source' name different registries; give one of them")
     return values[0] if values else None
 
 
@@ -64,7 +64,7 @@ def _normalise_checkpoints(body: dict[str, Any], source: str | None) -> str | No
             return text
         repo, found = split_repo_url(text)
         if source is not None and found != source:
-            raise bad_request(f"Checkpoint URL '{text}' is on {found}, but 'source' is '{source}'")
+            raise registration_error(f"Checkpoint URL '{text}' is on {found}, but 'source' is '{source}'")
         url_source = found
         return repo
 
@@ -79,11 +79,11 @@ def _recipe_options(svc: Services, model_name: str, recipe: str, raw: Any) -> di
     if raw is None or raw == {}:
         return {}
     if not isinstance(raw, dict):
-        raise bad_request(f"Model '{model_name}': 'recipe_options' must be an object")
+        raise registration_error(f"Model '{model_name}': 'recipe_options' must be an object")
     try:
         return svc.options.parse_request(recipe, raw)
     except OptionsError as exc:
-        raise bad_request(f"Model '{model_name}': {exc}") from None
+        raise registration_error(f"Model '{model_name}': {exc}") from None
 
 
 async def _register(svc: Services, body: dict[str, Any], name: str, source: str | None) -> ModelInfo:
@@ -97,7 +97,7 @@ async def _register(svc: Services, body: dict[str, Any], name: str, source: str 
     try:
         candidate = svc.catalog.validate_registration(reg)
     except RegistrationError as exc:
-        raise bad_request(str(exc)) from None
+        raise registration_error(str(exc)) from None
     saved_options = _recipe_options(svc, name, candidate.recipe, body.get("recipe_options"))
     if not candidate.is_collection:
         try:  # a definition whose files do not exist is refused before anything is registered
@@ -109,7 +109,7 @@ async def _register(svc: Services, body: dict[str, Any], name: str, source: str 
     try:
         model = svc.catalog.register(reg)
     except RegistrationError as exc:
-        raise bad_request(str(exc)) from None
+        raise registration_error(str(exc)) from None
     if saved_options:
         svc.options.merge_saved(model.name, saved_options)
     for definition in embedded_new:  # components created from an exported file keep their options
@@ -156,7 +156,7 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
     if registering:
         problem = reserved_problem(name)
         if problem:
-            raise bad_request(problem)
+            raise registration_error(problem)
         model = await _register(svc, body, name, source)
     elif existing is None:
         raise APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and 'checkpoint' "
