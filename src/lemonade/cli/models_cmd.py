@@ -251,26 +251,6 @@ def register(app: typer.Typer) -> None:
         path.write_text(text)
         console.print(f"Exported {body['model_name']} to {path}")
 
-    @app.command("import")
-    def import_model(
-        file: Path = typer.Argument(..., help="A file written by `lemonade export`"),
-        host: str | None = typer.Option(None, help="Server host"),
-        port: int | None = typer.Option(None, help="Server port"),
-    ) -> None:
-        """Register and download the model(s) described by an exported file."""
-        try:
-            body = json.loads(file.read_text())
-        except OSError as exc:
-            err_console.print(f"[red]Error:[/red] cannot read {file}: {exc}")
-            raise typer.Exit(1) from None
-        except ValueError as exc:
-            err_console.print(f"[red]Error:[/red] {file} is not valid JSON: {exc}")
-            raise typer.Exit(1) from None
-        if not isinstance(body, dict) or not isinstance(body.get("model_name"), str):
-            err_console.print(f"[red]Error:[/red] {file} is not an exported model (no 'model_name')")
-            raise typer.Exit(1)
-        run_pull(server_client(host, port, timeout=None), body)
-
 
 # ----- export -----------------------------------------------------------------------------------------
 
