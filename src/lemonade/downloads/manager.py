@@ -161,6 +161,12 @@ class DownloadManager:
 
         constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
         self.jobs.load()
+        for key, job in list(self.jobs.jobs.items()):  # jobs saved under an older id of their model
+            model = self.catalog.find(job.model_name)
+            if model is not None and model.name != job.model_name:
+                del self.jobs.jobs[key]
+                job.model_name = model.name
+                self.jobs.jobs.setdefault(job.id, job)
         if check_updates and not self._offline():
             self.start_update_check()
 
@@ -329,19 +335,34 @@ class DownloadManager:
         return APIError(500, f"Download of {model.public} failed: {exc}", type="server_error", code="download_failed")
 
     # ----- server-owned jobs ---------------------------------------------------------------------
+    def _shown(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """A job as clients see it: under its model's public id (the one `/v1/models` lists), while
+        jobs are kept by canonical id, which does not change when another model shadows this one."""
+        model = self.catalog.find(snapshot.get("model_name", ""))
+        if model is not None and "id" in snapshot:
+            snapshot = {**snapshot, "id": job_id(model.public), "model_name": model.public}
+        return snapshot
+
+    def _job_key(self, download_id: str) -> str:
+        """The stored key of a job named by any id of its model (`model:NAME`, NAME as clients know it)."""
+        if download_id in self.jobs.jobs or not download_id.startswith("model:"):
+            return download_id
+        model = self.catalog.find(download_id.removeprefix("model:"))
+        return job_id(model.name) if model is not None else download_id
+
     def list_jobs(self) -> list[dict[str, Any]]:
-        return [job.snapshot() for job in self.jobs.visible()]
+        return [self._shown(job.snapshot()) for job in self.jobs.visible()]
 
     def start_job(self, model: ModelInfo) -> dict[str, Any]:
         """Start (or resume) the server-owned download of `model`; returns its snapshot at once."""
         current = self.jobs.jobs.get(job_id(model.name))
         if current is not None and current.running and not current.requested:
-            return current.snapshot()
+            return self._shown(current.snapshot())
         job = Job(model.name, status="downloading", running=True)
         self.jobs.jobs[job.id] = job
         job.task = asyncio.create_task(self._run_job(job, model, previous=current))
         self.jobs.save()
-        return job.snapshot()
+        return self._shown(job.snapshot())
 
     async def _run_job(self, job: Job, model: ModelInfo, previous: Job | None) -> None:
         if previous is not None and previous.task is not None and not previous.task.done():
@@ -377,13 +398,14 @@ class DownloadManager:
 
     def control(self, download_id: str, action: str) -> dict[str, Any]:
         """`/v1/downloads/control`: pause, cancel or remove a job (see the spec for the semantics)."""
+        download_id = self._job_key(download_id)
         job = self.jobs.jobs.get(download_id)
         if action == "remove":
             if job is None:
                 return {"status": "ok", "missing": True}
             if job.running:
                 self._stop_job(job, "cancel")  # stays listed until its worker has stopped
-                return job.snapshot()
+                return self._shown(job.snapshot())
             del self.jobs.jobs[download_id]
             self.jobs.save()
             return {"status": "ok"}
@@ -391,13 +413,13 @@ class DownloadManager:
             raise APIError(404, f"No download job '{download_id}'. GET /v1/downloads lists the jobs.",
                            code="download_not_found")
         if job.status in ("completed", "error") and not job.running:
-            return job.snapshot()  # a finished job is left as it is
+            return self._shown(job.snapshot())  # a finished job is left as it is
         if job.running:
             self._stop_job(job, action)
         elif action == "cancel":
             job.status = "cancelled"  # a paused job can still be given up
             self.jobs.save()
-        return job.snapshot()
+        return self._shown(job.snapshot())
 
     # ----- files ---------------------------------------------------------------------------------
     def known_files(self, model: ModelInfo) -> dict[str, list[Path]]:
