@@ -341,7 +341,8 @@ class EventWriter:
     A tool call arrives from llama-server in fragments (id and name first, then pieces of the
     arguments). It is held until it is complete (the next call, text, or the end), then sent as one
     `tool_use` block: its start names the tool, its `input_json_delta`s are the engine's argument
-    pieces in order, which concatenate to the call's JSON (`{}` for a call without arguments).
+    pieces in order, which concatenate to the call's JSON object (`{}` for a call without arguments,
+    the non-streamed answer's input when the engine's text is not a whole object).
     Holding it means a block is never started without its name or left for text in between.
     """
 
@@ -415,7 +416,15 @@ class EventWriter:
             out += self._open(f"tool:{n}", {"type": "tool_use", "id": call["id"] or new_id("toolu"),
                                             "name": call["name"], "input": {}})
             self.tool_blocks[n] = self.index
-            for piece in call["args"] if "".join(call["args"]).strip() else ["{}"]:
+            text = "".join(call["args"])
+            try:
+                whole = isinstance(jsonparse.loads(text), dict)
+            except ValueError:
+                whole = False
+            # The engine's pieces when they add up to an object; else (cut off by max_tokens, no
+            # arguments) the input the non-streamed answer would carry, in one piece.
+            pieces = call["args"] if whole else [json.dumps(tool_input(text, call["name"]), ensure_ascii=False)]
+            for piece in pieces:
                 out.append(_sse("content_block_delta", {"index": self.index, "delta": {
                     "type": "input_json_delta", "partial_json": piece}}))
             out += self._close()
