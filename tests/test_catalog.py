@@ -181,10 +181,15 @@ def test_aliases_crud_and_resolution(server):
         aliases = c.get("/internal/aliases").json()["aliases"]
         assert {"alias": "prod", "target": "extra.gemma-3-270m", "downloaded": True,
                 "recipe": "llamacpp"} in aliases
-        assert c.get("/v1/models/prod").json()["id"] == "gemma-3-270m"
+        # an alias is its own entry: its id, the target's recipe, files and state
+        entry = c.get("/v1/models/prod").json()
+        assert entry["id"] == "prod" and entry["alias_target"] == "gemma-3-270m" and entry["downloaded"] is True
+        assert {k: v for k, v in entry.items() if k not in ("id", "alias_target")} == \
+            {k: v for k, v in c.get("/v1/models/gemma-3-270m").json().items() if k != "id"}
+        assert "prod" in listing(server)
         # re-pointing switches at once
         c.post("/internal/aliases", json={"alias": "prod", "model": "extra.vlm"})
-        assert c.get("/v1/models/prod").json()["id"] == "vlm"
+        assert c.get("/v1/models/prod").json()["alias_target"] == "vlm"
         for taken in ("vlm", "extra.vlm", "builtin.prod", "user.prod"):  # model ids are not aliases
             assert c.post("/internal/aliases", json={"alias": taken, "target": "vlm"}).status_code == 400
         assert c.post("/internal/aliases", json={"alias": "x", "target": "no-such-model"}).status_code == 400

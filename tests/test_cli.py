@@ -274,7 +274,9 @@ def test_alias_add_list_remove(env, gemma_server):
     listed = json.loads(ok(lemonade("alias", "list", "--json", env=env)).stdout)
     with gemma_server.client() as c:
         assert listed == c.get("/internal/aliases").json()["aliases"]
-        assert c.get("/v1/models/cli-llm").json()["id"] == GEMMA_NAME  # accepted as a model name
+        entry = c.get("/v1/models/cli-llm").json()  # an alias is a model entry of its own
+        assert entry["id"] == "cli-llm" and entry["alias_target"] == GEMMA_NAME and entry["recipe"] == "llamacpp"
+    assert "cli-llm" in ok(lemonade("list", env=env)).stdout  # and listed, copy-paste-able like every row
     proc = lemonade("alias", "add", "cli-bad", "No-Such-Model", env=env)
     assert proc.returncode == 1 and "No-Such-Model" in proc.stderr
     ok(lemonade("alias", "remove", "cli-llm", env=env))

@@ -332,6 +332,12 @@ class Catalog:
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
 
+    def alias_of(self, name: str) -> ModelInfo | None:
+        """The model `name` points at when it is used as an alias (no model has that id), else None."""
+        if name not in self._aliases or self._lookup(name) is not None:
+            return None
+        return self._lookup(self._aliases[name])
+
     def set_alias(self, alias: str, target: str) -> None:
         if not alias or not isinstance(alias, str) or alias.strip() != alias or "/" in alias:
             raise RegistrationError("'alias' must be a non-empty name without slashes or surrounding spaces")

@@ -236,7 +236,8 @@ def _is_loaded(c: ServerClient, model: str) -> bool:
     server's 404 message, before anything starts."""
     from urllib.parse import quote
 
-    name = (c.get(f"/v1/models/{quote(model, safe='')}") or {}).get("id", model)
+    obj = c.get(f"/v1/models/{quote(model, safe='')}") or {}
+    name = obj.get("alias_target") or obj.get("id", model)
     loaded = (c.get("/v1/health") or {}).get("all_models_loaded") or []
     return any(m.get("model_name") == name for m in loaded)
 
