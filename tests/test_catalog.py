@@ -227,7 +227,8 @@ def test_shadowing_through_the_api(make_server, tmp_path):
         assert json.loads((cache / "recipe_options.json").read_text()) == {  # migrated at start
             "builtin.Whisper-Tiny": {"whispercpp_args": ""}}
         shown = [k for k in listing(srv, show_all=True) if k.endswith("Qwen3-0.6B-GGUF")]
-        assert sorted(shown) == sorted(ids[:2])  # the extra file wins the bare name over the built-in
+        assert sorted(shown) == sorted([ids[0], ids[2]])  # the extra file wins the bare name over the built-in
+        assert c.get("/v1/models/Qwen3-0.6B-GGUF").json()["source"] == "local"
         resp = c.post("/v1/models/register", json={"model_name": "user.Qwen3-0.6B-GGUF", "recipe": "llamacpp",
                                                     "checkpoint": "someone/Qwen3-0.6B-GGUF:Q8_0"})
         assert resp.status_code == 200 and resp.json()["model_name"] == "Qwen3-0.6B-GGUF"
