@@ -142,8 +142,11 @@ def test_streamed_tool_call_is_relayed_as_llama_server_sends_it(client, server):
     assert "city" in json.loads(calls[0]["arguments"])
     first = next(f for c in ours for ch in c.get("choices", []) for f in ch.get("delta", {}).get("tool_calls") or [])
     assert first["id"] and first["type"] == "function" and first["function"]["name"] == "get_weather"
-    assert [ch["finish_reason"] for c in ours for ch in c.get("choices", []) if ch.get("finish_reason")] == \
-        ["tool_calls"]
+
+    def finish(chunks):
+        return [ch["finish_reason"] for c in chunks for ch in c.get("choices", []) if ch.get("finish_reason")]
+
+    assert finish(ours) == finish(direct) and finish(ours)[0] in ("tool_calls", "length")  # budget may end it
 
 
 def engine_url(server) -> str:
@@ -319,7 +322,7 @@ def test_tokenize_and_slots(server, client):
 
 def test_slot_save_restore(make_server, gemma_dir, tmp_path):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
-    saves = srv.cache / "slots" / GEMMA_NAME  # ours: a request cannot point the engine at a folder
+    saves = srv.cache / "slots" / GEMMA_ID  # ours (by canonical id): a request cannot point the engine at a folder
     with srv.client() as c:
         assert c.post("/v1/slots/0?action=erase").status_code == 400  # no model loaded yet
         refused = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": f"--slot-save-path {tmp_path}"})
