@@ -474,7 +474,7 @@ def test_files_of_a_model_never_downloaded(client, hub):
     reg = client.post("/v1/models/register", json={"model_name": "user.later", "recipe": "llamacpp",
                                                    "checkpoint": f"{fx.SAFETENSORS_REPO}:model.safetensors"})
     assert reg.status_code == 200
-    assert client.get("/v1/models/user.later/files").json() == {"model_id": "user.later", "files": []}
+    assert client.get("/v1/models/user.later/files").json() == {"model_id": "later", "files": []}  # the public id
     assert hub.requests() == []  # listing files never touches the network
 
 

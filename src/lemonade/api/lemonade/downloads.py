@@ -179,7 +179,9 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     async for _event in events:
         pass
-    return {"status": "success", "message": f"Installed model: {model.public}", "model_name": model.public}
+    # The message names the model as the request did (the spec's examples: `user.X` registered, a
+    # built-in by its name); `model_name` is its public id, as /v1/models lists it.
+    return {"status": "success", "message": f"Installed model: {name}", "model_name": model.public}
 
 
 @router.get("/downloads")
@@ -264,7 +266,7 @@ async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
     if not await svc.delete_model(model):
         raise bad_request(f"Model {model.public} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")
-    return {"status": "success", "message": f"Deleted model: {model.public}"}
+    return {"status": "success", "message": f"Deleted model: {body.model_name}"}  # as the request names it
 
 
 @router.post("/models/check-updates")
