@@ -472,7 +472,8 @@ def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
     cache.mkdir()
     (cache / "config.json").write_text(json.dumps({"port": gemma_server.port}))
     exported = tmp_path / "exported.json"
-    exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF"}))
+    exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF", "recipe": "llamacpp",
+                                    "checkpoint": "no-such-org/No-Such-Model-GGUF:Q4_0"}))
     proc = lemonade(*[a.replace("{file}", str(exported)) for a in args], env=cli_env(cache))
     assert NO_SERVER not in proc.stderr, proc.stderr  # it reached the configured server
     if args[0] == "export":  # the server said what the model is: a file of its extra models dir
