@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import psutil
 
-GEMMA_NAME = "extra.gemma-3-270m-q4_k_m.gguf"
+GEMMA_NAME = "gemma-3-270m-q4_k_m"
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE", Path.home() / ".cache" / "lemonade-test")).expanduser()
 CHAT = "/v1/chat/completions"
 MB = 1024 * 1024

@@ -40,7 +40,7 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     wait_ok,
 )
 
-MODELS = ("extra.swap-a.gguf", "extra.swap-b.gguf")
+MODELS = ("swap-a", "swap-b")
 
 
 async def one_client(c: httpx.AsyncClient, index: int, numbers: range, latencies: list[float],

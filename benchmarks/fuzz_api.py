@@ -2,7 +2,7 @@
 
 Why: the tests check the bad inputs we thought of; a generator finds the ones we did not. The
 server runs as in production (a `lemonade serve` subprocess, the real `llama-server`, the real
-Gemma 3 270M as `extra.gemma-3-270m-q4_k_m.gguf`) but in a throwaway cache dir, because fuzzing
+Gemma 3 270M as `gemma-3-270m-q4_k_m`) but in a throwaway cache dir, because fuzzing
 `/v1/delete`, `/v1/uninstall`, `/internal/set` and friends is destructive. The hub is offline
 and `HF_ENDPOINT` points at a closed loopback port, so no request ever reaches the internet.
 

@@ -11,7 +11,8 @@
 #   3. `lemonade backends install llamacpp:cpu`: llama.cpp's llama-server into the cache dir
 #      (release archive, or a build from source: about 10 minutes on 2 cores, the first time only);
 #   4. the Gemma GGUF placed in the extra models dir (<cache>/extra_models unless one is configured);
-#   5. `lemonade run extra.gemma-3-270m-q4_k_m.gguf --base`: starts the server in the background when
+#   5. `lemonade run extra.gemma-3-270m-q4_k_m --base` (its canonical id: the extra dir file, whatever
+#      else is named gemma-3-270m-q4_k_m): starts the server in the background when
 #      none runs (stop it with `lemonade stop`), loads the model and opens the chat.
 # A server already answering on the port is used only when it is one of this installation (same
 # cache dir); otherwise the script names it and stops. pip 21.3 or newer is needed (a fresh venv has
@@ -122,4 +123,4 @@ fi
 # 5. Chat. Gemma 3 270M is a base model: `--base` talks to it through a conversation transcript
 # (see `lemonade run --help`), which keeps its replies short and readable.
 say "Starting the chat (the server keeps running afterwards; stop it with: $LEMONADE stop)"
-exec "$LEMONADE" run "extra.$MODEL_FILE" --base "$@"
+exec "$LEMONADE" run "extra.${MODEL_FILE%.gguf}" --base "$@"

@@ -24,7 +24,10 @@ import psutil
 import pytest
 
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE", Path.home() / ".cache" / "lemonade-test")).expanduser()
-GEMMA_NAME = "extra.gemma-3-270m-q4_k_m.gguf"
+# Gemma 3 270M sits at the root of the extra models dir: listed by its file's stem (it shadows no
+# other model, so under its bare name); GEMMA_ID is its canonical id (recipe_options.json keys).
+GEMMA_NAME = "gemma-3-270m-q4_k_m"
+GEMMA_ID = "extra." + GEMMA_NAME
 
 pytest_plugins = ["tests.hub.pytest_plugin"] if (Path(__file__).parent / "hub" / "pytest_plugin.py").exists() else []
 
@@ -215,7 +218,7 @@ def module_servers(tmp_path_factory: pytest.TempPathFactory, llama_backend: Path
 
 @pytest.fixture(scope="module")
 def gemma_server(module_servers: ServerFactory, gemma_dir: Path) -> Server:
-    """A server whose extra models dir holds the real Gemma 3 270M GGUF (`extra.gemma-3-270m-q4_k_m.gguf`)."""
+    """A server whose extra models dir holds the real Gemma 3 270M GGUF (`gemma-3-270m-q4_k_m`)."""
     return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
 
 

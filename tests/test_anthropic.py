@@ -152,13 +152,23 @@ def test_tool_use_and_tool_result(client: anthropic.Anthropic) -> None:
 
 
 def test_tool_use_stream(client: anthropic.Anthropic) -> None:
+    """A streamed call is one `tool_use` block: started with its id and name, its `input_json_delta`s
+    inside it, and those pieces concatenate to the JSON of the final message's input."""
     with client.messages.stream(model=GEMMA_NAME, max_tokens=40, tools=[WEATHER_TOOL], messages=weather_history(),
                                 extra_body=GREEDY) as stream:
-        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        events = [e for e in stream if e.type.startswith("content_block")]
         final = stream.get_final_message()
-    assert "input_json_delta" in deltas
     uses = [b for b in final.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather" and "city" in uses[0].input
+    starts = [e for e in events if e.type == "content_block_start" and e.content_block.type == "tool_use"]
+    assert len(starts) == 1 and starts[0].content_block.name == "get_weather" and starts[0].content_block.id
+    index = starts[0].index
+    mine = [e for e in events if e.index == index]
+    assert mine[0].type == "content_block_start" and mine[-1].type == "content_block_stop"
+    pieces = [e.delta.partial_json for e in mine[1:-1]]
+    assert pieces and all(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in mine[1:-1])
+    assert json.loads("".join(pieces)) == uses[0].input
+    assert final.stop_reason in ("tool_use", "max_tokens") and final.content[-1].type == "tool_use"
 
 
 def test_tool_choice_names_a_tool(client: anthropic.Anthropic) -> None:

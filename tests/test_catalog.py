@@ -45,7 +45,7 @@ def listing(srv, show_all=False):
 
 def test_builtin_catalog(server):
     models = listing(server, show_all=True)
-    builtin = {k: v for k, v in models.items() if not k.startswith(("extra.", "user."))}
+    builtin = {k: v for k, v in models.items() if v["recipe"] and v.get("source") != "local"}
     assert len(builtin) >= 20
     for name in SPEC_NAMES:
         assert name in builtin, name
@@ -67,17 +67,18 @@ def test_default_listing_is_downloaded_only(server):
 
 def test_extra_dir_naming_and_labels(server):
     models = listing(server)
-    gemma = models["extra.gemma-3-270m.gguf"]
+    gemma = models["gemma-3-270m"]  # a root file: its stem
     assert gemma["recipe"] == "llamacpp" and gemma["labels"] == ["custom"]
     assert gemma["max_context_window"] == 32768
-    assert models["extra.vlm"]["labels"] == ["custom", "vision"]
-    assert models["extra.vlm"]["max_context_window"] == 4096
-    assert "extra.big" in models  # one shard set in a folder is one model
-    assert {"extra.tiny-Q4_0", "extra.tiny-Q8_0"} <= set(models)  # several variants: one per variant
-    assert models["extra.embed"]["labels"] == ["custom", "embeddings"]
-    assert models["extra.rerank"]["labels"] == ["custom", "reranking"]
+    assert models["vlm"]["labels"] == ["custom", "vision"]  # a folder of one model: the folder
+    assert models["vlm"]["max_context_window"] == 4096
+    assert "big" in models  # one shard set in a folder is one model
+    assert {"tiny-Q4_0", "tiny-Q8_0"} <= set(models)  # several variants: one per variant
+    assert "multi" not in models  # ... whose folder name is only a hidden input name
+    assert models["embed"]["labels"] == ["custom", "embeddings"]
+    assert models["rerank"]["labels"] == ["custom", "reranking"]
     dups = sorted(k for k in models if k.endswith("dup"))
-    assert dups == ["extra.b--dup", "extra.dup"]
+    assert dups == ["b-dup", "dup"]  # the later claimant is qualified with its grouping folder
 
 
 def test_extra_names_stable_across_restart(module_servers, extra_dir, server):
@@ -99,9 +100,9 @@ def test_get_model_and_404(server):
 def test_openai_client_lists_and_retrieves(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     ids = [m.id for m in client.models.list()]
-    assert "extra.gemma-3-270m.gguf" in ids
-    model = client.models.retrieve("extra.gemma-3-270m.gguf")
-    assert model.id == "extra.gemma-3-270m.gguf"
+    assert "gemma-3-270m" in ids
+    for name in ("gemma-3-270m", "extra.gemma-3-270m", "extra.gemma-3-270m.gguf"):  # bare, canonical, old id
+        assert client.models.retrieve(name).id == "gemma-3-270m"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
 
@@ -117,7 +118,8 @@ def test_register_user_model(make_server):
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["status"] == "success" and body["canonical_model_name"] == "user.Phi-4-Mini-GGUF"
-        assert body["model"] == {"id": "user.Phi-4-Mini-GGUF", "recipe": "llamacpp", "downloaded": False}
+        assert body["model_name"] == "Phi-4-Mini-GGUF"  # the public id: it shadows nothing
+        assert body["model"] == {"id": "Phi-4-Mini-GGUF", "recipe": "llamacpp", "downloaded": False}
         model = c.get("/v1/models/user.Phi-4-Mini-GGUF").json()
         assert model["labels"] == ["reasoning"] and model["downloaded"] is False
     stored = json.loads((srv.cache / "user_models.json").read_text())
@@ -165,7 +167,7 @@ def test_invalid_stored_entry_is_skipped_and_file_untouched(make_server, tmp_pat
     (cache / "user_models.json").write_text(content)
     srv = make_server(cache=cache)
     models = listing(srv, show_all=True)
-    assert "user.Good" in models and "user.Bad" not in models
+    assert models["Good"]["checkpoint"] == "a/good:Q4_K_M" and "Bad" not in models
     assert (cache / "user_models.json").read_text() == content
     assert "user.Bad" in srv.log() and "Skipping invalid entry" in srv.log()
 
@@ -174,15 +176,22 @@ def test_invalid_stored_entry_is_skipped_and_file_untouched(make_server, tmp_pat
 
 def test_aliases_crud_and_resolution(server):
     with server.client() as c:
-        resp = c.post("/internal/aliases", json={"alias": "prod", "target": "extra.gemma-3-270m.gguf"})
-        assert resp.json() == {"status": "ok", "alias": "prod", "target": "extra.gemma-3-270m.gguf"}
+        resp = c.post("/internal/aliases", json={"alias": "prod", "target": "extra.gemma-3-270m"})
+        assert resp.json() == {"status": "ok", "alias": "prod", "target": "extra.gemma-3-270m"}
         aliases = c.get("/internal/aliases").json()["aliases"]
-        assert {"alias": "prod", "target": "extra.gemma-3-270m.gguf", "downloaded": True,
+        assert {"alias": "prod", "target": "extra.gemma-3-270m", "downloaded": True,
                 "recipe": "llamacpp"} in aliases
-        assert c.get("/v1/models/prod").json()["id"] == "extra.gemma-3-270m.gguf"
+        # an alias is its own entry: its id, the target's recipe, files and state
+        entry = c.get("/v1/models/prod").json()
+        assert entry["id"] == "prod" and entry["alias_target"] == "gemma-3-270m" and entry["downloaded"] is True
+        assert {k: v for k, v in entry.items() if k not in ("id", "alias_target")} == \
+            {k: v for k, v in c.get("/v1/models/gemma-3-270m").json().items() if k != "id"}
+        assert "prod" in listing(server)
         # re-pointing switches at once
         c.post("/internal/aliases", json={"alias": "prod", "model": "extra.vlm"})
-        assert c.get("/v1/models/prod").json()["id"] == "extra.vlm"
+        assert c.get("/v1/models/prod").json()["alias_target"] == "vlm"
+        for taken in ("vlm", "extra.vlm", "builtin.prod", "user.prod"):  # model ids are not aliases
+            assert c.post("/internal/aliases", json={"alias": taken, "target": "vlm"}).status_code == 400
         assert c.post("/internal/aliases", json={"alias": "x", "target": "no-such-model"}).status_code == 400
         assert c.post("/internal/aliases", json={"alias": "y"}).status_code == 400
         assert c.post("/internal/aliases", json={"target": "extra.vlm"}).status_code == 400
@@ -196,6 +205,57 @@ def test_extra_dir_change_is_picked_up(make_server, tmp_path, gemma_dir):
     root = tmp_path / "models"
     root.mkdir()
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(root)})
-    assert not [k for k in listing(srv) if k.startswith("extra.")]
+    assert not [v for v in listing(srv).values() if v.get("source") == "local"]
     shutil.copy(gemma_dir / "gemma-3-270m-q4_k_m.gguf", root / "g.gguf")
-    assert "extra.g.gguf" in listing(srv)
+    assert "g" in listing(srv)
+
+
+# ----- naming spec through the API (rules one by one: tests/test_naming.py) ----------------------
+
+def test_shadowing_through_the_api(make_server, tmp_path):
+    """Built-in + registered + extra of one bare name: what /v1/models, /v1/models/{id}, /api/tags
+    and the options file show, the reserved prefixes refused, and the same ids after a restart."""
+    root = tmp_path / "models"
+    write_gguf(root / "Qwen3-0.6B-GGUF.gguf")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "recipe_options.json").write_text(json.dumps({"Whisper-Tiny": {"whispercpp_args": ""}}))
+    env = {"LEMONADE_EXTRA_MODELS_DIR": str(root)}
+    srv = make_server(cache=cache, env=env)
+    ids = ["Qwen3-0.6B-GGUF", "extra.Qwen3-0.6B-GGUF", "builtin.Qwen3-0.6B-GGUF"]
+    with srv.client() as c:
+        assert json.loads((cache / "recipe_options.json").read_text()) == {  # migrated at start
+            "builtin.Whisper-Tiny": {"whispercpp_args": ""}}
+        shown = [k for k in listing(srv, show_all=True) if k.endswith("Qwen3-0.6B-GGUF")]
+        assert sorted(shown) == sorted([ids[0], ids[2]])  # the extra file wins the bare name over the built-in
+        assert c.get("/v1/models/Qwen3-0.6B-GGUF").json()["source"] == "local"
+        resp = c.post("/v1/models/register", json={"model_name": "user.Qwen3-0.6B-GGUF", "recipe": "llamacpp",
+                                                    "checkpoint": "someone/Qwen3-0.6B-GGUF:Q8_0"})
+        assert resp.status_code == 200 and resp.json()["model_name"] == "Qwen3-0.6B-GGUF"
+        listed = listing(srv, show_all=True)
+        assert sorted(k for k in listed if k.endswith("Qwen3-0.6B-GGUF")) == sorted(ids)
+        assert listed["Qwen3-0.6B-GGUF"]["checkpoint"] == "someone/Qwen3-0.6B-GGUF:Q8_0"
+        assert listed["builtin.Qwen3-0.6B-GGUF"]["checkpoint"].startswith("unsloth/")
+        for name, expect in [("Qwen3-0.6B-GGUF", ids[0]), ("user.Qwen3-0.6B-GGUF", ids[0]),
+                             ("extra.Qwen3-0.6B-GGUF", ids[1]), ("builtin.Qwen3-0.6B-GGUF", ids[2])]:
+            assert c.get(f"/v1/models/{name}").json()["id"] == expect, name
+        assert c.get("/v1/models/builtin.No-Such").status_code == 404
+        tags = [m["name"] for m in c.get("/api/tags").json()["models"]]
+        assert "extra.Qwen3-0.6B-GGUF:latest" in tags  # the downloaded one, shadowed: canonical id
+        for name in ("user.builtin.Qwen3-0.6B-GGUF", "builtin.Foo", "extra.Foo"):
+            for route in ("/v1/models/register", "/v1/pull"):
+                resp = c.post(route, json={"model_name": name, "recipe": "llamacpp", "checkpoint": "a/b:Q4_0"})
+                assert resp.status_code == 400, (route, name)
+                assert "reserved" in str(resp.json()["error"]), resp.text
+        c.post("/v1/models/builtin.Qwen3-0.6B-GGUF/options", json={"ctx_size": 1024})
+        c.post("/v1/models/Qwen3-0.6B-GGUF/options", json={"ctx_size": 2048})
+        c.post("/v1/models/extra.Qwen3-0.6B-GGUF/options", json={"ctx_size": 4096})
+    assert json.loads((cache / "recipe_options.json").read_text()) == {
+        "builtin.Whisper-Tiny": {"whispercpp_args": ""}, "builtin.Qwen3-0.6B-GGUF": {"ctx_size": 1024},
+        "user.Qwen3-0.6B-GGUF": {"ctx_size": 2048}, "extra.Qwen3-0.6B-GGUF": {"ctx_size": 4096}}
+    srv.stop()
+    again = make_server(cache=cache, env=env)
+    assert {k: v["checkpoint"] for k, v in listing(again, show_all=True).items()} == \
+        {k: v["checkpoint"] for k, v in listed.items()}
+    with again.client() as c:
+        assert c.get("/v1/models/builtin.Qwen3-0.6B-GGUF/options").json()["saved"] == {"ctx_size": 1024}

@@ -120,6 +120,33 @@ def test_config_set_refuses_invalid_and_leaves_the_file_alone(nowhere, args, nam
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
 
 
+def test_config_alone_shows_every_setting(nowhere):
+    """guide-configuration-README.md: `lemonade config` views all current settings."""
+    everything = json.loads(ok(lemonade("config", env=nowhere)).stdout)
+    assert everything["port"] == 13305 and "llamacpp" in everything
+
+
+@pytest.mark.parametrize("url, code, text", [
+    ("localhost:13305", 2, "must be a URL starting with http:// or https://"),
+    ("ftp://127.0.0.1:13305", 2, "must be a URL starting with http:// or https://"),
+    ("http://", 2, "must be a URL starting with http:// or https://"),
+])
+def test_base_url_scheme_is_checked(tmp_path, url, code, text):
+    proc = lemonade("status", env=cli_env(tmp_path / "cache", url))
+    assert proc.returncode == code and text in proc.stderr and url in proc.stderr
+
+
+def test_https_base_url_without_a_server_names_the_next_step(tmp_path):
+    """An https:// address nobody answers: the message says how to start a server, and that
+    `lemonade serve` speaks http (so `run` does not start one that could never answer there)."""
+    env = cli_env(tmp_path / "cache", f"https://127.0.0.1:{free_port()}/api/v1")
+    for args in (["status"], ["run", "some-model"]):
+        proc = lemonade(*args, env=env)
+        assert proc.returncode == 3, proc.stderr
+        assert "https://" in proc.stderr and "http://" in proc.stderr.replace("https://", "")
+    assert not (tmp_path / "cache" / "server.pid").exists()
+
+
 def test_config_get_unknown_key(nowhere):
     proc = lemonade("config", "get", "nope.key", env=nowhere)
     assert proc.returncode == 2 and "nope.key" in proc.stderr
@@ -247,7 +274,9 @@ def test_alias_add_list_remove(env, gemma_server):
     listed = json.loads(ok(lemonade("alias", "list", "--json", env=env)).stdout)
     with gemma_server.client() as c:
         assert listed == c.get("/internal/aliases").json()["aliases"]
-        assert c.get("/v1/models/cli-llm").json()["id"] == GEMMA_NAME  # accepted as a model name
+        entry = c.get("/v1/models/cli-llm").json()  # an alias is a model entry of its own
+        assert entry["id"] == "cli-llm" and entry["alias_target"] == GEMMA_NAME and entry["recipe"] == "llamacpp"
+    assert "cli-llm" in ok(lemonade("list", env=env)).stdout  # and listed, copy-paste-able like every row
     proc = lemonade("alias", "add", "cli-bad", "No-Such-Model", env=env)
     assert proc.returncode == 1 and "No-Such-Model" in proc.stderr
     ok(lemonade("alias", "remove", "cli-llm", env=env))
@@ -295,6 +324,17 @@ def test_run_chats_with_piped_stdin(env, gemma_server):
     with gemma_server.client() as c:
         assert c.get("/v1/health").json()["model_loaded"] == GEMMA_NAME
     assert _stats(gemma_server, before + 1)["output_tokens"] > 0  # (also: the next tests count from here)
+
+
+def test_run_with_host_and_port(gemma_server, tmp_path):
+    """`lemonade run MODEL --host H --port P` talks to that server (no LEMONADE_BASE_URL set)."""
+    env = cli_env(tmp_path / "cache")
+    url = httpx.URL(gemma_server.url)
+    proc = ok(lemonade("run", GEMMA_NAME, "--host", url.host, "--port", str(url.port), "--no-start",
+                       "--max-tokens", "4", env=env, stdin="Hello\n"))
+    assert proc.stdout.strip(), proc.stderr
+    proc = lemonade("run", GEMMA_NAME, "--host", "127.0.0.1", "--port", str(free_port()), "--no-start", env=env)
+    assert proc.returncode == 3 and NO_SERVER in proc.stderr
 
 
 def test_run_keeps_history_and_clear_resets_it(env, gemma_server):
@@ -432,7 +472,8 @@ def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
     cache.mkdir()
     (cache / "config.json").write_text(json.dumps({"port": gemma_server.port}))
     exported = tmp_path / "exported.json"
-    exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF"}))
+    exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF", "recipe": "llamacpp",
+                                    "checkpoint": "no-such-org/No-Such-Model-GGUF:Q4_0"}))
     proc = lemonade(*[a.replace("{file}", str(exported)) for a in args], env=cli_env(cache))
     assert NO_SERVER not in proc.stderr, proc.stderr  # it reached the configured server
     if args[0] == "export":  # the server said what the model is: a file of its extra models dir

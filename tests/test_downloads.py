@@ -8,11 +8,14 @@ loaded); real inference on a downloaded model is in test_downloads_resilience.py
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,9 @@ def sse_events(client: httpx.Client, body: dict[str, Any]) -> list[tuple[str, di
 
 def error_of(resp: httpx.Response) -> dict[str, Any]:
     body = resp.json()
+    if isinstance(body["error"], str):  # a refused definition on /v1/pull: {"error": "..."} as documented
+        assert body == {"error": body["message"], "status": "error", "message": body["message"]}
+        return {"message": body["error"]}
     assert body["status"] == "error" and body["error"]["message"] == body["message"]
     return body["error"]
 
@@ -66,9 +72,11 @@ def model(client: httpx.Client, name: str) -> dict[str, Any]:
     return resp.json()
 
 
-def run_cli(server, *args: str, input_text: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(server, *args: str, input_text: str | None = None, cwd: Path | None = None,
+            **extra_env: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
     env["LEMONADE_BASE_URL"] = server.url
+    env.update(extra_env)
     env["COLUMNS"] = "200"
     return subprocess.run([sys.executable, "-m", "lemonade.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=300, input=input_text, cwd=cwd)
@@ -223,6 +231,9 @@ def test_pull_4xx(client, hub):
         resp = post(body)
         assert resp.status_code == status, (body, resp.text)
         assert needle in error_of(resp)["message"], (body, resp.text)
+        # api-lemonade.md: a refused definition is {"error": "<message>"}; other errors keep the object
+        refused = isinstance(body, dict) and "recipe" in body and status == 400
+        assert isinstance(resp.json()["error"], str) == refused, (body, resp.text)
     # Refused definitions are never registered.
     for name in ("user.Clf", "user.Both", "user.Gone", "user.NoQuant", "user.Self", "user.Lost"):
         assert client.get(f"/v1/models/{name}").status_code == 404
@@ -246,6 +257,60 @@ def test_pull_4xx(client, hub):
 
 
 # ----- collections, export and import ---------------------------------------------------------------
+
+@pytest.fixture
+def recipes_site(tmp_path):
+    """A copy of lemonade-sdk/recipes served over HTTP as raw.githubusercontent.com serves it."""
+    root = tmp_path / "recipes"
+    (root / "coding-agents").mkdir(parents=True)
+    (root / "coding-agents" / "Tiny-Q4_0.json").write_text(json.dumps(
+        {"model_name": "tiny-recipe", "recipe": "llamacpp", "checkpoint": f"{MQ}:Q4_0", "labels": ["coding"]}))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_address[1]}"
+    site.shutdown()
+    site.server_close()
+
+
+def test_import_rules_and_remote_recipes(client, server, tmp_path, recipes_site):
+    """guide-cli.md, "Options for import": `id` for `model_name`, `user.` added, `checkpoints` wins
+    over `checkpoint`, unknown fields dropped and named; remote recipes by --directory/--recipe-file
+    non-interactively; the usage rules refused with exit 2 before anything happens."""
+    path = tmp_path / "hand-written.json"
+    path.write_text(json.dumps({"id": "imp-q4", "recipe": "llamacpp", "checkpoint": f"{MQ}:Q9_9",
+                                "checkpoints": {"main": f"{MQ}:Q4_0"}, "labels": ["coding"], "colour": "green"}))
+    out = run_cli(server, "import", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "Ignoring unrecognized field(s)" in out.stderr and "colour" in out.stderr
+    imported = model(client, "user.imp-q4")
+    assert imported["checkpoint"] == f"{MQ}:Q4_0" and imported["labels"] == ["coding"] and imported["downloaded"]
+
+    recipes = {"LEMONADE_RECIPES_URL": recipes_site}
+    out = run_cli(server, "import", "--directory", "coding-agents", "--recipe-file", "Tiny-Q4_0.json", "--yes",
+                  **recipes)
+    assert out.returncode == 0, out.stderr
+    assert model(client, "user.tiny-recipe")["downloaded"]
+    out = run_cli(server, "import", "--directory", "coding-agents", "--recipe-file", "Nope.json", "--yes", **recipes)
+    assert out.returncode == 1 and "does not exist" in out.stderr and "Nope.json" in out.stderr
+
+    usage = [(["import", "--yes"], "needs both"), (["import", "--directory", "coding-agents", "--yes"], "needs both"),
+             (["import", "--recipe-file", "x.json"], "give --directory too"),
+             (["import", str(path), "--directory", "coding-agents"], "not both"),
+             (["import"], "needs both")]  # no terminal to browse in: as non-interactive
+    for args, needle in usage:
+        out = run_cli(server, *args, input_text="", **recipes)
+        assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
+    for broken, needle in [({"recipe": "llamacpp", "checkpoint": f"{MQ}:Q4_0"}, "'model_name' (or 'id')"),
+                           ({"model_name": "x", "checkpoint": f"{MQ}:Q4_0"}, "'recipe' is required"),
+                           ({"model_name": "x", "recipe": "llamacpp"}, "'checkpoint'"),
+                           ([1, 2], "JSON object")]:
+        path.write_text(json.dumps(broken))
+        out = run_cli(server, "import", str(path))
+        assert out.returncode == 1 and needle in out.stderr, (broken, out.stderr)
+    assert client.get("/v1/models/user.x").status_code == 404
+
 
 def test_collection_pull_export_import(client, hub, server, tmp_path):
     body = {"model_name": "user.Kit", "recipe": "collection.omni", "components": ["user.kit-q4", "user.kit-q6"],
@@ -409,7 +474,7 @@ def test_files_of_a_model_never_downloaded(client, hub):
     reg = client.post("/v1/models/register", json={"model_name": "user.later", "recipe": "llamacpp",
                                                    "checkpoint": f"{fx.SAFETENSORS_REPO}:model.safetensors"})
     assert reg.status_code == 200
-    assert client.get("/v1/models/user.later/files").json() == {"model_id": "user.later", "files": []}
+    assert client.get("/v1/models/user.later/files").json() == {"model_id": "later", "files": []}  # the public id
     assert hub.requests() == []  # listing files never touches the network
 
 
@@ -473,10 +538,10 @@ def test_check_updates_and_update_available(make_server, hub, tmp_path):
         assert c.post("/v1/models/check-updates").json()["updates_available"] == 0
         hub.write_file(repo, "tiny-Q4_K_M.gguf", b"GGUF" + os.urandom(3000))
         assert c.post("/v1/models/check-updates").json() == {"status": "success", "updates_available": 1,
-                                                             "models": ["user.upd"]}
+                                                             "models": ["upd"]}
         assert model(c, "user.upd")["update_available"] is True
         listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-        assert listed["user.upd"]["update_available"] is True
+        assert listed["upd"]["update_available"] is True  # listed by its bare name
     srv.stop()
 
     # The startup check finds it again; pulling fetches the new file and clears the flag.

@@ -38,7 +38,7 @@ def register(client: httpx.Client, name: str, checkpoint: str = GEMMA, **extra: 
 
 def job(client: httpx.Client, name: str) -> dict[str, Any]:
     jobs = {j["id"]: j for j in client.get("/v1/downloads").json()}
-    return jobs[f"model:{name}"]
+    return jobs[f"model:{name.removeprefix('user.')}"]  # listed under the model's public id
 
 
 def wait_for(predicate, timeout: float = 120, what: str = "condition") -> Any:
@@ -94,7 +94,7 @@ def test_job_pause_resume_cancel_remove(client, hub, server):
     hub.throttle(SLOW, path=fx.GEMMA_FILE)
     snap = start_job(client, "user.job-gemma")
     assert set(snap) == JOB_FIELDS
-    assert snap["id"] == "model:user.job-gemma" and snap["type"] == "model"
+    assert snap["id"] == "model:job-gemma" and snap["type"] == "model" and snap["model_name"] == "job-gemma"
     assert snap["status"] == "downloading" and snap["running"] is True and snap["complete"] is False
     # pulling again while it runs returns the same job
     assert start_job(client, "user.job-gemma")["status"] == "downloading"
@@ -105,7 +105,7 @@ def test_job_pause_resume_cancel_remove(client, hub, server):
     assert running["cumulative_bytes_downloaded"] == running["overall_bytes_downloaded"]
 
     paused = client.post("/v1/downloads/control", json={"id": "model:user.job-gemma", "action": "pause"}).json()
-    assert paused["status"] == "paused" and paused["id"] == "model:user.job-gemma"
+    assert paused["status"] == "paused" and paused["id"] == "model:job-gemma"
     stopped = wait_for(lambda: (j := job(client, "user.job-gemma"))["running"] is False and j, what="pause")
     assert stopped["status"] == "paused" and stopped["complete"] is False
     partial = partial_file(server)
@@ -132,7 +132,8 @@ def test_job_pause_resume_cancel_remove(client, hub, server):
     blob = repo_dir(server, fx.GEMMA_REPO) / "blobs" / fx.GEMMA_SHA256
     assert sha256_of(blob) == fx.GEMMA_SHA256 and not partial.exists()
     # a finished job is left as it is
-    again = client.post("/v1/downloads/control", json={"id": "model:user.job-gemma", "action": "cancel"}).json()
+    # (a job is named by any id of its model: the listed `model:job-gemma` or `model:user.job-gemma`)
+    again = client.post("/v1/downloads/control", json={"id": "model:job-gemma", "action": "cancel"}).json()
     assert again["status"] == "completed"
     assert client.post("/v1/downloads/control", json={"id": "model:user.job-gemma", "action": "remove"}).json() == {
         "status": "ok"}
@@ -148,7 +149,7 @@ def test_job_cancel_and_remove_while_running(client, hub, server):
     wait_for(lambda: job(client, "user.cancel-gemma")["bytes_downloaded"] > 1_000_000, what="progress")
     # remove while the worker runs = cancel; the job stays listed until the worker stops
     resp = client.post("/v1/downloads/control", json={"id": "model:user.cancel-gemma", "action": "remove"}).json()
-    assert resp["status"] == "cancelled" and resp["id"] == "model:user.cancel-gemma"
+    assert resp["status"] == "cancelled" and resp["id"] == "model:cancel-gemma"
     stopped = wait_for(lambda: (j := job(client, "user.cancel-gemma"))["running"] is False and j, what="cancel")
     assert stopped["status"] == "cancelled"
     # pausing a cancelled (stopped) job does not revive it
@@ -160,7 +161,7 @@ def test_job_cancel_and_remove_while_running(client, hub, server):
     assert not partial_file(server).exists() and not repo_dir(server, fx.GEMMA_REPO).exists()
     assert client.post("/v1/downloads/control", json={"id": "model:user.cancel-gemma",
                                                       "action": "remove"}).json() == {"status": "ok"}
-    assert all(j["id"] != "model:user.cancel-gemma" for j in client.get("/v1/downloads").json())
+    assert all(j["id"] != "model:cancel-gemma" for j in client.get("/v1/downloads").json())
 
 
 def test_job_errors_and_control_4xx(client, hub):
@@ -195,6 +196,7 @@ def test_killed_server_comes_back_with_paused_job_and_resumes(make_server, hub, 
     time.sleep(1.2)  # the job state file is saved at most once a second while downloading
     srv.stop(sig=signal.SIGKILL)
     state = json.loads((cache / "downloads.json").read_text())
+    # kept by canonical id on disk (it does not change when another model takes the bare name)
     assert [(j["id"], j["status"]) for j in state] == [("model:user.kill-gemma", "downloading")]
     kept = partial_file(srv).stat().st_size
     assert kept > 0
@@ -463,7 +465,7 @@ def test_inference_downloads_the_model_then_gemma_answers(make_server, hub):
         assert [f["name"] for f in files] == list(fx.SHARDED_FILES) and all(f["exists"] for f in files)
         # delete unloads first, then removes the files
         loaded = {m["model_name"] for m in c.get("/v1/health").json()["all_models_loaded"]}
-        assert "user.gemma-sharded" in loaded
+        assert "gemma-sharded" in loaded  # health shows the public id
         pids = srv.engine_pids()
         assert pids
         assert c.post("/v1/delete", json={"model_name": "user.gemma-sharded"}).status_code == 200

@@ -6,8 +6,8 @@
 - Rerank uses a tiny reranker with RANDOM weights (tests/models.py): its scores mean nothing, so
   only the code path is tested (routing, sorting, indices, usage, errors), never the ranking.
 
-Both sit in the extra models dir, so they are listed as `extra.<folder>` with the deployment mode
-read from their GGUF headers; callers are the official `openai` client and raw `httpx`.
+Both sit in the extra models dir, so they are listed by folder name (`extra.<folder>` canonically)
+with the deployment mode read from their GGUF headers; callers are the official `openai` client and raw `httpx`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import pytest
 from tests.conftest import GEMMA_NAME, Server, ServerFactory
 from tests.models import minilm_gguf, minilm_source_dir, reranker_token_id, tiny_reranker_gguf
 
-EMBED = "extra.all-MiniLM-L6-v2"
-RERANK = "extra.tiny-random-reranker"
+EMBED = "all-MiniLM-L6-v2"
+RERANK = "tiny-random-reranker"
 RERANK_PATHS = ("/v1/rerank", "/v1/reranking", "/v1/reranker", "/api/v1/rerank")
 
 QUERY = "what is the capital of france?"
@@ -36,7 +36,7 @@ DOCS = ["paris is the capital of france.", "berlin is the capital of germany.", 
 
 @pytest.fixture(scope="module")
 def extra_dir(tmp_path_factory: pytest.TempPathFactory, gemma_dir: Path) -> Path:
-    """One folder per model (so the names are `extra.<folder>`), plus Gemma at the root as a chat model."""
+    """One folder per model (so the names are the folder names), plus Gemma at the root as a chat model."""
     root = tmp_path_factory.mktemp("extra-models")
     for folder, path in (("all-MiniLM-L6-v2", minilm_gguf()), ("tiny-random-reranker", tiny_reranker_gguf())):
         (root / folder).mkdir()

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import GEMMA_NAME, Server, ServerFactory
 from tests.models import minilm_gguf
 
-EMBED = "extra.all-minilm-l6-v2-f16.gguf"
+EMBED = "all-minilm-l6-v2-f16"
 PULL_NAME = "user.ollama-pull-test"
 PULL_CHECKPOINT = "test-org/tiny-multiquant-GGUF:Q4_K_M"  # a tiny file: only the download path matters
 SHORT = {"num_predict": 8, "temperature": 0, "seed": 7}
@@ -157,7 +157,9 @@ def test_chat_tool_calls(client: ollama.Client) -> None:
 def test_chat_tool_calls_stream(client: ollama.Client) -> None:
     parts = list(client.chat(model=GEMMA_NAME, messages=weather_history(), tools=[WEATHER_TOOL], stream=True,
                              options={"num_predict": 40, "temperature": 0}))
-    calls = [c for p in parts if p.message.tool_calls for c in p.message.tool_calls]
+    with_calls = [p for p in parts if p.message.tool_calls]
+    assert len(with_calls) == 1  # one message carrying the complete call(s), never fragments
+    calls = with_calls[0].message.tool_calls
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert isinstance(calls[0].function.arguments, dict) and "city" in calls[0].function.arguments
     assert parts[-1].done is True
@@ -243,16 +245,17 @@ def test_pull_and_delete(client: ollama.Client, server: Server) -> None:
         reg = c.post("/v1/models/register", json={"model_name": PULL_NAME, "checkpoint": PULL_CHECKPOINT,
                                                   "recipe": "llamacpp"})
         assert reg.status_code == 200, reg.text
-    assert PULL_NAME not in listed_names(client)
+    listed_as = PULL_NAME.removeprefix("user.")  # /api/tags shows the public id (it shadows nothing)
+    assert listed_as not in listed_names(client)
     progress = list(client.pull(PULL_NAME, stream=True))
     assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
     downloading = [p for p in progress if p.digest]
     assert downloading and all(p.digest.startswith("sha256:") for p in downloading)
     assert downloading[-1].completed == downloading[-1].total > 0
-    assert PULL_NAME in listed_names(client)
+    assert listed_as in listed_names(client)
     assert client.pull(PULL_NAME).status == "success"  # already there: non-streamed pull succeeds at once
     assert client.delete(PULL_NAME).status == "success"
-    assert PULL_NAME not in listed_names(client)
+    assert listed_as not in listed_names(client)
     with pytest.raises(ollama.ResponseError) as err:
         client.delete(PULL_NAME)
     assert err.value.status_code == 404

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_NAME
+from tests.conftest import GEMMA_ID, GEMMA_NAME
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_server_killed_during_config_writes_leaves_valid_state(make_server, gemm
     config = json.loads((srv.cache / "config.json").read_text())
     assert config["max_loaded_models"] in (1, 2, 3)
     options = json.loads((srv.cache / "recipe_options.json").read_text())
-    assert options[GEMMA_NAME]["ctx_size"] in range(512, 517)
+    assert options[GEMMA_ID]["ctx_size"] in range(512, 517)
     again = make_server(cache=srv.cache, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with again.client() as c:
         assert c.get("/internal/config").json()["max_loaded_models"] == config["max_loaded_models"]

@@ -18,7 +18,7 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_NAME
+from tests.conftest import GEMMA_ID, GEMMA_NAME
 from tests.gguf_factory import write_gguf
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
@@ -118,6 +118,36 @@ def test_tools_passed_through_and_tool_calls_returned(client):
     calls = resp.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     assert "city" in json.loads(calls[0].function.arguments)
+
+
+def test_streamed_tool_call_is_relayed_as_llama_server_sends_it(client, server):
+    """OpenAI surface: the tool-call deltas reach the official client as llama-server streams them
+    (same greedy request asked of the engine directly), and they add up to one complete call."""
+    body = {"model": GEMMA_NAME, "messages": weather_history(), "tools": WEATHER_TOOLS, "tool_choice": "required",
+            "max_tokens": 40, "temperature": 0, "seed": 7, "stream": True}
+    ours = [c.model_dump(exclude_none=True) for c in client.chat.completions.create(**body)]
+    with httpx.stream("POST", engine_url(server) + "/v1/chat/completions", json=body, timeout=300) as resp:
+        direct = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+
+    def fragments(chunks):  # (index, name piece, arguments piece) in order; ids are random per request
+        return [(f["index"], f.get("function", {}).get("name"), f.get("function", {}).get("arguments"))
+                for c in chunks for ch in c.get("choices", []) for f in ch.get("delta", {}).get("tool_calls") or []]
+
+    assert fragments(ours) == fragments(direct) and fragments(ours)
+    calls: dict[int, dict] = {}
+    for index, name, args in fragments(ours):
+        call = calls.setdefault(index, {"name": "", "arguments": ""})
+        call["name"] += name or ""
+        call["arguments"] += args or ""
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert "city" in json.loads(calls[0]["arguments"])
+    first = next(f for c in ours for ch in c.get("choices", []) for f in ch.get("delta", {}).get("tool_calls") or [])
+    assert first["id"] and first["type"] == "function" and first["function"]["name"] == "get_weather"
+
+    def finish(chunks):
+        return [ch["finish_reason"] for c in chunks for ch in c.get("choices", []) if ch.get("finish_reason")]
+
+    assert finish(ours) == finish(direct) and finish(ours)[0] in ("tool_calls", "length")  # budget may end it
 
 
 def engine_url(server) -> str:
@@ -293,7 +323,7 @@ def test_tokenize_and_slots(server, client):
 
 def test_slot_save_restore(make_server, gemma_dir, tmp_path):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
-    saves = srv.cache / "slots" / GEMMA_NAME  # ours: a request cannot point the engine at a folder
+    saves = srv.cache / "slots" / GEMMA_ID  # ours (by canonical id): a request cannot point the engine at a folder
     with srv.client() as c:
         assert c.post("/v1/slots/0?action=erase").status_code == 400  # no model loaded yet
         refused = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": f"--slot-save-path {tmp_path}"})
@@ -375,7 +405,7 @@ def test_options_endpoints(make_server, gemma_dir):
         saved = c.post(url, json={"ctx_size": 2048, "llamacpp_args": "-b 256"}).json()
         assert saved["saved"] == {"ctx_size": 2048, "llamacpp_args": "-b 256"}
         assert saved["effective"]["llamacpp_args"] == "--threads 2 -b 256"  # merge_args
-        assert json.loads(path.read_text())[GEMMA_NAME] == saved["saved"]
+        assert json.loads(path.read_text())[GEMMA_ID] == saved["saved"]
         assert c.post(url, json={"ctx_size": None}).json()["saved"] == {"llamacpp_args": "-b 256"}
         before = path.read_bytes()
         for bad in ({"ctx_size": -5}, {"whispercpp_args": "x"}, {"nope": 1}, {"llamacpp_args": "--jinja"}):
@@ -386,9 +416,9 @@ def test_options_endpoints(make_server, gemma_dir):
         c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": None})
         opts = c.get("/v1/health").json()["all_models_loaded"][0]["recipe_options"]
         assert opts["llamacpp_args"] == "--threads 2"
-        assert json.loads(path.read_text())[GEMMA_NAME] == {"llamacpp_args": "-b 256"}
+        assert json.loads(path.read_text())[GEMMA_ID] == {"llamacpp_args": "-b 256"}
         c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1536, "save_options": True})
-        assert json.loads(path.read_text())[GEMMA_NAME] == {"ctx_size": 1536}
+        assert json.loads(path.read_text())[GEMMA_ID] == {"ctx_size": 1536}
         reset = c.delete(url).json()
         assert reset["saved"] == {} and GEMMA_NAME not in json.loads(path.read_text())
         assert c.get("/v1/models/nope/options").status_code == 404
@@ -419,29 +449,29 @@ def test_lru_eviction_and_pinning(make_server, two_models, tmp_path):
     write_gguf(two_models / "g3" / "model.gguf")  # never loaded: only its name is used
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
     with srv.client() as c:
-        chat(c, "extra.g1")
-        chat(c, "extra.g2")
-        assert loaded(c) == ["extra.g2"]  # limit 1: g1 was evicted
+        chat(c, "g1")
+        chat(c, "g2")
+        assert loaded(c) == ["g2"]  # limit 1: g1 was evicted
         c.post("/internal/set", json={"max_loaded_models": 2})
-        chat(c, "extra.g1")
-        assert sorted(loaded(c)) == ["extra.g1", "extra.g2"]
+        chat(c, "g1")
+        assert sorted(loaded(c)) == ["g1", "g2"]
         c.post("/internal/set", json={"max_loaded_models": 1})
-        c.post("/v1/load", json={"model_name": "extra.g2", "pinned": True})
-        c.post("/v1/unload", json={"model_name": "extra.g1"})
-        resp = c.post("/v1/chat/completions", json={"model": "extra.g1", "messages": CHAT, "max_tokens": 2})
+        c.post("/v1/load", json={"model_name": "g2", "pinned": True})
+        c.post("/v1/unload", json={"model_name": "g1"})
+        resp = c.post("/v1/chat/completions", json={"model": "g1", "messages": CHAT, "max_tokens": 2})
         assert resp.status_code == 409 and resp.json()["error"]["code"] == "slots_pinned_error"
-        assert loaded(c) == ["extra.g2"]
-        resp = c.post("/v1/load", json={"model_name": "extra.g1"})
+        assert loaded(c) == ["g2"]
+        resp = c.post("/v1/load", json={"model_name": "g1"})
         assert resp.status_code == 409
 
 
 def test_alias_switches_traffic(make_server, two_models):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"max_loaded_models": 2})
     with srv.client() as c:
-        c.post("/internal/aliases", json={"alias": "prod", "target": "extra.g1"})
-        assert chat(c, "prod").json()["model"] == "extra.g1"
-        c.post("/internal/aliases", json={"alias": "prod", "target": "extra.g2"})
-        assert chat(c, "prod").json()["model"] == "extra.g2"
+        c.post("/internal/aliases", json={"alias": "prod", "target": "g1"})
+        assert chat(c, "prod").json()["model"] == "g1"
+        c.post("/internal/aliases", json={"alias": "prod", "target": "g2"})
+        assert chat(c, "prod").json()["model"] == "g2"
 
 
 def test_concurrent_first_requests_cause_one_load(make_server, gemma_dir):
@@ -464,21 +494,21 @@ def test_concurrent_first_requests_cause_one_load(make_server, gemma_dir):
 def test_busy_model_is_not_evicted_mid_stream(make_server, two_models):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
     with srv.client() as c:
-        chat(c, "extra.g1")
-        with c.stream("POST", "/v1/chat/completions", json={"model": "extra.g1", "messages": CHAT,
+        chat(c, "g1")
+        with c.stream("POST", "/v1/chat/completions", json={"model": "g1", "messages": CHAT,
                                                            "max_tokens": 60, "stream": True,
                                                            "ignore_eos": True}) as stream:
             lines = stream.iter_lines()
             next(lines)
             box = {}
-            loader = threading.Thread(target=lambda: box.setdefault("r", chat(srv.client(), "extra.g2")))
+            loader = threading.Thread(target=lambda: box.setdefault("r", chat(srv.client(), "g2")))
             loader.start()
             time.sleep(0.5)
-            assert loaded(c) == [] or "extra.g2" not in loaded(c)  # still waiting for g1's stream
+            assert loaded(c) == [] or "g2" not in loaded(c)  # still waiting for g1's stream
             rest = list(lines)
         assert any(line.startswith("data: [DONE]") for line in rest)  # the stream finished, uncut
         loader.join(60)
-        assert box["r"].status_code == 200 and loaded(c) == ["extra.g2"]
+        assert box["r"].status_code == 200 and loaded(c) == ["g2"]
 
 
 def test_engine_crash_is_reported_and_recovered(make_server, gemma_dir):

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-A, B = "extra.a.gguf", "extra.b.gguf"
+A, B = "a", "b"
 HELLO = [{"role": "user", "content": "Hello"}]
 
 

@@ -24,8 +24,10 @@ class APIError(Exception):
     """An error meant for the client: HTTP status, a message saying what to do, an optional code."""
 
     def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
-                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+                 plain: bool = False) -> None:
         super().__init__(message)
+        self.plain = plain  # `{"error": "<message>"}` where the spec documents that shape (api/errors.py)
         self.headers = headers  # e.g. Retry-After on a 503
         self.status = status
         self.message = message
@@ -36,6 +38,12 @@ class APIError(Exception):
 
 def bad_request(message: str, code: str | None = "invalid_argument") -> APIError:
     return APIError(400, message, code=code)
+
+
+def registration_error(message: str) -> APIError:
+    """A model definition refused by `/v1/pull`: api-lemonade.md documents its body as
+    `{"error": "<message>"}` (a string), next to the `status`/`message` pair every error has."""
+    return APIError(400, message, code="invalid_argument", plain=True)
 
 
 def model_not_found(name: str) -> APIError:

@@ -13,7 +13,7 @@ CREATED = 1744173590  # the timestamp Lemonade reports for catalog entries
 
 @dataclass
 class ModelInfo:
-    name: str                                  # public id: "Qwen3-0.6B-GGUF", "user.X", "extra.Y"
+    name: str                                  # canonical id: "builtin.Qwen3-0.6B-GGUF", "user.X", "extra.Y"
     recipe: str
     mode: str                                  # deployment mode: chat, embeddings, reranking, ...
     checkpoints: dict[str, str] = field(default_factory=dict)   # role -> "owner/repo:variant"
@@ -27,6 +27,19 @@ class ModelInfo:
     local_files: dict[str, list[Path]] | None = None  # extra models: role -> files on disk
     created: int = CREATED
     definition: dict[str, Any] = field(default_factory=dict)  # the stored definition, for export
+    # The id clients see (catalog/naming.py): the bare name when this model wins it, else `name`.
+    # Kept current by the catalog; internal state (loaded models, options, downloads) uses `name`.
+    public: str = ""
+    hidden_names: list[str] = field(default_factory=list)  # extra input names, never listed
+
+    def __post_init__(self) -> None:
+        if not self.public:
+            self.public = self.name
+
+    @property
+    def bare(self) -> str:
+        """The name without its source prefix."""
+        return self.name.split(".", 1)[1] if self.name.startswith(("user.", "extra.", "builtin.")) else self.name
 
     @property
     def checkpoint(self) -> str:

@@ -51,6 +51,7 @@ class Services:
         self.catalog = Catalog(self.cache_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
+        self.options.migrate_keys(self.catalog.canonical_key)
         self.stats = Stats()
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
@@ -105,22 +106,27 @@ class Services:
         except NotFound:
             raise model_not_found(name) from None
 
+    def component_names(self, model: ModelInfo) -> list[str]:
+        """The canonical ids of a collection's components (stored as the names they were given)."""
+        found = [self.catalog.find(c) for c in model.components or []]
+        return [c.name for c in found if c is not None]
+
     def check_model(self, model: ModelInfo, mode: str, endpoint: str, *, hint: dict[str, str] | None = None,
                     images: bool = False) -> ModelInfo:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has."""
         if model.is_collection:
-            raise APIError(400, f"Model {model.name} is a collection; call one of its components instead: "
+            raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
                            + ", ".join(model.components or []), code="model_mode_mismatch")
         if model.mode != mode:
             use = (hint or ENDPOINT_FOR_MODE).get(model.mode)
-            raise APIError(400, f"Model {model.name} is a '{model.mode}' model and cannot serve {endpoint}"
+            raise APIError(400, f"Model {model.public} is a '{model.mode}' model and cannot serve {endpoint}"
                            + (f"; use {use} instead" if use else ""), code="model_mode_mismatch")
         if images and not self.accepts_images(model):
-            raise APIError(400, f"Model {model.name} does not accept images (it has no vision projector). Use a "
+            raise APIError(400, f"Model {model.public} does not accept images (it has no vision projector). Use a "
                            "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
         if not self.engines.available(model.recipe):
-            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available in "
+            raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
                            "this server yet.", code="model_load_refused")
         return model
 
@@ -136,7 +142,7 @@ class Services:
         engine = self.engines.get(model.recipe)
         path = engine.endpoints.get(endpoint) if engine is not None and engine.available else None
         if path is None:
-            raise APIError(400, f"Model {model.name} (recipe '{model.recipe}') does not serve /{endpoint}",
+            raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /{endpoint}",
                            code="invalid_argument")
         return path
 
@@ -151,7 +157,7 @@ class Services:
         await self.downloads.ensure_downloaded(model, load_progress.get())
         files = self.catalog.local_files(model)
         if files is None:
-            raise APIError(500, f"Model {model.name} was downloaded but its files are not complete on disk",
+            raise APIError(500, f"Model {model.public} was downloaded but its files are not complete on disk",
                            code="model_load_error")
         return files
 
@@ -183,12 +189,12 @@ class Services:
         if model.origin == "extra" or model.local_files is not None:
             paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
             where = ", ".join(paths) or self.config.get("extra_models_dir")
-            raise bad_request(f"Model {model.name} is a file of yours in the extra models directory ({where}); "
+            raise bad_request(f"Model {model.public} is a file of yours in the extra models directory ({where}); "
                               "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
                               "longer want it.", code="model_not_deletable")
         if model.is_collection:
             if model.origin != "user":
-                raise bad_request(f"Model {model.name} is a built-in collection and cannot be deleted",
+                raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
                                   code="model_not_deletable")
             self.catalog.unregister(model.name)
             return True

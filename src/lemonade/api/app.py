@@ -102,7 +102,7 @@ def create_app(services: Services) -> FastAPI:
         loaded = services.router.describe()
         services.metrics.set_loaded(loaded)
         services.metrics.set_queue(services.router.queue_info())
-        targets = [({"model": lm.name, "recipe": lm.model.recipe, "type": lm.model.type},
+        targets = [({"model": lm.model.public, "recipe": lm.model.recipe, "type": lm.model.type},
                     lm.base_url + lm.engine.metrics_path)
                    for lm in services.router.loaded.values() if lm.engine.metrics_path]
         body = await services.metrics.render(targets, services.http)

@@ -16,7 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lemonade.errors import APIError, bad_request, model_not_found  # noqa: F401 - the api layer imports them from here
+from lemonade.errors import (  # noqa: F401 - the api layer imports them from here
+    APIError,
+    bad_request,
+    model_not_found,
+    registration_error,
+)
 from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
@@ -42,9 +47,12 @@ def api_family(path: str) -> str:
 
 
 def error_body(family: str, status: int, message: str, type_: str, code: str | None,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+               extra: dict[str, Any] | None = None, plain: bool = False) -> dict[str, Any]:
+    """`plain`: the error documented as a bare string on a Lemonade route (registration on /v1/pull)."""
     if family == "ollama":
         return {"error": message}
+    if plain and family == "openai":
+        return {"error": message, "status": "error", "message": message}
     if family == "anthropic":
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     err: dict[str, Any] = {"message": message, "type": type_, "code": code}
@@ -53,7 +61,7 @@ def error_body(family: str, status: int, message: str, type_: str, code: str | N
 
 
 def error_response(request_path: str, exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = error_body(api_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra)
+    body = error_body(api_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra, exc.plain)
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 

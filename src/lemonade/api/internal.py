@@ -50,11 +50,11 @@ async def pin(request: Request, body: PinRequest) -> dict[str, Any]:
     """Pin (or unpin) a loaded model: a pinned model is never evicted to make room for another."""
     svc: Services = request.app.state.services
     model = svc.resolve(body.model_name)
-    names = list(model.components or []) if model.is_collection else [model.name]
+    names = svc.component_names(model) if model.is_collection else [model.name]
     if not all(svc.router.pin(name, body.pinned) for name in names):
-        raise APIError(404, f"Model {model.name} is not loaded; load it with \"pinned\": true instead "
-                       f"(lemonade load {model.name} --pinned)", type="not_found", code="model_not_loaded")
-    return {"status": "success", "model_name": model.name, "pinned": body.pinned}
+        raise APIError(404, f"Model {model.public} is not loaded; load it with \"pinned\": true instead "
+                       f"(lemonade load {model.public} --pinned)", type="not_found", code="model_not_loaded")
+    return {"status": "success", "model_name": model.public, "pinned": body.pinned}
 
 
 class AliasRequest(BaseModel):

@@ -36,6 +36,11 @@ ERROR_SCHEMAS: dict[str, dict[str, Any]] = {
                                  "properties": {"type": {"type": "string"}, "message": _MESSAGE}}}},
 }
 _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.items()}
+# A refused model definition on /v1/pull: `{"error": "<message>"}` as api-lemonade.md shows it
+# (errors.registration_error), next to the status/message pair.
+PLAIN_ERROR = {"title": "RegistrationError", "type": "object", "required": ["error"],
+               "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
+PLAIN_ERROR_PATHS = ("/pull",)
 # Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
 STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
             "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}
@@ -89,9 +94,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     for family, schema in ERROR_SCHEMAS.items():
         components[_SCHEMA_NAMES[family]] = schema
+    components[PLAIN_ERROR["title"]] = PLAIN_ERROR
     for path, item in doc["paths"].items():
         family = api_family(path)
-        error = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
+        error: dict[str, Any] = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
+        if family == "openai" and _tail(path) in PLAIN_ERROR_PATHS:
+            error = {"anyOf": [error, {"$ref": REF.format(model=PLAIN_ERROR["title"])}]}
         table = OLLAMA_SUCCESS if family == "ollama" else SUCCESS
         for method, operation in item.items():
             responses = operation.setdefault("responses", {})

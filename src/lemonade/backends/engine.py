@@ -277,5 +277,5 @@ class UnavailableEngine(Engine):
 
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
-        raise EngineUnavailable(f"Model {model.name} uses recipe '{self.recipe}', whose engine is not available "
+        raise EngineUnavailable(f"Model {model.public} uses recipe '{self.recipe}', whose engine is not available "
                                 "in this server yet.", code="model_load_refused")

@@ -91,6 +91,6 @@ class FasterWhisperEngine(Engine):
                 "--threads", str(options.get("fasterwhisper_threads") or 0),
                 "--compute-type", str(options.get("fasterwhisper_compute_type") or "int8")]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        server = WrappedServer(f"{self.process}:{model.name}", argv, port, env=env)
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start()
         return Launch(server, dict(options), backend)

@@ -84,10 +84,10 @@ def refuse_damaged_files(model: ModelInfo, files: dict[str, list[Path]]) -> None
             with open(path, "rb") as fh:
                 magic = fh.read(4)
         except OSError as exc:
-            raise BackendStartError(f"Cannot read {path.name} of {model.name}: {exc}") from None
+            raise BackendStartError(f"Cannot read {path.name} of {model.public}: {exc}") from None
         if magic != b"GGUF":
-            raise BackendStartError(f"{path.name} of {model.name} is not a GGUF file (it starts with {magic!r}): the "
-                                    f"file on disk is damaged. Run `lemonade pull {model.name}` to check and repair "
+            raise BackendStartError(f"{path.name} of {model.public} is not a GGUF file (it starts with {magic!r}): the "
+                                    f"file on disk is damaged. Run `lemonade pull {model.public}` to check and repair "
                                     "the download.")
 
 
@@ -98,7 +98,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     main = files["main"][0]
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
             "--ctx-size", str(resolved_ctx_size(options.get("ctx_size", -1), main)),
-            "--alias", model.name, "--metrics", "--slots", "--no-webui"]
+            "--alias", model.public, "--metrics", "--slots", "--no-webui"]
     if slot_dir is not None:
         argv += ["--slot-save-path", str(slot_dir)]
     if model.mode == "embeddings":
@@ -232,7 +232,7 @@ class LlamaCppEngine(Engine):
         resolved = dict(options)
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
-        server = WrappedServer(f"{self.process}:{model.name}", argv, port)
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port)
         await server.start()
         return Launch(server, resolved, backend, device="gpu" if backend in GPU_BACKENDS else "cpu")
 

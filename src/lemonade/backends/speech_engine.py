@@ -81,7 +81,7 @@ class SpeechEngine(Engine):
         """`--model FILE` and what else the worker needs to find this model's files."""
 
     def model_error(self, model: ModelInfo, what: str) -> EngineUnavailable:
-        return EngineUnavailable(f"Model {model.name}: its files hold no {what}; it is not a {self.recipe} model.",
+        return EngineUnavailable(f"Model {model.public}: its files hold no {what}; it is not a {self.recipe} model.",
                                  code="model_load_error")
 
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
@@ -89,6 +89,6 @@ class SpeechEngine(Engine):
         argv = [str(self.venv.python), str(WORKER), "--engine", self.worker_engine, *self.worker_args(model, files),
                 "--port", str(port), "--threads", str(options.get(self.threads_option) or 0)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        server = WrappedServer(f"{self.process}:{model.name}", argv, port, env=env)
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start()
         return Launch(server, dict(options), backend)

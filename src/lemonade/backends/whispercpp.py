@@ -90,18 +90,18 @@ def model_file(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
     """The ggml model file; a file that is not one is never handed to whisper-server."""
     paths = files.get("main") or []
     if not paths:
-        raise EngineUnavailable(f"Model {model.name} has no model file.", code="model_load_error")
+        raise EngineUnavailable(f"Model {model.public} has no model file.", code="model_load_error")
     path = paths[0]
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
     except OSError as exc:
-        raise BackendStartError(f"Cannot read {path.name} of {model.name}: {exc}") from None
+        raise BackendStartError(f"Cannot read {path.name} of {model.public}: {exc}") from None
     if magic != GGML_MAGIC:
-        raise BackendStartError(f"{path.name} of {model.name} is not a whisper.cpp ggml model (it starts with "
+        raise BackendStartError(f"{path.name} of {model.public} is not a whisper.cpp ggml model (it starts with "
                                 f"{magic!r}). A whispercpp model is one ggml-*.bin file, e.g. the checkpoint "
                                 f"'ggerganov/whisper.cpp:ggml-tiny.bin'; if the download is damaged, run "
-                                f"`lemonade pull {model.name}`.")
+                                f"`lemonade pull {model.public}`.")
     return path
 
 
@@ -231,7 +231,7 @@ class WhisperCppEngine(Engine):
         # probabilities, which cost a second language-detection pass per request.
         argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-l", "auto", "-nlp",
                 *user_args]
-        server = WrappedServer(f"{self.process}:{model.name}", argv, port, health_path="/health")
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health")
         await server.start()
         return Launch(server, dict(options), backend)
 

@@ -1,8 +1,9 @@
 """The model registry: built-in models, `user.*` registrations, the extra models dir and aliases.
 
-Every API that takes a model name resolves it here, so aliases and the `user.`/`extra.`
-namespaces behave the same on every route. State files (`user_models.json`, `aliases.json`) are
-written atomically and re-read only by this class.
+Every API that takes a model name resolves it here, so aliases and the `user.`/`extra.`/`builtin.`
+ids (catalog/naming.py) behave the same on every route. A model's `name` is its canonical id; its
+`public` id (what listings show) is kept current here whenever the set of models changes. State
+files (`user_models.json`, `aliases.json`) are written atomically and re-read only by this class.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from lemonade.backends.registry import file_format
 from lemonade.catalog.extra_dir import scan_extra_dir
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
+from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
 from lemonade.labels import COLLECTION_RECIPES, LabelError, deployment_mode
@@ -129,11 +131,14 @@ class Catalog:
         self.extra_models_dir = extra_models_dir
         self.models_dir = models_dir
         self._lock = threading.RLock()
-        self._builtin = {}
+        self._builtin: dict[str, ModelInfo] = {}
         for name, definition in _builtin_definitions().items():
-            self._builtin[name] = build_model(name, definition, "builtin")
+            model = build_model(PREFIXES[BUILTIN] + name, definition, "builtin")
+            self._builtin[model.name] = model
+        self._builtin_lower = {m.bare.lower(): m for m in self._builtin.values()}
         self._user: dict[str, ModelInfo] = {}
         self._extra: dict[str, ModelInfo] = {}
+        self._extra_hidden: dict[str, str] = {}  # old or folder names of extra models -> canonical id
         self._aliases: dict[str, str] = {}
         self._load_user()
         self._load_aliases()
@@ -174,7 +179,18 @@ class Catalog:
         root = Path(self.extra_models_dir).expanduser() if self.extra_models_dir else None
         found = scan_extra_dir(root) if root else []
         with self._lock:
-            self._extra = {m.name: m for m in found}
+            # The same model as before stays the same object: a loaded model keeps its current id.
+            self._extra = {m.name: (self._extra[m.name] if m.name in self._extra and
+                                    self._extra[m.name].local_files == m.local_files else m) for m in found}
+            self._extra_hidden = {h: m.name for m in found for h in m.hidden_names}
+            self._reindex()
+
+    def _reindex(self) -> None:
+        """Recompute every model's public id after the set of models changed."""
+        models = [*self._builtin.values(), *self._user.values(), *self._extra.values()]
+        shown = public_ids(m.name for m in models)
+        for m in models:
+            m.public = shown[m.name]
 
     def set_dirs(self, extra_models_dir: str | None = None, models_dir: str | None = None) -> None:
         if models_dir is not None:
@@ -191,31 +207,46 @@ class Catalog:
             return list(self._builtin.values()) + list(self._user.values()) + list(self._extra.values())
 
     def _lookup(self, name: str) -> ModelInfo | None:
+        """A model by id: `user.X`, `extra.X`, `builtin.X` only ever mean that source's model; a bare
+        name means its precedence winner (registered > imported > built-in). Built-in names also
+        match case-insensitively, as Lemonade's do."""
+        origin, bare = split(name)
         with self._lock:
-            if name in self._builtin:
-                return self._builtin[name]
-            if name in self._user:
-                return self._user[name]
-            if name in self._extra:
-                return self._extra[name]
-            if USER_PREFIX + name in self._user:
-                return self._user[USER_PREFIX + name]
-            lowered = {k.lower(): v for k, v in self._builtin.items()}
-            return lowered.get(name.lower())
+            if origin == USER:
+                return self._user.get(name)
+            if origin == EXTRA:
+                return self._extra.get(name) or self._extra.get(self._extra_hidden.get(name, ""))
+            if origin == BUILTIN:
+                return self._builtin.get(name) or self._builtin_lower.get(bare.lower())
+            return (self._user.get(PREFIXES[USER] + name) or self._extra.get(PREFIXES[EXTRA] + name)
+                    or self._builtin.get(PREFIXES[BUILTIN] + name) or self._builtin_lower.get(name.lower()))
 
     def find(self, name: str) -> ModelInfo | None:
-        """Resolve a name as any API receives it: alias, built-in, `user.`, `extra.`, with or without
-        Ollama's default `:latest` tag."""
+        """Resolve a name as any API receives it: a model id (bare or prefixed), else an alias, with
+        or without Ollama's default `:latest` tag. Model ids win over aliases (an alias cannot be
+        created over a model's name, but a model may appear later under an alias's name)."""
         if not isinstance(name, str) or not name:
             return None
-        target = self._aliases.get(name, name)
-        model = self._lookup(target)
-        if model is None and target.startswith("extra."):
+        model = self._lookup(name)
+        if model is None and name in self._aliases:
+            model = self._lookup(self._aliases[name])
+        if model is None and name.startswith(PREFIXES[EXTRA]):  # a file that appeared since the last scan
             self.rescan_extra()
-            model = self._lookup(target)
+            model = self._lookup(name)
         if model is None and name.endswith(DEFAULT_TAG):  # Ollama's habit: `MODEL:latest` is MODEL
             return self.find(name[: -len(DEFAULT_TAG)])
         return model
+
+    def canonical_key(self, key: str) -> str | None:
+        """The canonical id an old-style `recipe_options.json` key stands for, None when it is not an
+        old form: a bare built-in name (older Lemonade) or a hidden extra name (older ids here)."""
+        origin, _ = split(key)
+        with self._lock:
+            if origin is None and PREFIXES[BUILTIN] + key in self._builtin:
+                return PREFIXES[BUILTIN] + key
+            if origin == EXTRA and key not in self._extra and key in self._extra_hidden:
+                return self._extra_hidden[key]
+        return None
 
     def resolve(self, name: str) -> ModelInfo:
         model = self.find(name)
@@ -228,6 +259,9 @@ class Catalog:
         name = body.get("model_name")
         if not isinstance(name, str) or not name.strip():
             raise RegistrationError("'model_name' is required, e.g. 'user.My-Model-GGUF'")
+        problem = reserved_problem(name)
+        if problem:
+            raise RegistrationError(problem)
         if not name.startswith(USER_PREFIX) or name == USER_PREFIX:
             raise RegistrationError(f"Model '{name}': new models must use the 'user.' namespace, e.g. "
                                     f"'user.{name}'")
@@ -279,6 +313,7 @@ class Catalog:
             user[model.name] = model
             self._write_user(user)
             self._user = user
+            self._reindex()
         return model
 
     def unregister(self, name: str) -> None:
@@ -291,14 +326,24 @@ class Catalog:
             on_disk.pop(name, None)
             atomic_write_json(self.user_file, {k: v for k, v in on_disk.items()})
             self._user = user
+            self._reindex()
 
     # ----- aliases -----------------------------------------------------------------------------
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
 
+    def alias_of(self, name: str) -> ModelInfo | None:
+        """The model `name` points at when it is used as an alias (no model has that id), else None."""
+        if name not in self._aliases or self._lookup(name) is not None:
+            return None
+        return self._lookup(self._aliases[name])
+
     def set_alias(self, alias: str, target: str) -> None:
         if not alias or not isinstance(alias, str) or alias.strip() != alias or "/" in alias:
             raise RegistrationError("'alias' must be a non-empty name without slashes or surrounding spaces")
+        if split(alias)[0] is not None:
+            raise RegistrationError(f"'alias' cannot start with a model id prefix ('user.', 'extra.', 'builtin.'): "
+                                    f"'{alias}' would read as a model id")
         if self._lookup(alias) is not None:
             raise RegistrationError(f"'{alias}' is already a model name; choose another alias")
         if self._lookup(self._aliases.get(target, target)) is None:

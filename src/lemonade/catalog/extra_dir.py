@@ -1,16 +1,29 @@
 """Models found in the user's extra models directory (GGUF files they already have).
 
-Naming rules: a GGUF at the root is `extra.<file name>`; a folder holding one model (a main file
-or one shard set, plus optional `mmproj*.gguf`) is `extra.<folder>`; a folder holding several
-variants lists each as `extra.<file stem>`. When two places want the same name, the one whose
-path sorts first keeps it and the others are named by their relative path (`a--b--model`), so
-names do not depend on scan order and stay stable across restarts.
+Naming (guide-configuration-custom-models.md: every such model is `extra.NAME`; how NAME is
+chosen follows Lemonade's extra-models-dir rules):
+
+- a GGUF at the root is named by its stem: `Qwen3-8B-Q4_K_M.gguf` -> `extra.Qwen3-8B-Q4_K_M`;
+  a shard set (`x-00001-of-00003.gguf`, ...) is one model named by its series, `extra.x`;
+- a folder holding one model (one file or one shard set, plus optional `mmproj*.gguf`) is
+  `extra.<folder>`; a Hugging Face cache snapshot (`models--org--repo/snapshots/<commit>/`) is
+  named after its repo when `refs/main` points at that commit;
+- a folder holding several models lists each by its stem (shard sets by their series), and the
+  folder name stays accepted as a hidden name for the first of them, so old requests keep working;
+- `mmproj*.gguf` files are never models: the first one by name is the projector of every model in
+  its folder, which gets the `vision` label (at the root they are ignored);
+- when two models want one name, root files claim first, then folders in sorted path order; a later
+  claimant is qualified with the folder that groups it (`<folder>-<name>`, then `-2`, `-3`...), so a
+  name always means the same file across restarts, whatever order the disk lists files in.
+
+Each root file also answers to its old id `extra.<file name>.gguf` (hidden, never listed).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from lemonade.backends.registry import recipe_for_format
@@ -22,27 +35,49 @@ log = logging.getLogger("lemonade.catalog")
 PREFIX = "extra."
 
 
+@dataclass
+class _Candidate:
+    name: str                 # wanted bare name
+    qualifier: str            # folder name used when `name` is taken
+    files: list[Path]         # the main file, or the shard set in order
+    mmprojs: list[Path]
+    hidden: list[str]         # extra input names (not listed)
+
+
+def series_stem(file_name: str) -> str:
+    """`model-Q4_K_M-00001-of-00003.gguf` -> `model-Q4_K_M`; `x.gguf` -> `x`."""
+    info = shard_info(file_name)
+    if info:
+        return file_name[: -len(f"-{info[0]:05d}-of-{info[1]:05d}.gguf")]
+    return file_name[: -len(".gguf")] if file_name.lower().endswith(".gguf") else file_name
+
+
 def _groups(files: list[Path]) -> list[list[Path]]:
-    """Distinct models among a folder's main files: single files, or shard sets by prefix."""
+    """Distinct models among a folder's main files: single files, or shard sets by series."""
     groups: dict[str, list[Path]] = {}
     for f in sorted(files):
-        info = shard_info(f.name)
-        key = f.name[: -len(f"-{info[0]:05d}-of-{info[1]:05d}.gguf")] if info else f.name
+        key = series_stem(f.name) if shard_info(f.name) else f.name
         groups.setdefault(key, []).append(f)
     return list(groups.values())
 
 
-def _stem(group: list[Path]) -> str:
-    name = group[0].name
-    info = shard_info(name)
-    return name[: -len(f"-{info[0]:05d}-of-{info[1]:05d}.gguf")] if info else name[: -len(".gguf")]
+def _folder_name(here: Path) -> str:
+    """A folder's model name: its own name, or the repo's for the `refs/main` snapshot of a Hugging
+    Face (or ModelScope) cache folder moved in as it is."""
+    repo_dir = here.parent.parent
+    if here.parent.name == "snapshots" and repo_dir.name.startswith(("models--", "modelscope--models--")):
+        try:
+            main = (repo_dir / "refs" / "main").read_text().strip()
+        except OSError:
+            main = ""
+        if main == here.name:
+            return repo_dir.name.split("--")[-1]
+    return here.name
 
 
-def scan_extra_dir(root: Path) -> list[ModelInfo]:
-    if not root or not Path(root).is_dir():
-        return []
-    root = Path(root)
-    candidates: list[tuple[str, str, list[Path], list[Path]]] = []  # (name, relpath key, files, mmproj)
+def _candidates(root: Path) -> list[_Candidate]:
+    root_files: list[_Candidate] = []
+    folders: list[tuple[str, list[_Candidate]]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         here = Path(dirpath)
@@ -50,24 +85,43 @@ def scan_extra_dir(root: Path) -> list[ModelInfo]:
         if not ggufs:
             continue
         mmprojs = [f for f in ggufs if is_mmproj(f.name)]
-        mains = [f for f in ggufs if not is_mmproj(f.name)]
-        groups = _groups(mains)
-        rel = here.relative_to(root)
+        groups = _groups([f for f in ggufs if not is_mmproj(f.name)])
         if here == root:
-            for group in groups:
-                candidates.append((group[0].name, group[0].name, group, []))
-        elif len(groups) == 1:
-            candidates.append((here.name, rel.as_posix(), groups[0], mmprojs))
+            root_files += [_Candidate(series_stem(g[0].name), "", g, [], [PREFIX + g[0].name]) for g in groups]
+            continue
+        folder = _folder_name(here)
+        found: list[_Candidate] = []
+        if len(groups) == 1:
+            parent = here.parent
+            if folder != here.name:  # a cache snapshot: grouped by its org (`models--org--repo`)
+                qualifier = parent.parent.name.split("--")[-2]
+            else:
+                qualifier = parent.name if parent != root else folder
+            found.append(_Candidate(folder, qualifier, groups[0], mmprojs, []))
         else:
-            for group in groups:
-                candidates.append((_stem(group), (rel / _stem(group)).as_posix(), group, mmprojs))
+            for i, group in enumerate(groups):
+                found.append(_Candidate(series_stem(group[0].name), folder, group, mmprojs,
+                                        [PREFIX + folder] if i == 0 else []))
+        folders.append((here.relative_to(root).as_posix(), found))
+    return root_files + [c for _, found in sorted(folders, key=lambda f: f[0]) for c in found]
+
+
+def scan_extra_dir(root: Path | None) -> list[ModelInfo]:
+    if not root or not Path(root).is_dir():
+        return []
     taken: set[str] = set()
     models: list[ModelInfo] = []
-    for name, key, files, mmprojs in sorted(candidates, key=lambda c: (c[1].count("/"), c[1])):
-        public = name if name not in taken else key.replace("/", "--")
-        taken.add(public)
-        model = _describe(PREFIX + public, files, mmprojs)
+    for cand in _candidates(Path(root)):
+        name = cand.name
+        if name in taken:
+            base = f"{cand.qualifier}-{cand.name}" if cand.qualifier else cand.name
+            name, n = base, 2
+            while name in taken:
+                name, n = f"{base}-{n}", n + 1
+        taken.add(name)
+        model = _describe(PREFIX + name, cand.files, cand.mmprojs)
         if model is not None:
+            model.hidden_names = list(cand.hidden)
             models.append(model)
     return models
 

@@ -54,7 +54,11 @@ def start_background(c: ServerClient) -> int:
     host, port = parts.hostname or "127.0.0.1", parts.port or 13305
     if host not in LOCAL_HOSTS:
         raise fail(f"No server answers at {c.url}, and it is not on this machine, so it cannot be started "
-                   "from here.", 3)
+                   "from here. Start it there (lemonade serve), or point --host/--port or LEMONADE_BASE_URL at "
+                   "a running one.", 3)
+    if parts.scheme == "https":
+        raise fail(f"No server answers at {c.url}. A server started here would speak http://, not https://: "
+                   f"start your TLS proxy, or use LEMONADE_BASE_URL=http://{parts.netloc}.", 3)
     cache = cache_dir()
     log_path = log_file(cache)
     cmd = [sys.executable, "-m", "lemonade.cli.main", "serve", "--host", host, "--port", str(port)]

@@ -236,13 +236,14 @@ def _is_loaded(c: ServerClient, model: str) -> bool:
     server's 404 message, before anything starts."""
     from urllib.parse import quote
 
-    name = (c.get(f"/v1/models/{quote(model, safe='')}") or {}).get("id", model)
+    obj = c.get(f"/v1/models/{quote(model, safe='')}") or {}
+    name = obj.get("alias_target") or obj.get("id", model)
     loaded = (c.get("/v1/health") or {}).get("all_models_loaded") or []
     return any(m.get("model_name") == name for m in loaded)
 
 
 def run(
-    model: Annotated[str, typer.Argument(help="Model name (or alias), e.g. extra.gemma-3-270m-q4_k_m.gguf")],
+    model: Annotated[str, typer.Argument(help="Model name (or alias), e.g. gemma-3-270m-q4_k_m")],
     ctx_size: CtxOpt = None, llamacpp_args: ArgsOpt = None, llamacpp_backend: BackendOpt = None,
     system: Annotated[str | None, typer.Option("--system", help="System prompt for the conversation")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Longest reply, in tokens")] = None,

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import typer
@@ -17,9 +18,21 @@ DEFAULT_PORT = 13305
 
 
 def base_url(host: str | None = None, port: int | None = None) -> str:
-    """`--host/--port`, else `LEMONADE_BASE_URL`, else `LEMONADE_HOST/PORT`, else localhost:13305."""
+    """`--host/--port`, else `LEMONADE_BASE_URL`, else `LEMONADE_HOST/PORT`, else localhost:13305.
+
+    `LEMONADE_BASE_URL` may be http:// or https:// (a server behind a TLS proxy), with or without
+    the API prefix; anything else is refused here with the fix, not found out as a connect error."""
     if host is None and port is None and os.environ.get("LEMONADE_BASE_URL"):
-        return os.environ["LEMONADE_BASE_URL"].rstrip("/").removesuffix("/v1").removesuffix("/api/v1")
+        url = os.environ["LEMONADE_BASE_URL"].strip().rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            err_console.print(f"[red]Error:[/red] LEMONADE_BASE_URL must be a URL starting with http:// or https://, "
+                              f"e.g. http://127.0.0.1:{DEFAULT_PORT} (got {url!r}). Fix or unset it.",
+                              highlight=False, markup=True)
+            raise typer.Exit(2)
+        for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
+            url = url.removesuffix(suffix)
+        return url
     host = host or os.environ.get("LEMONADE_HOST") or "127.0.0.1"
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
@@ -51,8 +64,11 @@ class ServerClient:
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def not_running(self) -> typer.Exit:
+        hint = (" An https:// address needs a TLS proxy in front of the server: `lemonade serve` itself speaks "
+                "http://." if self.url.startswith("https://") else "")
         err_console.print(f"[red]No Lemonade server is running at {self.url}.[/red] Start one with "
-                          "[bold]lemonade serve[/bold] (or pass --host/--port, or set LEMONADE_BASE_URL).")
+                          "[bold]lemonade serve[/bold] (or pass --host/--port, or set LEMONADE_BASE_URL)." + hint,
+                          highlight=False)
         return typer.Exit(3)
 
     def is_running(self) -> bool:

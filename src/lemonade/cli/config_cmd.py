@@ -18,7 +18,14 @@ from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail,
 from lemonade.config import Config, ConfigError, parse_cli_value, validate_tree
 
 config_app = typer.Typer(help="Read and change server settings (config.json), through the running server or on "
-                              "disk when none runs.", no_args_is_help=True)
+                              "disk when none runs.")
+
+
+@config_app.callback(invoke_without_command=True)
+def _config(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None) -> None:
+    """`lemonade config` alone shows every setting (as `lemonade config get` does)."""
+    if ctx.invoked_subcommand is None:
+        get(None, host, port)
 
 
 def parse_assignments(pairs: list[str]) -> dict[str, Any]:

@@ -87,6 +87,7 @@ def _register_commands() -> None:
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)
+        importlib.import_module("lemonade.cli.import_cmd").register(app)
 
 
 _register_commands()

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
+from lemonade.catalog.naming import EXTRA, USER, canonical, split
 from lemonade.cli.client import ServerClient, console, err_console
 from lemonade.cli.common import client as server_client
 
@@ -250,26 +251,6 @@ def register(app: typer.Typer) -> None:
         path.write_text(text)
         console.print(f"Exported {body['model_name']} to {path}")
 
-    @app.command("import")
-    def import_model(
-        file: Path = typer.Argument(..., help="A file written by `lemonade export`"),
-        host: str | None = typer.Option(None, help="Server host"),
-        port: int | None = typer.Option(None, help="Server port"),
-    ) -> None:
-        """Register and download the model(s) described by an exported file."""
-        try:
-            body = json.loads(file.read_text())
-        except OSError as exc:
-            err_console.print(f"[red]Error:[/red] cannot read {file}: {exc}")
-            raise typer.Exit(1) from None
-        except ValueError as exc:
-            err_console.print(f"[red]Error:[/red] {file} is not valid JSON: {exc}")
-            raise typer.Exit(1) from None
-        if not isinstance(body, dict) or not isinstance(body.get("model_name"), str):
-            err_console.print(f"[red]Error:[/red] {file} is not an exported model (no 'model_name')")
-            raise typer.Exit(1)
-        run_pull(server_client(host, port, timeout=None), body)
-
 
 # ----- export -----------------------------------------------------------------------------------------
 
@@ -289,16 +270,22 @@ def _normalise(obj: dict[str, Any], options: dict[str, Any] | None) -> dict[str,
 
 def export_body(client: ServerClient, model: str) -> dict[str, Any]:
     obj = client.get(f"/v1/models/{quote(model, safe='')}")
-    if str(obj.get("id", "")).startswith("extra."):
+    if split(str(obj.get("id", "")))[0] == EXTRA or obj.get("source") == "local":
         err_console.print(f"[red]Error:[/red] {obj['id']} is a file of the extra models dir; copy the file "
                           "instead of exporting it")
         raise typer.Exit(1)
     body = _normalise(obj, obj.get("recipe_options"))
+    # Imported, it is registered as a `user.` model, whatever id it is listed under here.
+    body["model_name"] = canonical(USER, split(body["model_name"])[1])
     if obj.get("models"):
         embedded = []
         for comp in obj["models"]:
             saved = client.get(f"/v1/models/{quote(comp['id'], safe='')}/options").get("saved") \
                 if not comp.get("components") else {}
-            embedded.append(_normalise(comp, saved))
+            entry = _normalise(comp, saved)
+            # named as the collection's `components` list names it (the listing may show a bare id)
+            entry["model_name"] = next((n for n in obj.get("components") or [] if split(n)[1] == split(comp["id"])[1]),
+                                       comp["id"])
+            embedded.append(entry)
         body["models"] = embedded
     return body

@@ -161,6 +161,12 @@ class DownloadManager:
 
         constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
         self.jobs.load()
+        for key, job in list(self.jobs.jobs.items()):  # jobs saved under an older id of their model
+            model = self.catalog.find(job.model_name)
+            if model is not None and model.name != job.model_name:
+                del self.jobs.jobs[key]
+                job.model_name = model.name
+                self.jobs.jobs.setdefault(job.id, job)
         if check_updates and not self._offline():
             self.start_update_check()
 
@@ -182,7 +188,7 @@ class DownloadManager:
             for comp_name in model.components or []:
                 comp = self.catalog.find(comp_name)
                 if comp is None:
-                    raise APIError(404, f"Collection {model.name}: component '{comp_name}' is not a known model",
+                    raise APIError(404, f"Collection {model.public}: component '{comp_name}' is not a known model",
                                    code="model_not_found")
                 async for event in self.pull_events(comp, upgrade=upgrade, job=job):
                     yield event
@@ -199,7 +205,7 @@ class DownloadManager:
         if self._offline():
             if downloaded:
                 return
-            raise offline_error(f"download {model.name}")
+            raise offline_error(f"download {model.public}")
         transfer = await self._transfer(model)
         queue = transfer.subscribe(owner=job is not None)
         try:
@@ -220,11 +226,11 @@ class DownloadManager:
         if self.catalog.is_downloaded(model):
             return
         if self._offline():
-            raise offline_error(f"download {model.name}, which is not downloaded yet")
+            raise offline_error(f"download {model.public}, which is not downloaded yet")
         log.info("Model %s is not downloaded; downloading it before loading", model.name)
         async for event in self.pull_events(model, upgrade=False):
             if progress is not None:
-                progress({"phase": "download", "message": f"Downloading {model.name}: {event.get('file', '')}",
+                progress({"phase": "download", "message": f"Downloading {model.public}: {event.get('file', '')}",
                           "percent": event.get("percent")})
 
     async def _transfer(self, model: ModelInfo) -> Transfer:
@@ -239,7 +245,7 @@ class DownloadManager:
                            code="service_unavailable")
         transfer = Transfer(model.name, asyncio.get_running_loop())
         self._transfers[model.name] = transfer
-        thread = threading.Thread(target=self._work, args=(transfer, model), name=f"download {model.name}",
+        thread = threading.Thread(target=self._work, args=(transfer, model), name=f"download {model.public}",
                                   daemon=True)
         thread.start()
         return transfer
@@ -319,29 +325,44 @@ class DownloadManager:
         if isinstance(exc, HubError):
             return hub_api_error(exc)
         if isinstance(exc, DiskFull):
-            return APIError(507, f"Download of {model.name} failed: {exc}", type="server_error",
+            return APIError(507, f"Download of {model.public} failed: {exc}", type="server_error",
                             code="insufficient_storage")
         if isinstance(exc, IntegrityError):
-            return APIError(502, f"Download of {model.name} failed: {exc}", code="download_corrupted")
+            return APIError(502, f"Download of {model.public} failed: {exc}", code="download_corrupted")
         if isinstance(exc, APIError):
             return exc
         log.exception("Unexpected error while downloading %s", model.name, exc_info=exc)
-        return APIError(500, f"Download of {model.name} failed: {exc}", type="server_error", code="download_failed")
+        return APIError(500, f"Download of {model.public} failed: {exc}", type="server_error", code="download_failed")
 
     # ----- server-owned jobs ---------------------------------------------------------------------
+    def _shown(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """A job as clients see it: under its model's public id (the one `/v1/models` lists), while
+        jobs are kept by canonical id, which does not change when another model shadows this one."""
+        model = self.catalog.find(snapshot.get("model_name", ""))
+        if model is not None and "id" in snapshot:
+            snapshot = {**snapshot, "id": job_id(model.public), "model_name": model.public}
+        return snapshot
+
+    def _job_key(self, download_id: str) -> str:
+        """The stored key of a job named by any id of its model (`model:NAME`, NAME as clients know it)."""
+        if download_id in self.jobs.jobs or not download_id.startswith("model:"):
+            return download_id
+        model = self.catalog.find(download_id.removeprefix("model:"))
+        return job_id(model.name) if model is not None else download_id
+
     def list_jobs(self) -> list[dict[str, Any]]:
-        return [job.snapshot() for job in self.jobs.visible()]
+        return [self._shown(job.snapshot()) for job in self.jobs.visible()]
 
     def start_job(self, model: ModelInfo) -> dict[str, Any]:
         """Start (or resume) the server-owned download of `model`; returns its snapshot at once."""
         current = self.jobs.jobs.get(job_id(model.name))
         if current is not None and current.running and not current.requested:
-            return current.snapshot()
+            return self._shown(current.snapshot())
         job = Job(model.name, status="downloading", running=True)
         self.jobs.jobs[job.id] = job
         job.task = asyncio.create_task(self._run_job(job, model, previous=current))
         self.jobs.save()
-        return job.snapshot()
+        return self._shown(job.snapshot())
 
     async def _run_job(self, job: Job, model: ModelInfo, previous: Job | None) -> None:
         if previous is not None and previous.task is not None and not previous.task.done():
@@ -377,13 +398,14 @@ class DownloadManager:
 
     def control(self, download_id: str, action: str) -> dict[str, Any]:
         """`/v1/downloads/control`: pause, cancel or remove a job (see the spec for the semantics)."""
+        download_id = self._job_key(download_id)
         job = self.jobs.jobs.get(download_id)
         if action == "remove":
             if job is None:
                 return {"status": "ok", "missing": True}
             if job.running:
                 self._stop_job(job, "cancel")  # stays listed until its worker has stopped
-                return job.snapshot()
+                return self._shown(job.snapshot())
             del self.jobs.jobs[download_id]
             self.jobs.save()
             return {"status": "ok"}
@@ -391,13 +413,13 @@ class DownloadManager:
             raise APIError(404, f"No download job '{download_id}'. GET /v1/downloads lists the jobs.",
                            code="download_not_found")
         if job.status in ("completed", "error") and not job.running:
-            return job.snapshot()  # a finished job is left as it is
+            return self._shown(job.snapshot())  # a finished job is left as it is
         if job.running:
             self._stop_job(job, action)
         elif action == "cancel":
             job.status = "cancelled"  # a paused job can still be given up
             self.jobs.save()
-        return job.snapshot()
+        return self._shown(job.snapshot())
 
     # ----- files ---------------------------------------------------------------------------------
     def known_files(self, model: ModelInfo) -> dict[str, list[Path]]:

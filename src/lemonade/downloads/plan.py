@@ -42,14 +42,14 @@ def plan_model(model: ModelInfo, cache: Path) -> list[PlannedFile]:
         chosen = match_variant(listing.paths(), ckpt.variant)
         if not chosen:
             if ckpt.variant and is_exact_file_variant(ckpt.variant):
-                raise HubError(404, f"Model {model.name}: file '{ckpt.variant}' ({role}) is not in repository "
+                raise HubError(404, f"Model {model.public}: file '{ckpt.variant}' ({role}) is not in repository "
                                     f"{ckpt.repo}")
             known = available_variants(listing.paths())
             hint = f" Available variants: {', '.join(known)}." if known else " It holds no GGUF variants."
-            raise HubError(404, f"Model {model.name}: repository {ckpt.repo} has no files for variant "
+            raise HubError(404, f"Model {model.public}: repository {ckpt.repo} has no files for variant "
                                 f"'{ckpt.variant}' ({role}).{hint}")
         if missing_shards(chosen):
-            raise HubError(404, f"Model {model.name}: the shard set for '{text}' is incomplete in {ckpt.repo}")
+            raise HubError(404, f"Model {model.public}: the shard set for '{text}' is incomplete in {ckpt.repo}")
         folder = repo_folder(cache, ckpt.repo, model.source)
         for path in chosen:
             if (ckpt.repo, path) in seen:

@@ -88,5 +88,5 @@ def refuse_oversized_prompt(lm: LoadedModel, body: dict[str, Any] | None) -> Non
     chars = sum(_text_size(body.get(key)) for key in ("messages", "prompt", "input"))
     if chars > ctx * MAX_CHARS_PER_TOKEN:
         raise EngineError(400, f"The request's text ({chars} characters) cannot fit the {ctx}-token context "
-                          f"{lm.name} is loaded with. Shorten it, or load the model with a larger ctx_size.",
+                          f"{lm.model.public} is loaded with. Shorten it, or load the model with a larger ctx_size.",
                           code="context_length_exceeded")

@@ -12,6 +12,7 @@ import json
 import logging
 import shlex
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,27 @@ class RecipeOptions:
         self._lock = threading.Lock()
         raw = read_json(self.path, {})
         self._saved: dict[str, dict[str, Any]] = raw if isinstance(raw, dict) else {}
+
+    def migrate_keys(self, canonical_key: Callable[[str], str | None]) -> int:
+        """Rewrite keys written under an older naming to the model's canonical id, in one atomic write
+        (guide-configuration-custom-models.md: a bare key naming a built-in becomes `builtin.NAME`;
+        this server's old `extra.<file>.gguf` ids become `extra.<stem>`). Keys naming nothing known
+        are kept as they are, and a key whose canonical form is already present is left alone."""
+        with self._lock:
+            renamed: dict[str, Any] = {}
+            moved = 0
+            for key, value in self._saved.items():
+                target = canonical_key(key)
+                if target and target != key and target not in self._saved and target not in renamed:
+                    renamed[target] = value
+                    moved += 1
+                else:
+                    renamed.setdefault(key, value)
+            if moved:
+                atomic_write_json(self.path, renamed)
+                self._saved = renamed
+                log.info("Migrated %d key(s) of %s to canonical model ids", moved, self.path)
+            return moved
 
     def saved(self, model_name: str) -> dict[str, Any]:
         return dict(self._saved.get(model_name, {}))

@@ -59,7 +59,7 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
     keep = status < 500 and isinstance(code, str) and code
-    return EngineError(status, f"{lm.name}: {message}", code=code if keep else "backend_error")
+    return EngineError(status, f"{lm.model.public}: {message}", code=code if keep else "backend_error")
 
 
 class EngineUnreachable(EngineError):
@@ -69,10 +69,10 @@ class EngineUnreachable(EngineError):
 def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
     code = lm.server.proc.returncode if lm.server.proc else None
     if code is not None:
-        return EngineUnreachable(502, f"The engine for {lm.name} exited (code {code}) while answering; it is "
+        return EngineUnreachable(502, f"The engine for {lm.model.public} exited (code {code}) while answering; it is "
                                  "started again on the next request", type="server_error", code="backend_crashed")
-    return EngineUnreachable(502, f"Lost the connection to the engine for {lm.name}: {exc}", type="server_error",
-                             code="backend_unreachable")
+    return EngineUnreachable(502, f"Lost the connection to the engine for {lm.model.public}: {exc}",
+                             type="server_error", code="backend_unreachable")
 
 
 def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
@@ -102,7 +102,7 @@ class Proxy:
         if body is None:
             return
         tokens_in, tokens_out = self.stats.record_llamacpp(body)
-        self.metrics.record_inference(model.name, endpoint, tokens_in, tokens_out)
+        self.metrics.record_inference(model.public, endpoint, tokens_in, tokens_out)
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
                     raw: bytes | FileBody | Framed | None = None, content_type: str = "application/json") -> bytes:

@@ -99,7 +99,7 @@ class LoadedModel:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model_name": self.model.name,
+            "model_name": self.model.public,
             "checkpoint": self.model.checkpoint,
             "last_use": self.last_use,
             "type": self.model.type,
@@ -200,7 +200,7 @@ class Router:
     def engine_for(self, model: ModelInfo) -> Engine:
         engine = self.engines.get(model.recipe)
         if engine is None or not engine.available:
-            raise APIError(400, f"Model {model.name} uses recipe '{model.recipe}', whose engine is not available in "
+            raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
                            "this server yet.", code="model_load_refused")
         return engine
 
@@ -267,7 +267,7 @@ class Router:
     async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
         """Like `use` for a model already picked (e.g. the most recently used one)."""
         if not lm.usable:
-            raise APIError(404, f"Model {lm.name} was unloaded while the request waited for it")
+            raise APIError(404, f"Model {lm.model.public} was unloaded while the request waited for it")
         self._take(lm)
         try:
             yield lm
@@ -411,8 +411,9 @@ class Router:
         leaving = any(lm.model.type == mtype for lm in self._retiring)
         if not candidates:
             if mtype not in self._loading.values() and not leaving:
-                err = APIError(409, f"Cannot load {w.model.name}: all {self.limit_for(mtype)} {mtype} slot(s) are held "
-                               f"by pinned models ({', '.join(lm.name for lm in same)}). Unload one, or raise "
+                err = APIError(409, f"Cannot load {w.model.public}: all {self.limit_for(mtype)} {mtype} slot(s) are "
+                               f"held by pinned models ({', '.join(lm.model.public for lm in same)}). Unload one, "
+                               "or raise "
                                "max_loaded_models.", type="conflict", code="slots_pinned_error")
                 self._fail_waiters(w.model.name, err)
             return
@@ -457,7 +458,7 @@ class Router:
             lm = await self._start(model, options() if callable(options) else options, bool(pinned))
         except BaseException as exc:
             self._loading.pop(model.name, None)
-            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load {model.name}: {exc}",
+            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load {model.public}: {exc}",
                                                                   type="server_error", code="model_load_error")
             self._fail_waiters(model.name, err)
             self._dispatch()
@@ -485,14 +486,14 @@ class Router:
         log.info("Loading %s (%s, %s backend %s)", model.name, model.type, engine.recipe, backend)
         listener = load_progress.get()
         if listener is not None:
-            listener({"phase": "load", "message": f"Starting {engine.process} for {model.name}", "percent": None})
+            listener({"phase": "load", "message": f"Starting {engine.process} for {model.public}", "percent": None})
         started = time.perf_counter()
         try:
             launch = await engine.launch(model, files, options, backend, free_port())
         except EngineUnavailable as exc:
             raise APIError(400, str(exc), code=exc.code) from None
         except BackendStartError as exc:
-            raise APIError(500, f"Failed to load {model.name}: {exc}", type="server_error",
+            raise APIError(500, f"Failed to load {model.public}: {exc}", type="server_error",
                            code="model_load_error") from None
         elapsed = time.perf_counter() - started
         lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed)
@@ -504,10 +505,10 @@ class Router:
     def _crashed(self, lm: LoadedModel, code: int) -> None:
         if self.loaded.get(lm.name) is lm:
             del self.loaded[lm.name]
-            self.crashed[lm.name] = {"model_name": lm.name, "pid": lm.server.pid, "exit_code": code,
+            self.crashed[lm.name] = {"model_name": lm.model.public, "pid": lm.server.pid, "exit_code": code,
                                      "time": time.time(), "pinned": lm.pinned,
-                                     "message": f"{lm.engine.process} for {lm.name} exited with code {code}; it is "
-                                                "started again on the next request"}
+                                     "message": f"{lm.engine.process} for {lm.model.public} exited with code "
+                                                f"{code}; it is started again on the next request"}
             self._on_change()
             self._dispatch()
 

@@ -336,14 +336,23 @@ def _sse(kind: str, data: dict[str, Any]) -> bytes:
 
 
 class EventWriter:
-    """Turns OpenAI stream deltas into Anthropic events, one content block open at a time."""
+    """Turns OpenAI stream deltas into Anthropic events, one content block open at a time.
+
+    A tool call arrives from llama-server in fragments (id and name first, then pieces of the
+    arguments). It is held until it is complete (the next call, text, or the end), then sent as one
+    `tool_use` block: its start names the tool, its `input_json_delta`s are the engine's argument
+    pieces in order, which concatenate to the call's JSON object (`{}` for a call without arguments,
+    the non-streamed answer's input when the engine's text is not a whole object).
+    Holding it means a block is never started without its name or left for text in between.
+    """
 
     def __init__(self, model: str, tr: Translation) -> None:
         self.model = model
         self.tr = tr
         self.index = -1
         self.open: str | None = None          # "thinking", "text" or "tool:<n>"
-        self.tool_blocks: dict[int, int] = {}  # OpenAI tool call index -> block index
+        self.tool_blocks: dict[int, int] = {}  # OpenAI tool call index -> block index (sent calls)
+        self.pending: dict[int, dict[str, Any]] = {}  # calls being received: id, name, argument pieces
         self.finish: str | None = None
         self.verbose: dict[str, Any] | None = None
         self.last: dict[str, Any] = {}
@@ -374,6 +383,8 @@ class EventWriter:
                 self.last[key] = data[key]
         for choice in (data.get("choices") or [])[:1]:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content") or delta.get("content"):
+                out += self._flush_tools()
             if delta.get("reasoning_content"):
                 if self.open != "thinking":
                     out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
@@ -385,21 +396,43 @@ class EventWriter:
                 out.append(_sse("content_block_delta", {"index": self.index, "delta": {
                     "type": "text_delta", "text": delta["content"]}}))
             for frag in delta.get("tool_calls") or []:
-                n = int(frag.get("index", len(self.tool_blocks)))
+                n = int(frag.get("index", len(self.tool_blocks) + len(self.pending)))
+                if n not in self.pending:
+                    out += self._flush_tools()  # calls come one after another: the previous one is complete
+                call = self.pending.setdefault(n, {"id": None, "name": "", "args": []})
                 fn = frag.get("function") or {}
-                if n not in self.tool_blocks:
-                    out += self._open(f"tool:{n}", {"type": "tool_use", "id": frag.get("id") or new_id("toolu"),
-                                                    "name": fn.get("name") or "", "input": {}})
-                    self.tool_blocks[n] = self.index
+                call["id"] = call["id"] or frag.get("id")
+                call["name"] += fn.get("name") or ""
                 if fn.get("arguments"):
-                    out.append(_sse("content_block_delta", {"index": self.tool_blocks[n], "delta": {
-                        "type": "input_json_delta", "partial_json": fn["arguments"]}}))
+                    call["args"].append(fn["arguments"])
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
         return out
 
+    def _flush_tools(self) -> list[bytes]:
+        out: list[bytes] = []
+        for n in sorted(self.pending):
+            call = self.pending[n]
+            out += self._open(f"tool:{n}", {"type": "tool_use", "id": call["id"] or new_id("toolu"),
+                                            "name": call["name"], "input": {}})
+            self.tool_blocks[n] = self.index
+            text = "".join(call["args"])
+            try:
+                whole = isinstance(jsonparse.loads(text), dict)
+            except ValueError:
+                whole = False
+            # The engine's pieces when they add up to an object; else (cut off by max_tokens, no
+            # arguments) the input the non-streamed answer would carry, in one piece.
+            pieces = call["args"] if whole else [json.dumps(tool_input(text, call["name"]), ensure_ascii=False)]
+            for piece in pieces:
+                out.append(_sse("content_block_delta", {"index": self.index, "delta": {
+                    "type": "input_json_delta", "partial_json": piece}}))
+            out += self._close()
+        self.pending.clear()
+        return out
+
     def end(self) -> list[bytes]:
-        out = self._close()
+        out = self._flush_tools() + self._close()
         if self.index < 0:  # nothing was generated: still one (empty) text block, as Anthropic sends
             out += self._open("text", {"type": "text", "text": ""}) + self._close()
         reason, sequence = stop_reason(self.finish, self.verbose, self.tr.stop_sequences, bool(self.tool_blocks))

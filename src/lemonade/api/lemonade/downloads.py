@@ -14,9 +14,10 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import StreamingResponse
 
-from lemonade.api.errors import APIError, bad_request
+from lemonade.api.errors import APIError, bad_request, registration_error
 from lemonade.api.lemonade.protocol import DeleteRequest, DownloadControlRequest, PullRequest
 from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
+from lemonade.catalog.naming import reserved_problem
 from lemonade.checkpoints.variants import parse_checkpoint
 from lemonade.downloads import search as registry_search
 from lemonade.downloads.hub import HubError, canonical_source, list_repo, split_repo_url
@@ -47,9 +48,9 @@ def _source(svc: Services, body: dict[str, Any]) -> str | None:
             try:
                 values.append(canonical_source(body[key]))
             except ValueError as exc:
-                raise bad_request(str(exc).replace("'source'", f"'{key}'")) from None
+                raise registration_error(str(exc).replace("'source'", f"'{key}'")) from None
     if len(set(values)) > 1:
-        raise bad_request("'source' and 'registry_source' name different registries; give one of them")
+        raise registration_error("'source' and 'registry_source' name different registries; give one of them")
     return values[0] if values else None
 
 
@@ -63,7 +64,7 @@ def _normalise_checkpoints(body: dict[str, Any], source: str | None) -> str | No
             return text
         repo, found = split_repo_url(text)
         if source is not None and found != source:
-            raise bad_request(f"Checkpoint URL '{text}' is on {found}, but 'source' is '{source}'")
+            raise registration_error(f"Checkpoint URL '{text}' is on {found}, but 'source' is '{source}'")
         url_source = found
         return repo
 
@@ -78,11 +79,11 @@ def _recipe_options(svc: Services, model_name: str, recipe: str, raw: Any) -> di
     if raw is None or raw == {}:
         return {}
     if not isinstance(raw, dict):
-        raise bad_request(f"Model '{model_name}': 'recipe_options' must be an object")
+        raise registration_error(f"Model '{model_name}': 'recipe_options' must be an object")
     try:
         return svc.options.parse_request(recipe, raw)
     except OptionsError as exc:
-        raise bad_request(f"Model '{model_name}': {exc}") from None
+        raise registration_error(f"Model '{model_name}': {exc}") from None
 
 
 async def _register(svc: Services, body: dict[str, Any], name: str, source: str | None) -> ModelInfo:
@@ -96,7 +97,7 @@ async def _register(svc: Services, body: dict[str, Any], name: str, source: str 
     try:
         candidate = svc.catalog.validate_registration(reg)
     except RegistrationError as exc:
-        raise bad_request(str(exc)) from None
+        raise registration_error(str(exc)) from None
     saved_options = _recipe_options(svc, name, candidate.recipe, body.get("recipe_options"))
     if not candidate.is_collection:
         try:  # a definition whose files do not exist is refused before anything is registered
@@ -108,7 +109,7 @@ async def _register(svc: Services, body: dict[str, Any], name: str, source: str 
     try:
         model = svc.catalog.register(reg)
     except RegistrationError as exc:
-        raise bad_request(str(exc)) from None
+        raise registration_error(str(exc)) from None
     if saved_options:
         svc.options.merge_saved(model.name, saved_options)
     for definition in embedded_new:  # components created from an exported file keep their options
@@ -153,9 +154,9 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
     registering = any(body.get(k) is not None for k in REGISTRATION_KEYS) and not (
         existing is not None and existing.origin in ("builtin", "extra"))
     if registering:
-        if name.startswith(("extra.", "builtin.")):
-            raise bad_request(f"Model '{name}': the 'extra.' and 'builtin.' prefixes are reserved; register new "
-                              f"models as 'user.<name>'")
+        problem = reserved_problem(name)
+        if problem:
+            raise registration_error(problem)
         model = await _register(svc, body, name, source)
     elif existing is None:
         raise APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and 'checkpoint' "
@@ -165,7 +166,7 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
         model = existing
     downloaded = svc.catalog.is_downloaded(model)
     if svc.offline and not downloaded:
-        raise offline_error(f"download {model.name}")
+        raise offline_error(f"download {model.public}")
     if stream and not subscribe:
         return svc.downloads.start_job(model)
     events = svc.downloads.pull_events(model, upgrade=upgrade)
@@ -178,7 +179,9 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     async for _event in events:
         pass
-    return {"status": "success", "message": f"Installed model: {model.name}", "model_name": model.name}
+    # The message names the model as the request did (the spec's examples: `user.X` registered, a
+    # built-in by its name); `model_name` is its public id, as /v1/models lists it.
+    return {"status": "success", "message": f"Installed model: {name}", "model_name": model.public}
 
 
 @router.get("/downloads")
@@ -261,13 +264,14 @@ async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
     svc = _services(request)
     model = svc.resolve(body.model_name)
     if not await svc.delete_model(model):
-        raise bad_request(f"Model {model.name} is not downloaded; there is nothing to delete",
+        raise bad_request(f"Model {model.public} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")
-    return {"status": "success", "message": f"Deleted model: {model.name}"}
+    return {"status": "success", "message": f"Deleted model: {body.model_name}"}  # as the request names it
 
 
 @router.post("/models/check-updates")
 async def check_updates(request: Request) -> dict[str, Any]:
     svc = _services(request)
-    models = await svc.downloads.check_updates()
+    found = [svc.catalog.find(name) for name in await svc.downloads.check_updates()]
+    models = sorted(m.public for m in found if m is not None)
     return {"status": "success", "updates_available": len(models), "models": models}

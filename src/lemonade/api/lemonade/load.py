@@ -34,7 +34,7 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
     """Resolve the model, check its options and return the work that performs the load."""
     model = svc.resolve(body.model_name)
     pinned = body.pinned
-    done = {"status": "success", "message": f"Loaded model: {model.name}"}
+    done = {"status": "success", "message": f"Loaded model: {model.public}"}
     if model.is_collection:
         components = [svc.resolve(comp) for comp in model.components or []]
 
@@ -80,7 +80,7 @@ async def unload(request: Request, body: UnloadRequest | None = Body(None, examp
         return {"status": "success", "message": "Model unloaded successfully"}
     model = svc.catalog.find(name)
     target = model.name if model else name
-    names = [target] if not (model and model.is_collection) else list(model.components or [])
+    names = [target] if not (model and model.is_collection) else svc.component_names(model)
     unloaded = []
     for n in names:
         unloaded += await svc.router.unload(n)

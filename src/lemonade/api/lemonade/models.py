@@ -27,7 +27,7 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
     except RegistrationError as exc:
         raise bad_request(str(exc)) from None
     obj = model_object(svc, model)
-    return {"status": "success", "model_name": model.name, "canonical_model_name": model.name,
+    return {"status": "success", "model_name": model.public, "canonical_model_name": model.name,
             "model": {"id": obj["id"], "recipe": obj["recipe"], "downloaded": obj["downloaded"]}}
 
 
@@ -35,12 +35,12 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
 
 def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effective: dict[str, Any],
                  base_url_key: bool) -> dict[str, Any]:
-    body = {"model_name": model.name, **effective}
-    defaults = {"model_name": model.name, **svc.options.resolve(model.name, model.recipe, saved={})}
+    body = {"model_name": model.public, **effective}
+    defaults = {"model_name": model.public, **svc.options.resolve(model.name, model.recipe, saved={})}
     payload = json.dumps(dict(sorted(body.items())), separators=(",", ":")).replace("'", "'\\''")
     auth = ' -H "Authorization: Bearer $LEMONADE_API_KEY"' if base_url_key else ""
     view: dict[str, Any] = {
-        "model_name": model.name,
+        "model_name": model.public,
         "recipe": model.recipe,
         "saved": saved,
         "effective": dict(sorted(body.items())),
@@ -57,7 +57,7 @@ def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effecti
 def _model_for_options(svc: Services, model_id: str) -> ModelInfo:
     model = svc.resolve(model_id)
     if model.is_collection:
-        raise bad_request(f"Model {model.name} is a collection; set options on each component instead")
+        raise bad_request(f"Model {model.public} is a collection; set options on each component instead")
     return model
 
 
@@ -113,4 +113,4 @@ async def model_files(request: Request, model_id: str, include_paths: bool = Que
             if include_paths:
                 entry = {"name": path.name, "path": str(path.absolute()), **entry}
             entries.append(entry)
-    return {"model_id": model.name, "files": entries}
+    return {"model_id": model.public, "files": entries}

@@ -23,11 +23,12 @@ def services(request: Request) -> Services:
 async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
     view = text_view(request.scope, svc)
+    last = svc.router.last_used_name
     loaded = [{**m, "launch_command": [view(arg) for arg in m["launch_command"]]} for m in svc.router.describe()]
     body: dict[str, Any] = {
         "status": "ok",
         "version": __version__,
-        "model_loaded": svc.router.last_used_name if svc.router.last_used_name in svc.router.loaded else
+        "model_loaded": svc.router.loaded[last].model.public if last in svc.router.loaded else
         (loaded[0]["model_name"] if loaded else None),
         "all_models_loaded": loaded,
         "pinned_models": svc.router.pinned_counts(),

@@ -50,7 +50,7 @@ def _llamacpp_target(svc: Services, endpoint: str) -> LoadedModel:
         raise APIError(400, "No model is loaded. Load a llama.cpp model first (POST /v1/load or any chat request).",
                        code="no_model_loaded")
     if endpoint not in lm.engine.endpoints:
-        raise APIError(400, f"The most recently used model {lm.name} is not a llama.cpp model",
+        raise APIError(400, f"The most recently used model {lm.model.public} is not a llama.cpp model",
                        code="invalid_argument")
     return lm
 
@@ -66,7 +66,7 @@ async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
         await svc.router.ensure_loaded(model, options)
     data = await p.post_json(model, "/v1/rerank", payload, "rerank")
     results = sorted(data.get("results", []), key=lambda r: r.get("relevance_score", 0), reverse=True)
-    return {"model": model.name, "object": "list", "results": results, "usage": data.get("usage", {})}
+    return {"model": model.public, "object": "list", "results": results, "usage": data.get("usage", {})}
 
 
 for _path in ("/rerank", "/reranking", "/reranker"):

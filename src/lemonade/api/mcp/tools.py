@@ -236,7 +236,7 @@ async def list_models(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     suggested: list[dict[str, Any]] = []
     for model in svc.catalog.all():
         downloaded = svc.catalog.is_downloaded(model)
-        entry: dict[str, Any] = {"model_name": model.name, "recipe": model.recipe, "type": model.type,
+        entry: dict[str, Any] = {"model_name": model.public, "recipe": model.recipe, "type": model.type,
                                  "labels": list(model.labels)}
         if model.size:
             entry["size_gb"] = model.size
@@ -270,7 +270,7 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     try:
         data = await svc.proxy.post_json(model, "/v1/chat/completions", body, "chat/completions")
     except APIError as exc:
-        raise ToolError(f"Chat with {model.name} failed: {exc.message}") from None
+        raise ToolError(f"Chat with {model.public} failed: {exc.message}") from None
     choice = (data.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content = message.get("content") or ""
@@ -358,7 +358,7 @@ async def transcribe_audio(svc: Services, args: dict[str, Any]) -> dict[str, Any
             check_audio(svc, model, head)
             result = await transcribe(svc, model, body, params)
         except APIError as exc:
-            raise ToolError(f"Transcription with {model.name} failed: {exc.message}") from None
+            raise ToolError(f"Transcription with {model.public} failed: {exc.message}") from None
     full, _media_type = shaped(result, fmt)
     return result_blocks(str(result.get("text", "")), full)
 
@@ -382,7 +382,7 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     name = args.get("model") or DEFAULT_OMNI_MODEL
     model = svc.catalog.find(name)
     if model is not None and not model.is_collection:
-        raise ToolError(f"Model {model.name} is not a collection.omni model; use lemonade_chat for a plain LLM.")
+        raise ToolError(f"Model {model.public} is not a collection.omni model; use lemonade_chat for a plain LLM.")
     if model is None and args.get("model"):
         raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")
     raise ToolError(f"lemonade_omni cannot run: Omni collection orchestration ({name}) is not available in this "

@@ -117,7 +117,7 @@ async def _pull_lines(downloads: Any, model: ModelInfo) -> AsyncIterator[bytes]:
         return
     except Exception as exc:  # noqa: BLE001 - the stream has started; report instead of cutting it
         log.exception("Pull of %s failed", model.name)
-        yield tr.ndjson_line({"error": f"pull of {model.name} failed: {exc}"})
+        yield tr.ndjson_line({"error": f"pull of {model.public} failed: {exc}"})
         return
     for status in ("verifying sha256 digest", "writing manifest", "success"):
         yield tr.ndjson_line({"status": status})

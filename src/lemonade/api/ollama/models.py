@@ -40,7 +40,7 @@ FAR_FUTURE = "2318-01-01T00:00:00Z"  # Ollama's expires_at for a model kept load
 
 def tagged(model: ModelInfo) -> str:
     """The name as Ollama lists it: with its default tag."""
-    return model.name + DEFAULT_TAG
+    return model.public + DEFAULT_TAG
 
 
 def resolve(svc: Services, name: str) -> ModelInfo:
@@ -100,7 +100,7 @@ def _modified_at(files: dict[str, list[Path]] | None) -> str:
 
 def _digest(model: ModelInfo, files: dict[str, list[Path]] | None) -> str:
     """A stable 64-hex identity: the name, checkpoint and the files' sizes."""
-    h = hashlib.sha256(f"{model.name}\0{model.checkpoint}".encode())
+    h = hashlib.sha256(f"{model.public}\0{model.checkpoint}".encode())
     for role in sorted(files or {}):
         for path in (files or {})[role]:
             try:
@@ -130,7 +130,7 @@ def _parameter_size(meta: dict[str, Any], model: ModelInfo) -> str:
     count = meta.get("general.parameter_count")
     if isinstance(count, int) and count > 0:
         return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
-    found = SIZE_RE.findall(model.name)
+    found = SIZE_RE.findall(model.bare)
     return f"{found[-1][0]}{found[-1][1].upper()}" if found else ""
 
 
@@ -212,6 +212,6 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
 
 async def unload(svc: Services, model: ModelInfo) -> None:
     """Stop the model's engine (a collection's components), if it is loaded."""
-    names = list(model.components or []) if model.is_collection else [model.name]
+    names = svc.component_names(model) if model.is_collection else [model.name]
     for name in names:
         await svc.router.unload(name)

@@ -63,7 +63,7 @@ def _chat_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
 
 def _require_vision(svc: Services, model: ModelInfo, where: str) -> None:
     if not svc.accepts_images(model):
-        raise APIError(400, f"Invalid value for '{where}': model {model.name} does not accept images (it has no "
+        raise APIError(400, f"Invalid value for '{where}': model {model.public} does not accept images (it has no "
                        "vision projector); use a vision model", code="invalid_argument")
 
 

@@ -64,7 +64,7 @@ async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, p
     `content_type`: the audio's, as the client said it (an engine may pass it on)."""
     path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
     result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
-    svc.metrics.record_inference(model.name, "audio/transcriptions", None, None)
+    svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
     return result
 
 
@@ -118,7 +118,7 @@ def check_audio(svc: Services, model: ModelInfo, head: bytes) -> str:
     engine = svc.engines.get(model.recipe)
     accepted = engine.audio_formats if engine is not None else formats.FORMATS
     if kind not in accepted:
-        raise APIError(400, f"Invalid value for 'file': {model.name} (recipe '{model.recipe}') reads "
+        raise APIError(400, f"Invalid value for 'file': {model.public} (recipe '{model.recipe}') reads "
                        f"{', '.join(accepted)} audio, not {kind}; convert the file or use another model",
                        code="unsupported_audio_format")
     return kind

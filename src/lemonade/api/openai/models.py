@@ -26,7 +26,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     files = svc.catalog.local_files(model) if not model.is_collection else None
     downloaded = files is not None if not model.is_collection else svc.catalog.is_downloaded(model)
     obj: dict[str, Any] = {
-        "id": model.name,
+        "id": model.public,
         "created": model.created,
         "object": "model",
         "owned_by": "lemonade",
@@ -69,7 +69,20 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
         obj = model_object(svc, model, include_paths=include_paths)
         if show_all or obj["downloaded"]:
             data.append(obj)
+    for alias in sorted(svc.catalog.aliases()):  # guide-configuration-custom-models.md: listed on their own
+        target = svc.catalog.alias_of(alias)
+        if target is not None:
+            obj = alias_object(svc, alias, target, include_paths)
+            if show_all or obj["downloaded"]:
+                data.append(obj)
     return {"object": "list", "data": data}
+
+
+def alias_object(svc: Services, alias: str, target: ModelInfo, include_paths: bool = False,
+                 with_components: bool = False) -> dict[str, Any]:
+    """An alias as its own entry: the target's object under the alias's id (`alias_target` names it)."""
+    obj = model_object(svc, target, with_components=with_components, include_paths=include_paths)
+    return {"id": alias, **{k: v for k, v in obj.items() if k != "id"}, "alias_target": target.public}
 
 
 @router.get("/models/{model_id}")
@@ -77,7 +90,9 @@ async def get_model(request: Request, model_id: str,
                     include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = svc.resolve(model_id)
-    obj = model_object(svc, model, with_components=True, include_paths=include_paths)
+    target = svc.catalog.alias_of(model_id)
+    obj = (alias_object(svc, model_id, target, include_paths, with_components=True) if target is not None
+           else model_object(svc, model, with_components=True, include_paths=include_paths))
     saved = svc.options.saved(model.name)
     if saved:
         obj["recipe_options"] = saved

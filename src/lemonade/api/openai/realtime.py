@@ -291,7 +291,7 @@ class RealtimeSession:
             try:
                 result = await transcribe(self.svc, model, wav_header(len(job.pcm)) + job.pcm, params, "audio/wav")
             except APIError as exc:
-                log.warning("Realtime transcription with %s failed: %s", model.name, exc.message)
+                log.warning("Realtime transcription with %s failed: %s", model.public, exc.message)
                 if job.final:
                     self.committed.discard(job.item_id)
                     await self.error(exc, item_id=job.item_id)

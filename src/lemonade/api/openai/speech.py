@@ -81,7 +81,7 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
     path = svc.engine_path(model, "audio/speech")
     engine = svc.engines.get(model.recipe)
     if not isinstance(engine, SpeechEngine):
-        raise APIError(400, f"Model {model.name} (recipe '{model.recipe}') does not serve /audio/speech",
+        raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /audio/speech",
                        code="invalid_argument")
     low, high = engine.speed_range
     if not low <= body.speed <= high:
@@ -103,5 +103,5 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
         if 400 <= exc.status < 500:  # the worker refused the request (an unknown voice, text it cannot speak)
             raise APIError(exc.status, exc.message, code="invalid_argument") from None
         raise
-    svc.metrics.record_inference(model.name, "audio/speech", None, None)
+    svc.metrics.record_inference(model.public, "audio/speech", None, None)
     return response
