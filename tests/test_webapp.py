@@ -254,7 +254,7 @@ def test_load_pin_unload(server, page):
 
 
 def test_search_variants_pull_with_progress_then_listed(server, page, hub):
-    name = "user.gemma-3-270m-GGUF-Q4_K_M"
+    name = "gemma-3-270m-GGUF-Q4_K_M"  # pulled as user.gemma-3-270m-GGUF-Q4_K_M, listed by its bare name
     hub.throttle(25_000_000, path=fx.GEMMA_FILE)  # about 10 s: progress is seen on its way up
     page.goto(server.url + "/#/models")
     page.get_by_label("Registry search").fill("gemma")
@@ -291,7 +291,7 @@ def test_search_variants_pull_with_progress_then_listed(server, page, hub):
 def test_reload_mid_download_keeps_the_job_then_pause_resume_cancel_remove(server, page, hub):
     repo = "test-org/gemma-webapp-GGUF"
     hub.clone_repo(fx.GEMMA_REPO, repo)
-    name = "user.gemma-webapp-GGUF-Q4_K_M"
+    name = "gemma-webapp-GGUF-Q4_K_M"  # registered as user.gemma-webapp-GGUF-Q4_K_M, listed bare
     hub.throttle(2_000_000, path=fx.GEMMA_FILE)  # two minutes for the whole file: it is in flight
     page.goto(server.url + "/#/models")
     page.get_by_label("Registry search").fill("gemma-webapp")
