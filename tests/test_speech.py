@@ -180,6 +180,36 @@ def test_piper_speech_is_heard_back_by_whisper(client, http):
     assert loaded[PIPER]["type"] == "tts" and loaded[PIPER]["recipe"] == "piper"
 
 
+def test_piper_speech_round_trips_through_the_realtime_websocket(server, client, tmp_path):
+    """TTS -> STT over the realtime API: Piper's speech, resampled to 16 kHz PCM16 by sox and sent in
+    85 ms `input_audio_buffer.append` chunks, comes back as the same words (manual commit, so the
+    several sentences are one turn; the VAD's events are tested in test_realtime.py)."""
+    import asyncio
+    import subprocess
+
+    from tests.speech import pcm16
+    from tests.test_realtime import TRANSCRIPTION, recv, send, session, stream, until, ws_url
+
+    spoken = tmp_path / "piper.wav"
+    spoken.write_bytes(client.audio.speech.create(model=PIPER, voice="alloy", input=TEXT,
+                                                  response_format="wav").content)
+    resampled = tmp_path / "piper-16k.wav"
+    subprocess.run(["sox", str(spoken), "-r", "16000", "-c", "1", "-b", "16", str(resampled)], check=True)
+    pcm = pcm16(resampled)
+
+    async def run() -> list[dict]:
+        async with session(ws_url(server, model=WHISPER)) as ws:
+            await send(ws, "session.update", session={"turn_detection": None})
+            assert (await recv(ws))["type"] == "session.updated"
+            await stream(ws, pcm, pace=0)
+            await send(ws, "input_audio_buffer.commit")
+            return await until(ws, f"{TRANSCRIPTION}.completed", timeout=300)
+
+    events = asyncio.run(run())
+    assert [e["type"] for e in events] == ["input_audio_buffer.committed", f"{TRANSCRIPTION}.completed"]
+    assert word_error_rate(TEXT, events[-1]["transcript"]) <= 0.10, events[-1]["transcript"]
+
+
 def test_piper_streams_pcm_sentence_by_sentence(client):
     """`stream_format: "audio"` through `with_streaming_response`: 24 kHz PCM in several chunks that,
     put together, say the text."""
