@@ -8,29 +8,17 @@ tokenizer.json, vocabulary.*), e.g. `Systran/faster-whisper-tiny.en` on Hugging 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.audio.formats import FORMATS
-from lemonade.backends.base import WrappedServer
-from lemonade.backends.engine import (
-    BackendState,
-    Engine,
-    EngineUnavailable,
-    InstallError,
-    Launch,
-    Option,
-    Progress,
-)
-from lemonade.backends.venv_install import VenvBackend
+from lemonade.backends.engine import EngineUnavailable, Launch, Option
+from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
-    from lemonade.config import Config
     from lemonade.model_info import ModelInfo
 
 FASTER_WHISPER_VERSION = "1.2.1"
-PACKAGES = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)
 WORKER = Path(__file__).parent / "workers" / "whisper_worker.py"
 COMPUTE_TYPES = ("int8", "int8_float32", "float32", "default")
 
@@ -53,10 +41,11 @@ def model_folder(files: dict[str, list[Path]]) -> Path:
                             code="model_load_error")
 
 
-class FasterWhisperEngine(Engine):
+class FasterWhisperEngine(PythonEngine):
     recipe = "fasterwhisper"
     modes = ("transcription",)
-    backends = ("cpu",)
+    packages = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)
+    probe = "import faster_whisper, av"
     options = {
         "fasterwhisper_compute_type": Option(str, None, default="int8", check=_check_compute),
         "fasterwhisper_threads": Option(int, None, default=0, check=_check_threads),
@@ -66,31 +55,9 @@ class FasterWhisperEngine(Engine):
     endpoints = {"audio/transcriptions": "/transcribe"}
     audio_formats = FORMATS  # the worker decodes with PyAV (FFmpeg)
 
-    def __init__(self, cache_dir: Path, config: Config) -> None:
-        super().__init__(cache_dir, config)
-        self.venv = VenvBackend(cache_dir, self.recipe, "cpu", PACKAGES, probe="import faster_whisper, av")
-
-    def state(self, backend: str) -> BackendState:
-        if backend != "cpu":
-            return BackendState(self.recipe, backend, "unsupported", message="faster-whisper runs on the CPU only")
-        return self.venv.state()
-
-    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        self.check_request(backend)
-        return self.venv.install(progress, force)
-
-    def uninstall(self, backend: str) -> dict[str, Any]:
-        if backend != "cpu":
-            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: cpu).", code="unknown_backend")
-        return self.venv.uninstall()
-
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
         folder = model_folder(files)
-        argv = [str(self.venv.python), str(WORKER), "--model", str(folder), "--port", str(port),
-                "--threads", str(options.get("fasterwhisper_threads") or 0),
-                "--compute-type", str(options.get("fasterwhisper_compute_type") or "int8")]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
-        await server.start()
-        return Launch(server, dict(options), backend)
+        return await self.start_worker(model, WORKER, [
+            "--model", str(folder), "--threads", str(options.get("fasterwhisper_threads") or 0),
+            "--compute-type", str(options.get("fasterwhisper_compute_type") or "int8")], options, backend, port)

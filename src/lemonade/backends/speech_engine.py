@@ -9,17 +9,14 @@ which `response_format`s it encodes, buffered and streamed; `/v1/audio/speech` r
 
 from __future__ import annotations
 
-import os
 from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lemonade.backends.base import WrappedServer
-from lemonade.backends.engine import BackendState, Engine, EngineUnavailable, InstallError, Launch, Option, Progress
-from lemonade.backends.venv_install import VenvBackend
+from lemonade.backends.engine import EngineUnavailable, Launch, Option
+from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
-    from lemonade.config import Config
     from lemonade.model_info import ModelInfo
 
 WORKER = Path(__file__).parent / "workers" / "speech_worker.py"
@@ -35,22 +32,15 @@ def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
     return [p for paths in files.values() for p in paths if p.name.endswith(suffix)]
 
 
-class SpeechEngine(Engine):
+class SpeechEngine(PythonEngine):
     """A Python-native TTS engine run by our speech worker."""
 
     modes = ("tts",)
-    backends = ("cpu",)
     endpoints = {"audio/speech": "/speech"}
-    packages: ClassVar[tuple[str, ...]]
-    probe: ClassVar[str]  # a statement that must run in the new venv
     worker_engine: ClassVar[str]  # the worker's voice module: workers/tts_<name>.py
     speech_formats: ClassVar[tuple[str, ...]] = ENCODED_FORMATS  # buffered response formats
     stream_formats: ClassVar[tuple[str, ...]] = ("pcm",)  # streamed response formats
     speed_range: ClassVar[tuple[float, float]] = (0.25, 4.0)
-
-    def __init__(self, cache_dir: Path, config: Config) -> None:
-        super().__init__(cache_dir, config)
-        self.venv = VenvBackend(cache_dir, self.recipe, "cpu", self.packages, probe=self.probe)
 
     @property
     def threads_option(self) -> str:
@@ -62,20 +52,6 @@ class SpeechEngine(Engine):
         name = f"{recipe}_threads"
         return {name: Option(int, None, default=0, check=_check_threads(name))}
 
-    def state(self, backend: str) -> BackendState:
-        if backend != "cpu":
-            return BackendState(self.recipe, backend, "unsupported", message=f"{self.recipe} runs on the CPU only")
-        return self.venv.state()
-
-    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        self.check_request(backend)
-        return self.venv.install(progress, force)
-
-    def uninstall(self, backend: str) -> dict[str, Any]:
-        if backend != "cpu":
-            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: cpu).", code="unknown_backend")
-        return self.venv.uninstall()
-
     @abstractmethod
     def worker_args(self, model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:
         """`--model FILE` and what else the worker needs to find this model's files."""
@@ -86,9 +62,6 @@ class SpeechEngine(Engine):
 
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
-        argv = [str(self.venv.python), str(WORKER), "--engine", self.worker_engine, *self.worker_args(model, files),
-                "--port", str(port), "--threads", str(options.get(self.threads_option) or 0)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
-        await server.start()
-        return Launch(server, dict(options), backend)
+        args = ["--engine", self.worker_engine, *self.worker_args(model, files),
+                "--threads", str(options.get(self.threads_option) or 0)]
+        return await self.start_worker(model, WORKER, args, options, backend, port)

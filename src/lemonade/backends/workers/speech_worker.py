@@ -26,16 +26,16 @@ import importlib
 import json
 import select
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 from audio_encode import CONTENT_TYPES, FORMATS, encode, pcm_chunks
+from worker_http import JSONHandler
 
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
                  "marin", "cedar")
@@ -96,21 +96,7 @@ def first_and_rest(chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
     return chain()
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # one line per request, to our stdout
-        sys.stdout.write(f"{self.command} {fmt % args}\n")
-        sys.stdout.flush()
-
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(JSONHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = urlsplit(self.path).path
         if path == "/health":

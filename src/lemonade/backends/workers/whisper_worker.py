@@ -15,14 +15,14 @@ Transcriptions run one at a time: a CPU Whisper model gains nothing from running
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from worker_http import JSONHandler
 
 MODEL: Any = None
 LOCK = threading.Lock()
@@ -83,21 +83,7 @@ def transcribe(audio: Any, params: dict[str, str]) -> dict[str, Any]:
             "duration": info.duration, "segments": out, "processing_seconds": time.perf_counter() - started}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # one line per request, to our stdout
-        sys.stdout.write(f"{self.command} {fmt % args}\n")
-        sys.stdout.flush()
-
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(JSONHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if urlsplit(self.path).path == "/health":
             self._reply(200 if MODEL is not None else 503, {"status": "ok" if MODEL is not None else "loading"})
