@@ -30,6 +30,7 @@ import openai
 import pytest
 
 from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.speech import wer
 from tests.test_engines import WHISPER, publish_whisper
 
 PIPER = "piper-en-us-joe-medium"
@@ -44,21 +45,6 @@ LONG_TEXT = " ".join(f"This is sentence number {n} of a long text." for n in
                      ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                       "twelve"))
 KANA = "こんにちは。きょうは いい てんき ですね。"
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Word-level edit distance over the reference length."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[len(hyp)] / len(ref)
 
 
 def wav_info(data: bytes) -> tuple[int, int, int, np.ndarray]:
@@ -175,7 +161,7 @@ def test_piper_speech_is_heard_back_by_whisper(client, http):
     assert (channels, width, rate) == (1, 2, 22050)
     assert len(samples) / rate > 4 and rms(samples) > 0.02
     heard = transcribe(client, audio)
-    assert word_error_rate(TEXT, heard) <= 0.10, heard
+    assert wer(TEXT, heard) <= 0.10, heard
     loaded = {m["model_name"]: m for m in http.get("/v1/health").json()["all_models_loaded"]}
     assert loaded[PIPER]["type"] == "tts" and loaded[PIPER]["recipe"] == "piper"
 
@@ -207,7 +193,7 @@ def test_piper_speech_round_trips_through_the_realtime_websocket(server, client,
 
     events = asyncio.run(run())
     assert [e["type"] for e in events] == ["input_audio_buffer.committed", f"{TRANSCRIPTION}.completed"]
-    assert word_error_rate(TEXT, events[-1]["transcript"]) <= 0.10, events[-1]["transcript"]
+    assert wer(TEXT, events[-1]["transcript"]) <= 0.10, events[-1]["transcript"]
 
 
 def test_piper_streams_pcm_sentence_by_sentence(client):
@@ -222,7 +208,7 @@ def test_piper_streams_pcm_sentence_by_sentence(client):
     pcm = b"".join(chunks)
     assert len(pcm) % 2 == 0 and len(pcm) / 2 / 24000 > 4
     heard = transcribe(client, pcm_to_wav(pcm))
-    assert word_error_rate(TEXT, heard) <= 0.10, heard
+    assert wer(TEXT, heard) <= 0.10, heard
 
 
 def test_streamed_audio_arrives_before_synthesis_ends(server, client):
