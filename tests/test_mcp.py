@@ -177,7 +177,7 @@ def test_chat_passes_tool_calls_through(server: Server) -> None:
     ("lemonade_transcribe_audio", {"audio_base64": "%%%"}, "not valid base64"),
     ("lemonade_transcribe_audio", {"audio_base64": "UklGRg==", "response_format": "mp3"}, "response_format"),
     ("lemonade_transcribe_audio", {"audio_base64": "UklGRg==", "model": GEMMA_NAME}, "use lemonade_chat instead"),
-    ("lemonade_transcribe_audio", {"audio_base64": "UklGRg==", "model": "Whisper-Tiny"}, "not available"),
+    ("lemonade_transcribe_audio", {"audio_base64": "UklGRg==", "model": "Whisper-Tiny"}, "not an audio file"),
     ("lemonade_generate_image", {}, "missing required argument `prompt`"),
     ("lemonade_generate_image", {"prompt": "a lemon", "n": 0}, "`n` must be >= 1"),
     ("lemonade_generate_image", {"prompt": "a lemon", "size": "big"}, "size"),

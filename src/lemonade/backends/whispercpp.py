@@ -34,7 +34,6 @@ from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import (
     WHISPER_CPP_VERSION,
     WhisperCppInstall,
-    build_flags,
     release_asset_name,
 )
 from lemonade.errors import APIError
@@ -176,8 +175,7 @@ class WhisperCppEngine(Engine):
             return BackendState(self.recipe, backend, "unsupported", message=_unsupported_message(backend))
         action = install_action(self.recipe, "cpu")
         installed = self.installer.installed_version("cpu")
-        info = self.installer.read_install_info("cpu") or {}
-        if info.get("source") == "source-build" and info.get("cmake_flags") != build_flags():
+        if self.installer.built_with_other_flags("cpu"):
             return BackendState(self.recipe, "cpu", "update_required", action=action, version=installed,
                                 devices=["cpu"], message="The installed whisper.cpp was built with other options "
                                 "than this Lemonade uses for this CPU (e.g. with AMX kernels); rebuild it.")

@@ -117,8 +117,13 @@ class WhisperCppInstall(NativeInstall):
         info = self.read_install_info(backend)
         return info.get("version") if info else None
 
+    def built_with_other_flags(self, backend: str = "cpu") -> bool:
+        """A source build made with other CMake flags than this machine's now (e.g. with AMX kernels)."""
+        info = self.read_install_info(backend) or {}
+        return info.get("source") == "source-build" and info.get("cmake_flags") != build_flags()
+
     def is_installed(self, backend: str) -> bool:
-        return self.installed_version(backend) == WHISPER_CPP_VERSION
+        return self.installed_version(backend) == WHISPER_CPP_VERSION and not self.built_with_other_flags(backend)
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "
