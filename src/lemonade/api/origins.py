@@ -32,6 +32,7 @@ Scope = dict[str, Any]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WEB_SCHEMES = ("http", "https")
 PREFLIGHT_MAX_AGE = "600"
+HOST_VERDICTS_KEPT = 256
 
 
 def _split_host(host: str) -> str:
@@ -74,12 +75,18 @@ class OriginPolicy:
         self.hosts = {p.hostname for p in map(urlsplit, self.listed) if p.hostname}
         machine = socket.gethostname().lower()  # (not getfqdn: a DNS lookup could stall the start offline)
         self.hosts |= {machine, machine + ".local"}
+        self._host_verdicts: dict[str, bool] = {}  # Host header -> allowed; clients repeat the same one
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.any_origin or not host_header:
             return True  # HTTP/1.0 clients may send no Host; nothing a browser does
-        host = _split_host(host_header)
-        return _is_ip(host) or _is_loopback_name(host) or host in self.hosts
+        verdict = self._host_verdicts.get(host_header)
+        if verdict is None:
+            host = _split_host(host_header)
+            verdict = _is_ip(host) or _is_loopback_name(host) or host in self.hosts
+            if len(self._host_verdicts) < HOST_VERDICTS_KEPT:  # bounded: a client can send any Host
+                self._host_verdicts[host_header] = verdict
+        return verdict
 
     def origin_allowed(self, origin: str, host_header: str | None) -> bool:
         origin = origin.strip().rstrip("/").lower()
