@@ -19,17 +19,17 @@ from starlette.routing import Match
 from lemonade import __version__
 from lemonade.api import internal
 from lemonade.api.anthropic import messages
-from lemonade.api.disconnect import DisconnectWatch
 from lemonade.api.errors import install_error_handlers
+from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
-from lemonade.api.middleware import AuthMiddleware, BodySizeLimit, DefaultJSONContentType, MetricsMiddleware
+from lemonade.api.middleware import BodySizeLimit
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference
 from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
-from lemonade.api.origins import OriginGuard, OriginPolicy
+from lemonade.api.origins import OriginPolicy
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -148,12 +148,8 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(mcp_routes.router)
     skip_other_paths(app)
 
-    app.add_middleware(DisconnectWatch)  # innermost: sees the body as the routes read it
-    app.add_middleware(DefaultJSONContentType)
-    app.add_middleware(BodySizeLimit, config=services.config)
-    app.add_middleware(MetricsMiddleware, observe=services.metrics.observe_request)
-    app.add_middleware(AuthMiddleware, api_key=services.api_key, admin_key=services.admin_key)
-    # Origins outermost: a foreign page is refused before anything runs, allowed pages get CORS
-    # headers even on a 401.
-    app.add_middleware(OriginGuard, policy=OriginPolicy(services.allowed_origins))
+    # Origins, API key, metrics, body limit, JSON content type, disconnect watch: one layer, one pass.
+    app.add_middleware(RequestGuard, policy=OriginPolicy(services.allowed_origins), api_key=services.api_key,
+                       admin_key=services.admin_key, body_limit=BodySizeLimit(services.config),
+                       observe=services.metrics.observe_request)
     return app

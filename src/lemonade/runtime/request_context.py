@@ -1,6 +1,6 @@
 """Per-request facts the router needs without every API family passing them along.
 
-- `client_gone`: set by `DisconnectWatch` (api/middleware.py) when the client hangs up, so a
+- `client_gone`: set by `DisconnectWatch` (api/disconnect.py, run by api/guard.py) when the client hangs up, so a
   request still waiting for a model slot leaves the queue (and causes no load), and a non-streamed
   request is cancelled at the engine.
 - `load_progress`: a callback that receives install/download/load progress events for the
