@@ -8,6 +8,7 @@ the root and under the prefixes.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,6 +36,12 @@ from lemonade.services import Services
 
 log = logging.getLogger("lemonade.server")
 PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are matched in order
+# FastAPI 0.16x asks OpenTelemetry on every request whether it is configured, and builds per-route
+# telemetry context; this server exports its own /metrics and configures no tracer, so it is off
+# (older FastAPI has no such parameter).
+NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
 def api_routers() -> list[APIRouter]:
@@ -103,7 +110,8 @@ def create_app(services: Services) -> FastAPI:
             await services.aclose()
 
     app = FastAPI(title="Lemonade", version=__version__, lifespan=lifespan,
-                  description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.")
+                  description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.",
+                  **NO_TELEMETRY)
     app.state.services = services
     install_error_handlers(app)
     install_openapi(app)

@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from lemonade.runtime.request_context import Departure
+
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 
@@ -23,7 +25,7 @@ class DisconnectWatch:
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
-        self.gone = asyncio.Event()
+        self.gone = Departure()
         self._watcher: asyncio.Future[Message] | None = None
 
     async def _wait_disconnect(self) -> Message:
