@@ -228,6 +228,12 @@ def test_api_key_guards_every_api_route(make_server):
         assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=admin).status_code == 200
         body = c.get("/v1/models").json()
         assert body["error"]["type"] == "authentication_error"
+        # An allowed page reads its 401 (CORS headers on the refusal too), and a preflight needs no key.
+        page = {"Origin": "http://localhost:5173"}
+        refused = c.get("/v1/models", headers=page)
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page["Origin"]
+        preflight = c.options("/v1/models", headers={**page, "Access-Control-Request-Method": "GET"})
+        assert preflight.status_code == 204
     url = srv.url.replace("http", "ws") + "/logs/stream"
     with pytest.raises((websockets.exceptions.ConnectionClosed, websockets.exceptions.InvalidStatus)):
         with ws_client.connect(url) as ws:
