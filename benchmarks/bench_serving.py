@@ -608,6 +608,27 @@ def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def phase_summary(direct: Side, ours: Side, key: str, loads: LoadLog) -> str:
+    """One line of a phase's figures, printed as soon as it ends (a run cut short keeps them)."""
+    if key in direct.latency:
+        d, u = direct.latency[key], ours.latency[key]
+        diffs = [b - a for a, b in zip(d, u, strict=True)]
+        text = (f"p50 direct {pct(d, 50):.2f} ms, ours {pct(u, 50):.2f} ms, added {pct(u, 50) - pct(d, 50):.2f} ms; "
+                f"paired difference min/p25/p50/p75/max {spread(diffs, 2)} ms")
+    else:
+        rd, ru = direct.rounds[key], ours.rounds[key]
+        ratios = paired_ratios(rd, ru, "tps")
+        td, tu = pooled(rd, "ttfts"), pooled(ru, "ttfts")
+        text = (f"tokens/s median direct {statistics.median(r['tps'] for r in rd):.1f}, ours "
+                f"{statistics.median(r['tps'] for r in ru):.1f}; paired ratios min/p25/med/p75/max {spread(ratios)}; "
+                f"TTFT p50 direct {pct(td, 50):.1f} ms, ours {pct(tu, 50):.1f} ms "
+                f"(ratio {pct(tu, 50) / pct(td, 50):.3f})")
+        sd, su = pooled(rd, "small"), pooled(ru, "small")
+        if sd and su:
+            text += f"; max_tokens=1 among them p50 direct {pct(sd, 50):.2f} ms, ours {pct(su, 50):.2f} ms"
+    return f"  = {key}: {text}; {loads.describe(key)}"
+
+
 # ----- main ----------------------------------------------------------------------------------
 
 T0 = time.monotonic()
@@ -631,21 +652,28 @@ async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict
         phase(f"latency, max_tokens=1, {plan.latency_n} requests per side", loads)
         with log.phase("tiny"):
             await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
-        phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
-        with log.phase("short"):
-            await measure_latency(sides, "short", plan.short_n, lambda i: chat_body(
-                f"Request {i}: in one short sentence, what is a lemon?", plan.short_tokens), cpu)
+        print(phase_summary(direct, ours, "tiny", log), flush=True)
+        # The phases of the targets first, so that a run cut short (a busy machine) still has them.
         phases = [("stream1", 1, plan.stream_tokens, plan.stream1_rounds, 0),
                   ("stream8", plan.streams, plan.stream_tokens, plan.stream8_rounds, 0),
-                  ("stream32", plan.stream32, plan.stream32_tokens, plan.stream32_rounds, 0),
-                  ("mixed", plan.mixed_streams, plan.stream_tokens, plan.mixed_rounds, plan.mixed_small_loops)]
+                  ("short", 0, 0, 0, 0),
+                  ("mixed", plan.mixed_streams, plan.stream_tokens, plan.mixed_rounds, plan.mixed_small_loops),
+                  ("stream32", plan.stream32, plan.stream32_tokens, plan.stream32_rounds, 0)]
         for key, streams, tokens, rounds, loops in phases:
+            if key == "short":
+                phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
+                with log.phase("short"):
+                    await measure_latency(sides, "short", plan.short_n, lambda i: chat_body(
+                        f"Request {i}: in one short sentence, what is a lemon?", plan.short_tokens), cpu)
+                print(phase_summary(direct, ours, "short", log), flush=True)
+                continue
             if rounds <= 0:
                 continue
             extra_text = f" + {loops} loops of max_tokens=1 requests" if loops else ""
             phase(f"{key}: {streams} streams x {tokens} tokens{extra_text}, {rounds} paired rounds", loads)
             with log.phase(key):
                 await measure_streams(sides, key, rounds, streams, tokens, cpu, small_loops=loops)
+            print(phase_summary(direct, ours, key, log), flush=True)
         phase("done", loads)
     finally:
         for side in sides:
