@@ -219,16 +219,19 @@ def load_avg() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def wait_for_load(limit: float | None, max_wait: float) -> None:
-    """With --max-load: wait (up to max_wait s) until the 1-minute load average is below `limit`."""
-    if limit is None:
-        return
-    deadline = time.monotonic() + max_wait
+def wait_for_load(limit: float | None, max_wait: float) -> float:
+    """With --max-load: wait (up to max_wait s) until the 1-minute load average is below `limit`.
+    Returns the seconds waited (callers that wait twice share one budget)."""
+    if limit is None or max_wait <= 0:
+        return 0.0
+    start = time.monotonic()
+    deadline = start + max_wait
     while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
         print(f"  load {load_avg()} >= {limit}: waiting…", flush=True)
-        time.sleep(15)
+        time.sleep(min(15.0, max(deadline - time.monotonic(), 0.0)))
     if os.getloadavg()[0] >= limit:
-        print(f"  load still {load_avg()} after {max_wait:.0f}s; measuring anyway", flush=True)
+        print(f"  load still {load_avg()} after {time.monotonic() - start:.0f}s; measuring anyway", flush=True)
+    return time.monotonic() - start
 
 
 class LoadLog:
@@ -693,7 +696,7 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         print(f"machine: {os.cpu_count()} cpus, {cpu_model()}, Python {platform.python_version()}, "
               f"load {load_avg()}")
         print(f"engine: {backend / 'llama-server'} ({engine_version(backend)}); model: {models}")
-        wait_for_load(args.max_load, args.load_wait)
+        waited = wait_for_load(args.max_load, args.load_wait)  # --load-wait is the budget of both waits
 
         phase(f"import time, {plan.start_runs} runs", extra["loads"])
         extra["import"], extra["bare"] = measure_import(plan.start_runs)
@@ -727,7 +730,7 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         engine = procs.start(direct_argv, log=root / "direct-llama-server.log", death_sig=signal.SIGKILL)
         wait_ok(f"http://127.0.0.1:{direct_port}/health", engine, timeout=300, interval=0.1)
 
-        wait_for_load(args.max_load, args.load_wait)
+        wait_for_load(args.max_load, args.load_wait - waited)
         direct = Side("direct", f"http://127.0.0.1:{direct_port}")
         ours = Side("ours", f"http://127.0.0.1:{port}")
         me = psutil.Process(server.pid)
@@ -772,7 +775,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (about a minute)")
     parser.add_argument("--max-load", type=float, default=None,
                         help="before measuring, wait until the 1-minute load average is below this")
-    parser.add_argument("--load-wait", type=float, default=600, help="longest wait for --max-load, seconds")
+    parser.add_argument("--load-wait", type=float, default=600,
+                        help="longest wait for --max-load, seconds, in all (before starting, and before the traffic)")
     parser.add_argument("--engine-args", default="",
                         help="extra llama-server arguments for both sides (e.g. '--log-disable'); -np is set to 8")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) at the end")
