@@ -5,8 +5,10 @@ costs. This script answers it in one run, on one model (the real Gemma 3 270M GG
 `llama-server` binary: it starts our server, loads the model, copies the exact command line our
 server gave its engine, starts a second `llama-server` with that command line (another port),
 and then sends the same requests to both, alternating A/B then B/A so that load from the rest of
-the machine hits both sides equally. It prints figures and a table against the targets of
-issue 3 §9; it never asserts (figures depend on the machine). Results: docs/performance.md.
+the machine hits both sides equally. It prints figures with the spread of the paired rounds and
+the targets of issue 17, and says for each phase whether the rest of the machine left it alone
+(`LoadLog`); a busy phase's figures are reported but not judged. It never asserts (figures
+depend on the machine). Results: docs/performance.md.
 
     .venv/bin/python benchmarks/bench_serving.py [--quick]
 
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,15 +57,22 @@ class Plan:
     short_n: int = 100            # short-prompt requests per side
     short_tokens: int = 16
     stream_tokens: int = 128
-    stream1_rounds: int = 8       # single-stream rounds per side
-    stream8_rounds: int = 4       # 8-stream rounds per side
-    streams: int = 8
+    stream1_rounds: int = 8       # paired rounds (one per side) of 1 stream
+    stream8_rounds: int = 6       # paired rounds of 8 concurrent streams
+    streams: int = 8              # engine slots (-np), and the streams of the 8-stream phase
+    stream32: int = 32            # concurrent streams of the 32-stream phase (queued in the engine's slots)
+    stream32_tokens: int = 64
+    stream32_rounds: int = 3
+    mixed_streams: int = 4        # mixed phase: streams plus loops of max_tokens=1 requests, together
+    mixed_small_loops: int = 2
+    mixed_rounds: int = 4
     start_runs: int = 5
     warmup: int = 5
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(latency_n=40, short_n=12, stream1_rounds=3, stream8_rounds=2, start_runs=3, warmup=3)
+        return cls(latency_n=40, short_n=12, stream1_rounds=3, stream8_rounds=2, stream32_rounds=1, mixed_rounds=2,
+                   start_runs=3, warmup=3)
 
 
 # ----- processes -----------------------------------------------------------------------------
@@ -209,16 +219,99 @@ def load_avg() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def wait_for_load(limit: float | None, max_wait: float) -> None:
-    """With --max-load: wait (up to max_wait s) until the 1-minute load average is below `limit`."""
-    if limit is None:
-        return
-    deadline = time.monotonic() + max_wait
+def wait_for_load(limit: float | None, max_wait: float) -> float:
+    """With --max-load: wait (up to max_wait s) until the 1-minute load average is below `limit`.
+    Returns the seconds waited (callers that wait twice share one budget)."""
+    if limit is None or max_wait <= 0:
+        return 0.0
+    start = time.monotonic()
+    deadline = start + max_wait
     while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
         print(f"  load {load_avg()} >= {limit}: waiting…", flush=True)
-        time.sleep(15)
+        time.sleep(min(15.0, max(deadline - time.monotonic(), 0.0)))
     if os.getloadavg()[0] >= limit:
-        print(f"  load still {load_avg()} after {max_wait:.0f}s; measuring anyway", flush=True)
+        print(f"  load still {load_avg()} after {time.monotonic() - start:.0f}s; measuring anyway", flush=True)
+    return time.monotonic() - start
+
+
+class LoadLog:
+    """What the rest of the machine did during each phase, so a busy phase is called unreliable.
+
+    Why not the load average alone: on a 2-core machine the engine's own 2 threads keep it near 2
+    while we measure, so "load above the core count" would flag every stream phase of a quiet
+    machine. The CPU time used by processes that are not ours (the whole machine's busy time from
+    /proc/stat minus our processes' CPU time) is what takes cores from the engines; it is measured
+    per phase. The 1-minute load average is sampled every 0.5 s as well and reported.
+    A phase is unreliable when other processes used more than `FOREIGN_LIMIT` of the machine's
+    CPU on average, or when the 1-minute load average passed twice the core count at any point.
+    """
+
+    FOREIGN_LIMIT = 0.10
+
+    def __init__(self, ours: Callable[[], list[int]]) -> None:
+        self.ours = ours  # pids of our processes (this script, our server, its engine, the direct engine)
+        self.cpus = os.cpu_count() or 1
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.phases: dict[str, dict[str, Any]] = {}
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self._samples.append(os.getloadavg()[0])
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _busy(self) -> float:
+        """Seconds of CPU the whole machine spent busy (all cores), from /proc/stat."""
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        guest = sum(fields[8:10]) if len(fields) > 9 else 0  # already counted in user/nice
+        return (sum(fields) - idle - guest) / self.tick
+
+    def _our_cpu(self) -> float:
+        total = 0.0
+        for pid in self.ours():
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                total += times.user + times.system
+        return total
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self._samples.append(os.getloadavg()[0])
+        first = len(self._samples) - 1
+        wall0, busy0, ours0 = time.monotonic(), self._busy(), self._our_cpu()
+        try:
+            yield
+        finally:
+            wall = max(time.monotonic() - wall0, 1e-6)
+            ours = self._our_cpu() - ours0
+            foreign = max(0.0, self._busy() - busy0 - ours) / wall  # cores' worth of other processes' CPU
+            loads = self._samples[first:] + [os.getloadavg()[0]]
+            record = {"seconds": wall, "foreign_cores": foreign, "foreign_share": foreign / self.cpus,
+                      "ours_cores": ours / wall, "load_min": min(loads), "load_max": max(loads)}
+            reasons = []
+            if record["foreign_share"] > self.FOREIGN_LIMIT:
+                reasons.append(f"other processes used {record['foreign_share']:.0%} of the CPU")
+            if record["load_max"] > 2 * self.cpus:
+                reasons.append(f"1-min load reached {record['load_max']:.1f} on {self.cpus} cores")
+            record["unreliable"] = "; ".join(reasons)
+            self.phases[name] = record
+
+    def describe(self, name: str) -> str:
+        r = self.phases.get(name)
+        if r is None:
+            return "not measured"
+        text = (f"foreign CPU {r['foreign_share']:.0%}, load {r['load_min']:.1f}-{r['load_max']:.1f}")
+        return ("UNRELIABLE: " + r["unreliable"] + f" ({text})") if r["unreliable"] else f"quiet ({text})"
+
+    def reliable(self, name: str) -> bool:
+        r = self.phases.get(name)
+        return r is not None and not r["unreliable"]
 
 
 # ----- measurements --------------------------------------------------------------------------
@@ -231,8 +324,7 @@ class Side:
     base: str
     client: httpx.AsyncClient = field(init=False)
     latency: dict[str, list[float]] = field(default_factory=dict)
-    stream1: list[dict[str, float]] = field(default_factory=list)
-    stream8: list[dict[str, float]] = field(default_factory=list)
+    rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # stream phase -> one record per round
 
     def __post_init__(self) -> None:
         self.client = httpx.AsyncClient(base_url=self.base, timeout=httpx.Timeout(600.0),
@@ -319,24 +411,40 @@ async def measure_latency(sides: tuple[Side, Side], key: str, n: int, body_for: 
     cpu.per_unit[key] = [(cpu.server() - cpu0) / n * 1000]  # only "ours" requests reach our server
 
 
-async def measure_streams(sides: tuple[Side, Side], rounds: int, streams: int, tokens: int, cpu: CpuLog) -> None:
-    """`rounds` rounds per side of `streams` concurrent streams of `tokens` tokens each."""
-    key = "stream1" if streams == 1 else "stream8"
+async def small_loop(side: Side, until: asyncio.Event, out: list[float]) -> None:
+    """max_tokens=1 requests one after another until `until` is set (the mixed phase)."""
+    while not until.is_set():
+        out.append(await timed_request(side, chat_body("Hi", 1)))
+
+
+async def measure_streams(sides: tuple[Side, Side], key: str, rounds: int, streams: int, tokens: int, cpu: CpuLog,
+                          small_loops: int = 0) -> None:
+    """`rounds` paired rounds of `streams` concurrent streams of `tokens` tokens each, and with
+    `small_loops` > 0, as many loops of max_tokens=1 requests running alongside (mixed phase)."""
     cpu.per_unit[key] = []
+    for side in sides:
+        side.rounds[key] = []
     for r, order in pairs(sides, rounds):
         for side in order:
             bodies = [chat_body(f"Tell a long story about lemon tree number {r * streams + k}.", tokens, stream=True)
                       for k in range(streams)]
             cpu0 = cpu.server()
-            runs = await asyncio.gather(*(timed_stream(side, body) for body in bodies))
+            done = asyncio.Event()
+            small: list[float] = []
+            loops = [asyncio.ensure_future(small_loop(side, done, small)) for _ in range(small_loops)]
+            try:
+                runs = await asyncio.gather(*(timed_stream(side, body) for body in bodies))
+            finally:
+                done.set()
+                await asyncio.gather(*loops)
             total = sum(run["tokens"] for run in runs)
             start = min(run["start"] for run in runs)
             end = max(run["end"] for run in runs)
             record = {"tokens": total, "seconds": end - start, "tps": total / (end - start),
-                      "ttft_ms": statistics.median((run["first"] - run["start"]) * 1000 for run in runs)}
-            if side.name == "ours":
+                      "ttfts": [(run["first"] - run["start"]) * 1000 for run in runs], "small": small}
+            if side.name == "ours" and not small_loops:  # per streamed token: only where tokens are all there is
                 cpu.per_unit[key].append((cpu.server() - cpu0) / max(total, 1) * 1000)
-            (side.stream1 if streams == 1 else side.stream8).append(record)
+            side.rounds[key].append(record)
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -377,45 +485,91 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def table(rows: list[tuple[str, str, str, str, str, str]]) -> str:
-    head = ("figure", "direct", "through us", "ratio", "target", "met?")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
+def table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
     return "\n".join([line, sep, *body])
 
 
-def verdict(ok: bool) -> str:
-    return "yes" if ok else "NO"
+def spread(values: list[float], digits: int = 3) -> str:
+    """min/p25/median/p75/max."""
+    if not values:
+        return "—"
+    return "/".join(f"{pct(values, q):.{digits}f}" for q in (0, 25, 50, 75, 100))
+
+
+def paired_ratios(direct: list[dict[str, Any]], ours: list[dict[str, Any]], key: str) -> list[float]:
+    return [u[key] / d[key] for d, u in zip(direct, ours, strict=True) if d[key]]
+
+
+def pooled(records: list[dict[str, Any]], key: str) -> list[float]:
+    return [v for r in records for v in r[key]]
+
+
+def judged(ok: bool, phase_key: str, loads: LoadLog) -> str:
+    """'within'/'outside' the target only for a phase the rest of the machine left alone."""
+    if not loads.reliable(phase_key):
+        return "not judged: phase unreliable"
+    return "within target" if ok else "outside target"
 
 
 def report(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
-    rows: list[tuple[str, str, str, str, str, str]] = []
+    loads: LoadLog = extra["loadlog"]
+    cpu: CpuLog = extra["cpu"]
+    head = ("figure", "direct", "through us", "ratio", "paired spread min/p25/med/p75/max", "target", "")
+    rows: list[tuple[str, ...]] = []
     for key, label in (("tiny", "max_tokens=1"), ("short", f"short prompt, {extra['short_tokens']} tokens")):
         d, u = direct.latency[key], ours.latency[key]
-        for q in (50, 95):
-            rows.append((f"latency {label} p{q} (ms)", fmt(pct(d, q), 2), fmt(pct(u, q), 2),
-                         fmt(pct(u, q) / pct(d, q), 3), "", ""))
+        diffs = [b - a for a, b in zip(d, u, strict=True)]
+        rows.append((f"latency {label} p50 (ms)", fmt(pct(d, 50), 2), fmt(pct(u, 50), 2),
+                     fmt(pct(u, 50) / pct(d, 50), 3), "", "", ""))
         added = pct(u, 50) - pct(d, 50)
-        rows.append((f"added p50 latency, {label} (ms)", "", fmt(added, 2), "", "≤ 3 ms", verdict(added <= 3.0)))
-    for runs_d, runs_u, label in ((direct.stream1, ours.stream1, "1 stream"),
-                                  (direct.stream8, ours.stream8, f"{extra['streams']} streams, aggregate")):
-        d = statistics.median(r["tps"] for r in runs_d)
-        u = statistics.median(r["tps"] for r in runs_u)
-        rows.append((f"tokens/s, {label}", fmt(d), fmt(u), fmt(u / d, 3), "≥ 0.97", verdict(u / d >= 0.97)))
-    cpu: CpuLog = extra["cpu"]
-    rows.append(("our server's CPU per max_tokens=1 request (ms)", "", fmt(cpu.median("tiny"), 2), "", "", ""))
-    rows.append(("our server's CPU per streamed token, 1 stream (ms)", "", fmt(cpu.median("stream1"), 3), "", "",
-                 ""))
+        target = "≤ 1.5 ms" if key == "tiny" else ""
+        rows.append((f"added p50 latency, {label} (ms)", "", fmt(added, 2), "",
+                     "diff " + spread(diffs, 2), target, judged(added <= 1.5, key, loads) if target else ""))
+    for key, label in (("stream1", "1 stream"), ("stream8", f"{extra['streams']} streams"),
+                       ("stream32", f"{extra['stream32']} streams ({extra['streams']} slots)"),
+                       ("mixed", f"mixed: {extra['mixed_streams']} streams + {extra['mixed_small_loops']} loops "
+                                 "of max_tokens=1")):
+        rd, ru = direct.rounds.get(key), ours.rounds.get(key)
+        if not rd or not ru:
+            continue
+        ratios = paired_ratios(rd, ru, "tps")
+        med = statistics.median(ratios)
+        target = "≥ 0.98" if key in ("stream1", "stream8") else ""
+        rows.append((f"tokens/s, {label}, aggregate", fmt(statistics.median(r["tps"] for r in rd)),
+                     fmt(statistics.median(r["tps"] for r in ru)), fmt(med, 3), spread(ratios), target,
+                     judged(med >= 0.98, key, loads) if target else ""))
+        if key != "stream1":
+            td, tu = pooled(rd, "ttfts"), pooled(ru, "ttfts")
+            per_round = [pct(u["ttfts"], 50) / pct(d["ttfts"], 50) for d, u in zip(rd, ru, strict=True)]
+            ratio = pct(tu, 50) / pct(td, 50)
+            target = "≤ 1.05" if key == "stream8" else ""
+            rows.append((f"TTFT p50, {label} (ms)", fmt(pct(td, 50)), fmt(pct(tu, 50)), fmt(ratio, 3),
+                         spread(per_round), target, judged(ratio <= 1.05, key, loads) if target else ""))
+        if key == "mixed":
+            sd, su = pooled(rd, "small"), pooled(ru, "small")
+            if sd and su:
+                rows.append(("latency max_tokens=1 among streams p50 (ms)", fmt(pct(sd, 50), 2), fmt(pct(su, 50), 2),
+                             fmt(pct(su, 50) / pct(sd, 50), 3), f"n={len(sd)}/{len(su)}", "", ""))
+    rows.append(("our CPU per max_tokens=1 request (ms)", "", fmt(cpu.median("tiny"), 2), "", "", "", ""))
+    for key, label in (("stream1", "1 stream"), ("stream8", f"{extra['streams']} streams"),
+                       ("stream32", f"{extra['stream32']} streams")):
+        if cpu.per_unit.get(key):
+            rows.append((f"our CPU per streamed token, {label} (ms)", "", fmt(cpu.median(key), 3), "", "", "", ""))
     start = statistics.median(extra["start"])
-    rows.append(("start to /live (s, median)", "", fmt(start, 3), "", "< 1 s", verdict(start < 1.0)))
-    rows.append(("import lemonade.api.app (s, median)", "", fmt(statistics.median(extra["import"]), 3), "", "", ""))
-    rows.append(("server RSS, idle, no model (MiB)", "", fmt(extra["rss_idle"][0]), "", "", ""))
-    rows.append(("server RSS, model loaded, w/o engine (MiB)", "", fmt(extra["rss_loaded"][0]), "", "", ""))
+    rows.append(("start to /live (s, median)", "", fmt(start, 3), "", "", "< 1 s", ""))
+    rows.append(("import lemonade.api.app (s, median)", "", fmt(statistics.median(extra["import"]), 3), "", "", "", ""))
+    rows.append(("server RSS, idle, no model (MiB)", "", fmt(extra["rss_idle"][0]), "", "", "", ""))
+    rows.append(("server RSS, model loaded, w/o engine (MiB)", "", fmt(extra["rss_loaded"][0]), "", "", "", ""))
     rows.append(("engine RSS after the run (MiB)", fmt(extra["engine_rss"][0]), fmt(extra["engine_rss"][1]),
-                 "", "", ""))
-    return table(rows)
+                 "", "", "", ""))
+    out = [table(head, rows), "", "Load during each phase (other processes' CPU share of the machine, 1-min load "
+           "average min-max):"]
+    out += [f"  {name}: {loads.describe(name)}" for name in loads.phases]
+    return "\n".join(out)
 
 
 def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
@@ -426,28 +580,56 @@ def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
         out.append(f"latency {key}: n={len(d)} per side; direct min/p50/p95/max "
                    f"{min(d):.2f}/{pct(d, 50):.2f}/{pct(d, 95):.2f}/{max(d):.2f} ms; ours "
                    f"{min(u):.2f}/{pct(u, 50):.2f}/{pct(u, 95):.2f}/{max(u):.2f} ms; "
-                   f"paired difference p25/p50/p75 {pct(diffs, 25):.2f}/{pct(diffs, 50):.2f}/{pct(diffs, 75):.2f} ms")
-    for label, runs_d, runs_u in (("1 stream", direct.stream1, ours.stream1),
-                                  (f"{extra['streams']} streams", direct.stream8, ours.stream8)):
-        ratios = [u["tps"] / d["tps"] for d, u in zip(runs_d, runs_u, strict=True)]
-        out.append(f"tokens/s {label}: direct {[round(r['tps'], 1) for r in runs_d]}, ours "
-                   f"{[round(r['tps'], 1) for r in runs_u]}; paired ratios min/median/max "
-                   f"{min(ratios):.3f}/{statistics.median(ratios):.3f}/{max(ratios):.3f}; TTFT p50 direct "
-                   f"{statistics.median(r['ttft_ms'] for r in runs_d):.1f} ms, ours "
-                   f"{statistics.median(r['ttft_ms'] for r in runs_u):.1f} ms; tokens per round direct "
-                   f"{sorted({int(r['tokens']) for r in runs_d})}, ours {sorted({int(r['tokens']) for r in runs_u})}")
+                   f"paired difference min/p25/p50/p75/max {spread(diffs, 2)} ms")
+    for key, rd in direct.rounds.items():
+        ru = ours.rounds[key]
+        out.append(f"{key}: tokens/s direct {[round(r['tps'], 1) for r in rd]}, ours "
+                   f"{[round(r['tps'], 1) for r in ru]}; "
+                   f"paired ratios {[round(x, 3) for x in paired_ratios(rd, ru, 'tps')]}; TTFT p50/p95 direct "
+                   f"{pct(pooled(rd, 'ttfts'), 50):.1f}/{pct(pooled(rd, 'ttfts'), 95):.1f} ms, ours "
+                   f"{pct(pooled(ru, 'ttfts'), 50):.1f}/{pct(pooled(ru, 'ttfts'), 95):.1f} ms; tokens per round direct "
+                   f"{sorted({int(r['tokens']) for r in rd})}, ours {sorted({int(r['tokens']) for r in ru})}")
+        if pooled(rd, "small"):
+            sd, su = pooled(rd, "small"), pooled(ru, "small")
+            out.append(f"{key}: max_tokens=1 among the streams, n={len(sd)}/{len(su)}; p50/p95 direct "
+                       f"{pct(sd, 50):.2f}/{pct(sd, 95):.2f} ms, ours {pct(su, 50):.2f}/{pct(su, 95):.2f} ms")
     cpu: CpuLog = extra["cpu"]
-    out.append(f"our server's CPU: {cpu.median('tiny'):.2f} ms per max_tokens=1 request, {cpu.median('short'):.2f} ms "
-               f"per short-prompt request, {cpu.median('stream1'):.3f} ms per token at 1 stream, "
-               f"{cpu.median('stream8'):.3f} ms per token at {extra['streams']} streams")
+    out.append("our server's CPU: " + ", ".join(f"{key} {cpu.median(key):.3f} ms per "
+                                                 f"{'request' if key in ('tiny', 'short') else 'token'}"
+                                                 for key in cpu.per_unit if cpu.per_unit[key]))
     out.append(f"start to /live runs (s): {[round(t, 3) for t in extra['start']]}")
     out.append(f"import lemonade.api.app runs (s): {[round(t, 3) for t in extra['import']]}; bare interpreter "
                f"median {statistics.median(extra['bare']):.3f} s")
     out.append(f"server RSS/USS idle {extra['rss_idle'][0]:.1f}/{extra['rss_idle'][1]:.1f} MiB; with model, "
                f"before traffic {extra['rss_loaded'][0]:.1f}/{extra['rss_loaded'][1]:.1f} MiB, after "
                f"{extra['rss_after'][0]:.1f}/{extra['rss_after'][1]:.1f} MiB")
-    out.append(f"load average (1/5/15 min): {'; '.join(extra['loads'])}")
+    out.append(f"load average (1/5/15 min) at each phase start: {'; '.join(extra['loads'])}")
+    loads: LoadLog = extra["loadlog"]
+    for name, r in loads.phases.items():
+        out.append(f"phase {name}: {r['seconds']:.1f} s, other processes {r['foreign_cores']:.2f} cores, ours "
+                   f"{r['ours_cores']:.2f} cores, 1-min load {r['load_min']:.2f}-{r['load_max']:.2f}")
     return "\n".join(out)
+
+
+def phase_summary(direct: Side, ours: Side, key: str, loads: LoadLog) -> str:
+    """One line of a phase's figures, printed as soon as it ends (a run cut short keeps them)."""
+    if key in direct.latency:
+        d, u = direct.latency[key], ours.latency[key]
+        diffs = [b - a for a, b in zip(d, u, strict=True)]
+        text = (f"p50 direct {pct(d, 50):.2f} ms, ours {pct(u, 50):.2f} ms, added {pct(u, 50) - pct(d, 50):.2f} ms; "
+                f"paired difference min/p25/p50/p75/max {spread(diffs, 2)} ms")
+    else:
+        rd, ru = direct.rounds[key], ours.rounds[key]
+        ratios = paired_ratios(rd, ru, "tps")
+        td, tu = pooled(rd, "ttfts"), pooled(ru, "ttfts")
+        text = (f"tokens/s median direct {statistics.median(r['tps'] for r in rd):.1f}, ours "
+                f"{statistics.median(r['tps'] for r in ru):.1f}; paired ratios min/p25/med/p75/max {spread(ratios)}; "
+                f"TTFT p50 direct {pct(td, 50):.1f} ms, ours {pct(tu, 50):.1f} ms "
+                f"(ratio {pct(tu, 50) / pct(td, 50):.3f})")
+        sd, su = pooled(rd, "small"), pooled(ru, "small")
+        if sd and su:
+            text += f"; max_tokens=1 among them p50 direct {pct(sd, 50):.2f} ms, ours {pct(su, 50):.2f} ms"
+    return f"  = {key}: {text}; {loads.describe(key)}"
 
 
 # ----- main ----------------------------------------------------------------------------------
@@ -463,6 +645,7 @@ def phase(title: str, loads: list[str]) -> None:
 async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict[str, Any]) -> None:
     sides = (direct, ours)
     loads: list[str] = extra["loads"]
+    log: LoadLog = extra["loadlog"]
     try:
         phase("warm-up", loads)
         for side in sides:
@@ -470,14 +653,30 @@ async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict
                 await timed_request(side, chat_body("Hi", 1))
             await timed_stream(side, chat_body("Warm up.", 16, stream=True))
         phase(f"latency, max_tokens=1, {plan.latency_n} requests per side", loads)
-        await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
-        phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
-        await measure_latency(sides, "short", plan.short_n, lambda i: chat_body(
-            f"Request {i}: in one short sentence, what is a lemon?", plan.short_tokens), cpu)
-        phase(f"1 stream x {plan.stream_tokens} tokens, {plan.stream1_rounds} rounds per side", loads)
-        await measure_streams(sides, plan.stream1_rounds, 1, plan.stream_tokens, cpu)
-        phase(f"{plan.streams} streams x {plan.stream_tokens} tokens, {plan.stream8_rounds} rounds per side", loads)
-        await measure_streams(sides, plan.stream8_rounds, plan.streams, plan.stream_tokens, cpu)
+        with log.phase("tiny"):
+            await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
+        print(phase_summary(direct, ours, "tiny", log), flush=True)
+        # The phases of the targets first, so that a run cut short (a busy machine) still has them.
+        phases = [("stream1", 1, plan.stream_tokens, plan.stream1_rounds, 0),
+                  ("stream8", plan.streams, plan.stream_tokens, plan.stream8_rounds, 0),
+                  ("short", 0, 0, 0, 0),
+                  ("mixed", plan.mixed_streams, plan.stream_tokens, plan.mixed_rounds, plan.mixed_small_loops),
+                  ("stream32", plan.stream32, plan.stream32_tokens, plan.stream32_rounds, 0)]
+        for key, streams, tokens, rounds, loops in phases:
+            if key == "short":
+                phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
+                with log.phase("short"):
+                    await measure_latency(sides, "short", plan.short_n, lambda i: chat_body(
+                        f"Request {i}: in one short sentence, what is a lemon?", plan.short_tokens), cpu)
+                print(phase_summary(direct, ours, "short", log), flush=True)
+                continue
+            if rounds <= 0:
+                continue
+            extra_text = f" + {loops} loops of max_tokens=1 requests" if loops else ""
+            phase(f"{key}: {streams} streams x {tokens} tokens{extra_text}, {rounds} paired rounds", loads)
+            with log.phase(key):
+                await measure_streams(sides, key, rounds, streams, tokens, cpu, small_loops=loops)
+            print(phase_summary(direct, ours, key, log), flush=True)
         phase("done", loads)
     finally:
         for side in sides:
@@ -487,15 +686,17 @@ async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict
 def run(plan: Plan, args: argparse.Namespace) -> None:
     procs = Processes()
     root = Path(tempfile.mkdtemp(prefix="lemonade-bench-"))
-    extra: dict[str, Any] = {"loads": [], "streams": plan.streams,
-                             "short_tokens": plan.short_tokens}
+    extra: dict[str, Any] = {"loads": [], "streams": plan.streams, "short_tokens": plan.short_tokens,
+                             "stream32": plan.stream32, "mixed_streams": plan.mixed_streams,
+                             "mixed_small_loops": plan.mixed_small_loops}
+    loadlog: LoadLog | None = None
     try:
         models, backend = gemma_dir(), backend_dir()
         print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {' '.join(sys.argv)}")
         print(f"machine: {os.cpu_count()} cpus, {cpu_model()}, Python {platform.python_version()}, "
               f"load {load_avg()}")
         print(f"engine: {backend / 'llama-server'} ({engine_version(backend)}); model: {models}")
-        wait_for_load(args.max_load, args.load_wait)
+        waited = wait_for_load(args.max_load, args.load_wait)  # --load-wait is the budget of both waits
 
         phase(f"import time, {plan.start_runs} runs", extra["loads"])
         extra["import"], extra["bare"] = measure_import(plan.start_runs)
@@ -529,11 +730,12 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         engine = procs.start(direct_argv, log=root / "direct-llama-server.log", death_sig=signal.SIGKILL)
         wait_ok(f"http://127.0.0.1:{direct_port}/health", engine, timeout=300, interval=0.1)
 
-        wait_for_load(args.max_load, args.load_wait)
+        wait_for_load(args.max_load, args.load_wait - waited)
         direct = Side("direct", f"http://127.0.0.1:{direct_port}")
         ours = Side("ours", f"http://127.0.0.1:{port}")
         me = psutil.Process(server.pid)
         extra["cpu"] = CpuLog(lambda: sum(me.cpu_times()[:2]))
+        loadlog = extra["loadlog"] = LoadLog(lambda: [os.getpid(), server.pid, engine_pid, engine.pid])
         asyncio.run(traffic(direct, ours, plan, extra["cpu"], extra))
         extra["rss_after"] = rss_mb(server.pid)
         extra["engine_rss"] = (rss_mb(engine.pid)[0], rss_mb(engine_pid)[0])
@@ -547,6 +749,8 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         args.keep = True
         raise
     finally:
+        if loadlog is not None:
+            loadlog.close()
         procs.stop_all()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -571,7 +775,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (about a minute)")
     parser.add_argument("--max-load", type=float, default=None,
                         help="before measuring, wait until the 1-minute load average is below this")
-    parser.add_argument("--load-wait", type=float, default=600, help="longest wait for --max-load, seconds")
+    parser.add_argument("--load-wait", type=float, default=600,
+                        help="longest wait for --max-load, seconds, in all (before starting, and before the traffic)")
     parser.add_argument("--engine-args", default="",
                         help="extra llama-server arguments for both sides (e.g. '--log-disable'); -np is set to 8")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) at the end")

@@ -64,6 +64,20 @@ def test_root_only_routes(server):
         assert c.get("/internal/config").status_code == 200
 
 
+def test_every_documented_path_is_routed(server):
+    """Each path of the OpenAPI document reaches its route (api/app.py turns away paths outside a
+    router's routes before FastAPI tries them one by one; this proves none is turned away wrongly).
+    OPTIONS, a method no route takes, gives 405 for a path that matched a route and 404 otherwise,
+    without running anything."""
+    with server.client() as c:
+        paths = c.get("/openapi.json").json()["paths"]
+        assert "/api/chat" in paths and "/v1/chat/completions" in paths and "/api/v0/models/{model_id}" in paths
+        for path in paths:
+            concrete = re.sub(r"{[^}]+}", "x", path)
+            assert c.options(concrete).status_code == 405, path
+        assert c.options("/v1/no-such-thing").status_code == 404
+
+
 def test_unknown_route_is_json_404(server):
     with server.client() as c:
         resp = c.get("/v1/no-such-thing")
@@ -245,6 +259,12 @@ def test_api_key_guards_every_api_route(make_server):
         assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=admin).status_code == 200
         body = c.get("/v1/models").json()
         assert body["error"]["type"] == "authentication_error"
+        # An allowed page reads its 401 (CORS headers on the refusal too), and a preflight needs no key.
+        page = {"Origin": "http://localhost:5173"}
+        refused = c.get("/v1/models", headers=page)
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page["Origin"]
+        preflight = c.options("/v1/models", headers={**page, "Access-Control-Request-Method": "GET"})
+        assert preflight.status_code == 204
     url = srv.url.replace("http", "ws") + "/logs/stream"
     with pytest.raises((websockets.exceptions.ConnectionClosed, websockets.exceptions.InvalidStatus)):
         with ws_client.connect(url) as ws:

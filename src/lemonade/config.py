@@ -238,6 +238,7 @@ class Config:
             self._overrides["offline"] = True
         self._listeners: list[Any] = []
         self._checks: dict[str, Any] = {}
+        self._merged: dict[str, Any] | None = None  # all layers merged; rebuilt after `set`
 
     def add_check(self, key: str, check: Any) -> None:
         """A check that needs more than the schema (e.g. engine flags against the installed binary):
@@ -257,18 +258,27 @@ class Config:
                 continue
         return clean
 
+    def _effective(self) -> dict[str, Any]:
+        """The merged layers, computed once per change: `get` runs on hot paths (the router's
+        scheduler, housekeeping every second) and a deep merge of every layer costs far more than
+        the lookup (docs/performance.md)."""
+        merged = self._merged
+        if merged is None:
+            merged = self._merged = deep_merge(deep_merge(DEFAULTS, self._file), self._overrides)
+        return merged
+
     @property
     def values(self) -> dict[str, Any]:
-        """Effective settings, all layers merged."""
-        return deep_merge(deep_merge(DEFAULTS, self._file), self._overrides)
+        """Effective settings, all layers merged (a copy the caller may change)."""
+        return copy.deepcopy(self._effective())
 
     def get(self, dotted: str) -> Any:
-        node: Any = self.values
+        node: Any = self._effective()
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
                 raise ConfigError(f"Unknown config key '{dotted}'")
             node = node[part]
-        return node
+        return copy.deepcopy(node) if isinstance(node, (dict, list)) else node
 
     def overridden_keys(self) -> list[str]:
         """Keys whose file value is shadowed by an env var or flag (reported by `config set`)."""
@@ -286,6 +296,7 @@ class Config:
                 _set_path(new_file, key, value)
             atomic_write_json(self.path, new_file)
             self._file = new_file
+            self._merged = None
         for listener in self._listeners:
             listener(flat)
         return flat

@@ -1,21 +1,17 @@
-"""ASGI middleware: API-key checks and per-request metrics.
-
-Written as plain ASGI (not BaseHTTPMiddleware) so streamed responses pass through untouched and
-the per-request overhead stays in the microseconds.
-"""
+"""The per-request rules of our ASGI layer (api/guard.py runs them all in one pass): API keys,
+the body size limit, JSON as the default content type, metrics labels, header helpers."""
 
 from __future__ import annotations
 
 import hmac
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
 
-from lemonade.api.errors import APIError, api_family, error_body, error_response
+from lemonade.api.errors import APIError, api_family, error_body
 from lemonade.config import Config
 
 Scope = dict[str, Any]
@@ -76,47 +72,37 @@ def is_admin(scope: Scope, api_key: str | None, admin_key: str | None) -> bool:
     return required is None or _matches(presented_key(scope), required)
 
 
-class AuthMiddleware:
-    """`LEMONADE_API_KEY` guards API routes, `LEMONADE_ADMIN_API_KEY` guards `/internal/*`.
+def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> str | None:
+    """Why the request may not pass the API-key check (the 401 message), or None when it may.
 
-    The admin key is accepted wherever the API key is; `/metrics` accepts either key and is open
-    when no API key is set (lemonade.md, GET /metrics).
+    `LEMONADE_API_KEY` guards API routes, `LEMONADE_ADMIN_API_KEY` guards `/internal/*`; the admin
+    key is accepted wherever the API key is; `/metrics` accepts either key and is open when no API
+    key is set (lemonade.md, GET /metrics).
     """
+    path: str = scope.get("path", "")
+    if scope["type"] == "http" and scope.get("method") == "OPTIONS":
+        return None  # CORS preflight carries no credentials
+    if path in OPEN_PATHS or path == "/" or path.startswith("/static/"):
+        return None
+    if path.startswith("/internal"):
+        if is_admin(scope, api_key, admin_key):
+            return None
+    elif api_key is None or _matches(presented_key(scope), api_key, admin_key):
+        return None
+    return ("Invalid or missing API key. Send it as 'Authorization: Bearer <key>'"
+            + (" (the admin key for /internal routes)." if path.startswith("/internal") else "."))
 
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None) -> None:
-        self.app = app
-        self.api_key = api_key or None
-        self.admin_key = admin_key or None
 
-    def allowed(self, scope: Scope) -> bool:
-        path: str = scope.get("path", "")
-        if scope["type"] == "http" and scope.get("method") == "OPTIONS":
-            return True  # CORS preflight carries no credentials
-        if path in OPEN_PATHS or path == "/" or path.startswith("/static/"):
-            return True
-        given = presented_key(scope)
-        if path.startswith("/internal"):
-            return is_admin(scope, self.api_key, self.admin_key)
-        if self.api_key is None:
-            return True
-        return _matches(given, self.api_key, self.admin_key)
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or self.allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        message = ("Invalid or missing API key. Send it as 'Authorization: Bearer <key>'"
-                   + (" (the admin key for /internal routes)." if scope.get("path", "").startswith("/internal")
-                      else "."))
-        if scope["type"] == "websocket":
-            await receive()  # the websocket.connect event
-            await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
-            return
-        body = json.dumps(error_body(api_family(scope["path"]), 401, message, "authentication_error",
-                                     "invalid_api_key")).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+async def refuse_unauthorized(scope: Scope, receive: Any, send: Any, message: str) -> None:
+    if scope["type"] == "websocket":
+        await receive()  # the websocket.connect event
+        await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
+        return
+    body = json.dumps(error_body(api_family(scope["path"]), 401, message, "authentication_error",
+                                 "invalid_api_key")).encode()
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def route_family(path: str) -> str:
@@ -141,54 +127,19 @@ def route_family(path: str) -> str:
     return "lemonade"
 
 
-class MetricsMiddleware:
-    """Counts requests and observes latency (to the end of the response body) per route family."""
-
-    def __init__(self, app: ASGIApp, observe: Callable[[str, str, int, float], None]) -> None:
-        self.app = app
-        self.observe = observe
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.observe(route_family(scope["path"]), scope.get("method", ""), status,
-                         time.perf_counter() - start)
-
-
-class DefaultJSONContentType:
+def with_default_json(scope: Scope, origin: str | None, content_type: str | None) -> Scope:
     """Treat a POST body without a JSON content type (e.g. `curl -d '{...}'`) as JSON, for clients
     that are not browsers.
 
     llama-server and Lemonade accept such requests, and the spec's curl examples rely on it;
-    multipart uploads keep their own content type.
+    multipart uploads keep their own content type. Browsers (they send Origin) keep theirs: read
+    as JSON, a cross-site "simple" text/plain POST would pass without a CORS preflight.
     """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        # Browsers (they send Origin) keep their content type: read as JSON, a cross-site "simple"
-        # text/plain POST would pass without a CORS preflight.
-        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH") \
-                and header(scope, b"origin") is None:
-            ctype = header(scope, b"content-type")
-            if ctype is None or ctype.startswith(("application/x-www-form-urlencoded", "text/plain")):
-                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-                scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
-        await self.app(scope, receive, send)
+    if scope.get("method") in ("POST", "PUT", "PATCH") and origin is None and (
+            content_type is None or content_type.startswith(("application/x-www-form-urlencoded", "text/plain"))):
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        return dict(scope, headers=headers + [(b"content-type", b"application/json")])
+    return scope
 
 
 class BodySizeLimit:
@@ -196,12 +147,11 @@ class BodySizeLimit:
 
     Why: every JSON route reads its whole body, so without a cap one client can make the server
     allocate whatever it sends. A declared `Content-Length` over the limit is refused before any
-    byte is read; a chunked body is counted as it arrives and refused once it passes the limit.
-    The limit follows `/internal/set` without a restart.
+    byte is read (`declared_too_large`); a chunked body is counted as it arrives and refused once
+    it passes the limit (`counting`). The limit follows `/internal/set` without a restart.
     """
 
-    def __init__(self, app: ASGIApp, config: Config) -> None:
-        self.app = app
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.limit_mb = int(config.get("max_request_body_mb"))
         config.on_change(self._changed)
@@ -214,15 +164,12 @@ class BodySizeLimit:
         return APIError(413, f"Request body too large: the limit is {self.limit_mb} MB (config key "
                         "max_request_body_mb, env LEMONADE_MAX_REQUEST_BODY_MB)", code="request_too_large")
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def declared_too_large(self, content_length: str | None) -> bool:
+        return content_length is not None and content_length.isdigit() \
+            and int(content_length) > self.limit_mb * 1024 * 1024
+
+    def counting(self, receive: Any) -> Callable[[], Awaitable[dict[str, Any]]]:
         limit = self.limit_mb * 1024 * 1024
-        declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await error_response(scope["path"], self.error(), headers={"Connection": "close"})(scope, receive, send)
-            return
         received = 0
 
         async def counted() -> dict[str, Any]:
@@ -236,4 +183,4 @@ class BodySizeLimit:
                     raise HTTPException(413, self.error().message)
             return message
 
-        await self.app(scope, counted, send)
+        return counted

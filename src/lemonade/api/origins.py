@@ -24,7 +24,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lemonade.api.errors import api_family, error_body
-from lemonade.api.middleware import header
 
 log = logging.getLogger("lemonade.server")
 Scope = dict[str, Any]
@@ -32,6 +31,7 @@ Scope = dict[str, Any]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WEB_SCHEMES = ("http", "https")
 PREFLIGHT_MAX_AGE = "600"
+HOST_VERDICTS_KEPT = 256
 
 
 def _split_host(host: str) -> str:
@@ -74,12 +74,18 @@ class OriginPolicy:
         self.hosts = {p.hostname for p in map(urlsplit, self.listed) if p.hostname}
         machine = socket.gethostname().lower()  # (not getfqdn: a DNS lookup could stall the start offline)
         self.hosts |= {machine, machine + ".local"}
+        self._host_verdicts: dict[str, bool] = {}  # Host header -> allowed; clients repeat the same one
 
     def host_allowed(self, host_header: str | None) -> bool:
         if self.any_origin or not host_header:
             return True  # HTTP/1.0 clients may send no Host; nothing a browser does
-        host = _split_host(host_header)
-        return _is_ip(host) or _is_loopback_name(host) or host in self.hosts
+        verdict = self._host_verdicts.get(host_header)
+        if verdict is None:
+            host = _split_host(host_header)
+            verdict = _is_ip(host) or _is_loopback_name(host) or host in self.hosts
+            if len(self._host_verdicts) < HOST_VERDICTS_KEPT:  # bounded: a client can send any Host
+                self._host_verdicts[host_header] = verdict
+        return verdict
 
     def origin_allowed(self, origin: str, host_header: str | None) -> bool:
         origin = origin.strip().rstrip("/").lower()
@@ -96,70 +102,43 @@ class OriginPolicy:
         return bool(host_header) and parts.netloc == host_header.strip().lower()
 
 
-class OriginGuard:
-    """ASGI middleware applying `OriginPolicy`, answering preflights and adding CORS headers."""
+def refusal(policy: OriginPolicy, host: str | None, origin: str | None) -> str | None:
+    """Why this Host/Origin pair is refused (the 403 message), or None when it may pass."""
+    if not policy.host_allowed(host):
+        return (f"Host '{host}' is not a name this server answers to (protection against DNS rebinding). Connect "
+                "by IP address or localhost, or add the web page's origin to LEMONADE_ALLOWED_ORIGINS.")
+    if origin is not None and not policy.origin_allowed(origin, host):
+        return (f"Origin '{origin}' is not allowed to use this server. Pages on localhost and desktop apps are; "
+                "add other origins to LEMONADE_ALLOWED_ORIGINS (comma-separated) when you trust them.")
+    return None
 
-    def __init__(self, app: Any, policy: OriginPolicy) -> None:
-        self.app = app
-        self.policy = policy
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        host = header(scope, b"host")
-        origin = header(scope, b"origin")
-        if not self.policy.host_allowed(host):
-            await self._refuse(scope, receive, send, f"Host '{host}' is not a name this server answers to "
-                               "(protection against DNS rebinding). Connect by IP address or localhost, or add "
-                               "the web page's origin to LEMONADE_ALLOWED_ORIGINS.")
-            return
-        if origin is None:
-            await self.app(scope, receive, send)
-            return
-        if not self.policy.origin_allowed(origin, host):
-            await self._refuse(scope, receive, send, f"Origin '{origin}' is not allowed to use this server. "
-                               "Pages on localhost and desktop apps are; add other origins to "
-                               "LEMONADE_ALLOWED_ORIGINS (comma-separated) when you trust them.")
-            return
-        if scope["type"] == "http" and scope.get("method") == "OPTIONS" \
-                and header(scope, b"access-control-request-method"):
-            await self._preflight(scope, send, origin)
-            return
-        if scope["type"] == "websocket":
-            await self.app(scope, receive, send)
-            return
+def with_cors(message: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A response start for an allowed page: its CORS headers (any the app set are replaced)."""
+    headers = [(k, v) for k, v in message.get("headers", []) if not k.lower().startswith(b"access-control-")]
+    headers += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+                (b"access-control-expose-headers", b"*")]
+    return {**message, "headers": headers}
 
-        async def send_with_cors(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if not k.lower().startswith(b"access-control-")]
-                headers += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-                            (b"access-control-expose-headers", b"*")]
-                message = {**message, "headers": headers}
-            await send(message)
 
-        await self.app(scope, receive, send_with_cors)
+async def preflight(send: Any, origin: str, requested_headers: str | None) -> None:
+    """204 to an allowed page's CORS preflight."""
+    headers = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+               (b"access-control-allow-methods", b"GET, POST, PUT, PATCH, DELETE, OPTIONS, HEAD"),
+               (b"access-control-allow-headers", (requested_headers or "*").encode("latin-1")),
+               (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode())]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
-    @staticmethod
-    async def _preflight(scope: Scope, send: Any, origin: str) -> None:
-        requested = header(scope, b"access-control-request-headers") or "*"
-        headers = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-                   (b"access-control-allow-methods", b"GET, POST, PUT, PATCH, DELETE, OPTIONS, HEAD"),
-                   (b"access-control-allow-headers", requested.encode("latin-1")),
-                   (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode())]
-        await send({"type": "http.response.start", "status": 204, "headers": headers})
-        await send({"type": "http.response.body", "body": b""})
 
-    @staticmethod
-    async def _refuse(scope: Scope, receive: Any, send: Any, message: str) -> None:
-        log.warning("Refused %s %s: %s", scope.get("method", "WEBSOCKET"), scope.get("path"), message)
-        if scope["type"] == "websocket":
-            await receive()  # websocket.connect; closing before accept answers the handshake with 403
-            await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
-            return
-        body = json.dumps(error_body(api_family(scope.get("path", "")), 403, message, "forbidden",
-                                     "origin_not_allowed")).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+async def refuse(scope: Scope, receive: Any, send: Any, message: str) -> None:
+    """403 (a WebSocket handshake is closed, which browsers see as 403: no cross-site hijacking)."""
+    log.warning("Refused %s %s: %s", scope.get("method", "WEBSOCKET"), scope.get("path"), message)
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect; closing before accept answers the handshake with 403
+        await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
+        return
+    body = json.dumps(error_body(api_family(scope.get("path", "")), 403, message, "forbidden",
+                                 "origin_not_allowed")).encode()
+    await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})

@@ -22,6 +22,7 @@ from lemonade import __version__
 log = logging.getLogger("lemonade.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+CHILDREN_KEPT = 4096
 
 
 class Metrics:
@@ -48,6 +49,7 @@ class Metrics:
         self.model_loads = Counter("lemonade_model_loads", "Model loads, by outcome.", ["model", "outcome"],
                                    registry=r)
         # The router's queue and residency counters (`queue` in /v1/health), copied at scrape time.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.queue = Gauge("lemonade_router", "Requests waiting for a model slot (depth) and the router's running "
                            "totals: waits, loads, swaps, idle evictions, rejections, abandoned waits, watchdog "
                            "kills.", ["figure"], registry=r)
@@ -57,17 +59,29 @@ class Metrics:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.queue.labels(key).set(value)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: prometheus_client takes a lock and rebuilds the label
+        tuple on each call, and every request records two to four of these (issue 17). Only for
+        metrics whose children are never removed; bounded, since a client chooses the method."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            if len(self._children) < CHILDREN_KEPT:
+                self._children[key] = child
+        return child
+
     def observe_request(self, family: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(family, method, str(status)).inc()
-        self.latency.labels(family).observe(seconds)
+        self._child(self.requests, family, method, str(status)).inc()
+        self._child(self.latency, family).observe(seconds)
 
     def record_inference(self, model: str, endpoint: str, input_tokens: int | None,
                          output_tokens: int | None) -> None:
-        self.model_requests.labels(model, endpoint).inc()
+        self._child(self.model_requests, model, endpoint).inc()
         if input_tokens:
-            self.model_tokens.labels(model, "input").inc(input_tokens)
+            self._child(self.model_tokens, model, "input").inc(input_tokens)
         if output_tokens:
-            self.model_tokens.labels(model, "output").inc(output_tokens)
+            self._child(self.model_tokens, model, "output").inc(output_tokens)
 
     def set_loaded(self, loaded: Iterable[dict[str, Any]]) -> None:
         """Refresh the residency gauges from the router's view (called at scrape time)."""

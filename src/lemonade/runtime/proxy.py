@@ -11,6 +11,7 @@ that a client hanging up stops it as well; the answer is assembled here (runtime
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -263,7 +264,8 @@ class Proxy:
             raise upstream_error(lm, resp.status, text)
 
         async def relay() -> AsyncIterator[bytes]:
-            tail = b""
+            tail: collections.deque[bytes] = collections.deque()  # the last chunks, about TAIL_BYTES of them
+            kept = 0
             started = False
             t0 = time.perf_counter()
             try:
@@ -272,7 +274,11 @@ class Proxy:
                         started = True
                         lm.streaming += 1
                         log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - t0) * 1000)
-                    tail = (tail + chunk)[-TAIL_BYTES:]
+                    # No copying per chunk (a 16 KB `(tail + chunk)[-16K:]` cost two copies of it per token).
+                    tail.append(chunk)
+                    kept += len(chunk)
+                    while kept - len(tail[0]) >= TAIL_BYTES:
+                        kept -= len(tail.popleft())
                     lm.last_progress = time.monotonic()
                     yield chunk
             except ENGINE_ERRORS as exc:
@@ -284,8 +290,9 @@ class Proxy:
                     lm.streaming -= 1
                 # In the finally: clients (the openai SDK) hang up right after [DONE], which cancels this
                 # generator before the engine's EOF; the figures are in `tail` already and must count.
+                last = b"".join(tail)
                 self._account(model, endpoint,
-                              _last_event_with(tail, b'"timings"') or _last_event_with(tail, b'"usage"'))
+                              _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"'))
                 resp.close()
                 await release()
 

@@ -1,6 +1,6 @@
 """Per-request facts the router needs without every API family passing them along.
 
-- `client_gone`: set by `DisconnectWatch` (api/middleware.py) when the client hangs up, so a
+- `client_gone`: set by `DisconnectWatch` (api/disconnect.py, run by api/guard.py) when the client hangs up, so a
   request still waiting for a model slot leaves the queue (and causes no load), and a non-streamed
   request is cancelled at the engine.
 - `load_progress`: a callback that receives install/download/load progress events for the
@@ -14,7 +14,35 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-client_gone: ContextVar[asyncio.Event | None] = ContextVar("client_gone", default=None)
+
+class Departure:
+    """Set once, when the client hangs up. Waiting on it takes a callback, not a task: every
+    non-streamed request waits on it (issue 17: a task and `asyncio.wait` per request cost more
+    than the rest of the wait)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def add(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+
+client_gone: ContextVar[Departure | None] = ContextVar("client_gone", default=None)
 load_progress: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("load_progress", default=None)
 
 
@@ -29,11 +57,20 @@ async def until_gone_or(awaitable: asyncio.Future[Any]) -> Any:
         return await awaitable
     if gone.is_set():
         raise ClientGone()
-    watcher = asyncio.ensure_future(gone.wait())
-    try:
-        done, _ = await asyncio.wait({awaitable, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if awaitable in done:
+    if not awaitable.done():
+        wake = asyncio.get_running_loop().create_future()
+
+        def on_event(*_: Any) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        awaitable.add_done_callback(on_event)
+        gone.add(on_event)
+        try:
+            await wake
+        finally:
+            awaitable.remove_done_callback(on_event)
+            gone.discard(on_event)
+    if awaitable.done():
         return awaitable.result()
     raise ClientGone()

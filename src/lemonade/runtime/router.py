@@ -69,6 +69,7 @@ class LoadedModel:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     _cpu_seen: float = -1.0
     _cpu_changed_at: float = field(default_factory=time.monotonic)
+    _ps: psutil.Process | None = None  # the engine process, for the watchdog
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -618,7 +619,8 @@ class Router:
         if pid is None or not lm.server.alive:
             return
         try:
-            proc = psutil.Process(pid)
+            proc = lm._ps if lm._ps is not None and lm._ps.pid == pid else psutil.Process(pid)
+            lm._ps = proc  # kept: psutil.Process() reads /proc each time it is built (every second here)
             cpu = sum(proc.cpu_times()[:2])
             stopped = proc.status() == psutil.STATUS_STOPPED
         except psutil.Error:

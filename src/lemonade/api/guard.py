@@ -1,0 +1,124 @@
+"""Our one ASGI layer: every per-request rule of ours, in one pass over the headers.
+
+In order: the Host/Origin policy (403; an allowed page's preflight gets its 204 and its responses
+their CORS headers, a 401 included), the API key (401), then for HTTP: metrics (status and time,
+to the end of the response body), the body size limit (413), JSON as the default content type, and
+for POSTs the disconnect watch that sets the request's `client_gone`.
+
+Why one layer: these were six middlewares, each scanning the headers and adding a call frame to
+every request and, for those that wrap `send`, to every streamed chunk. One layer reads the headers
+it needs once and wraps `send` and `receive` at most once each (issue 17, docs/performance.md).
+The rules themselves live where they did: api/origins.py, api/middleware.py, api/disconnect.py.
+Plain ASGI (not BaseHTTPMiddleware), so streamed responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lemonade.api.disconnect import DisconnectWatch
+from lemonade.api.errors import error_response
+from lemonade.api.middleware import (
+    ASGIApp,
+    BodySizeLimit,
+    Scope,
+    auth_refusal,
+    refuse_unauthorized,
+    route_family,
+    with_default_json,
+)
+from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors
+from lemonade.runtime.request_context import client_gone
+
+WANTED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"access-control-request-method",
+                    b"access-control-request-headers"})
+
+
+def wanted_headers(scope: Scope) -> dict[bytes, str]:
+    """The headers the rules read, first occurrence of each, in one pass."""
+    found: dict[bytes, str] = {}
+    for key, value in scope.get("headers", ()):
+        if key in WANTED and key not in found:
+            found[key] = value.decode("latin-1")
+    return found
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, *, policy: OriginPolicy, api_key: str | None, admin_key: str | None,
+                 body_limit: BodySizeLimit, observe: Callable[[str, str, int, float], None]) -> None:
+        self.app = app
+        self.policy = policy
+        self.api_key = api_key or None
+        self.admin_key = admin_key or None
+        self.body_limit = body_limit
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind != "http" and kind != "websocket":
+            await self.app(scope, receive, send)
+            return
+        headers = wanted_headers(scope)
+        origin = headers.get(b"origin")
+        why = refusal(self.policy, headers.get(b"host"), origin)
+        if why is not None:
+            await refuse(scope, receive, send, why)
+            return
+        http = kind == "http"
+        if origin is not None and http and scope.get("method") == "OPTIONS" \
+                and headers.get(b"access-control-request-method"):
+            await preflight(send, origin, headers.get(b"access-control-request-headers"))
+            return
+        why = auth_refusal(scope, self.api_key, self.admin_key)
+        if why is not None:
+            await refuse_unauthorized(scope, receive, self._cors(send, origin) if http else send, why)
+            return
+        if not http:
+            await self.app(scope, receive, send)
+            return
+        await self._http(scope, receive, send, headers, origin)
+
+    @staticmethod
+    def _cors(send: Any, origin: str | None) -> Any:
+        if origin is None:
+            return send
+
+        async def send_with_cors(message: dict[str, Any]) -> None:
+            await send(with_cors(message, origin) if message["type"] == "http.response.start" else message)
+
+        return send_with_cors
+
+    async def _http(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str],
+                    origin: str | None) -> None:
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if origin is not None:
+                    message = with_cors(message, origin)
+            await send(message)
+
+        try:
+            if self.body_limit.declared_too_large(headers.get(b"content-length")):
+                response = error_response(scope["path"], self.body_limit.error(), headers={"Connection": "close"})
+                await response(scope, receive, send_wrapper)
+                return
+            scope = with_default_json(scope, origin, headers.get(b"content-type"))
+            counted = self.body_limit.counting(receive)
+            if scope.get("method") != "POST":
+                await self.app(scope, counted, send_wrapper)
+                return
+            watch = DisconnectWatch(counted)
+            token = client_gone.set(watch.gone)
+            try:
+                await self.app(scope, watch.receive, send_wrapper)
+            finally:
+                client_gone.reset(token)
+                watch.close()
+        finally:
+            self.observe(route_family(scope["path"]), scope.get("method", ""), status, time.perf_counter() - start)
