@@ -48,7 +48,7 @@ from lemonade.audio.formats import wav_header
 from lemonade.audio.vad import SAMPLE_RATE, EnergyVad, VadSettings
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
-from lemonade.runtime.request_context import ClientGone, client_gone
+from lemonade.runtime.request_context import ClientGone, Departure, client_gone
 from lemonade.services import Services
 from lemonade.util import jsonparse
 
@@ -90,7 +90,7 @@ class RealtimeSession:
         # busy machine interims get rarer, so the turn's final transcription waits less behind one
         self.jobs: asyncio.Queue[Job] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
-        self.gone = asyncio.Event()
+        self.gone = Departure()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.warmed: str | None = None  # the model last loaded ahead of the first turn
 
