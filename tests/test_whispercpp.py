@@ -30,6 +30,8 @@ from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
 from lemonade.errors import APIError
 from tests.conftest import TEST_CACHE
 from tests.ggml_whisper import FILE_NAME, tiny_random_whisper_ggml
+from tests.test_engines import loaded
+from tests.test_engines import transcribe as transcribe_with
 
 MODEL = "Whisper-Tiny"  # catalog: ggerganov/whisper.cpp:ggml-tiny.bin, recipe whispercpp
 REPO = "ggerganov/whisper.cpp"
@@ -69,14 +71,8 @@ def http(server):
         yield c
 
 
-def loaded(http) -> dict[str, dict]:
-    return {m["model_name"]: m for m in http.get("/v1/health").json()["all_models_loaded"]}
-
-
 def transcribe(http, path: Path, **fields) -> httpx.Response:
-    with open(path, "rb") as fh:
-        return http.post("/v1/audio/transcriptions", files={"file": (path.name, fh, "audio/wav")},
-                         data={"model": MODEL, **fields})
+    return transcribe_with(http, path, model=MODEL, **fields)
 
 
 def test_flag_rules():
