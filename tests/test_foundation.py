@@ -146,6 +146,25 @@ def test_wrong_types_and_missing_fields_name_the_field(server):
         assert resp.status_code == 400 and "temperature" in resp.json()["error"]["message"]
 
 
+BAD_BODIES = [b"", b"{not json", b"\x99\xcd binary", b"[1, 2]", b'"text"', b'{"model": 5}',
+              b'{"messages": [{"role": "user", "content": "hi"}]}', b'{"model": "no-such-model", "messages": []}',
+              b'{"model": "x", "messages": "hello"}', b'{"model": "x", "prompt": "hi", "max_tokens": "many"}',
+              b'{"model": "x", "input": ["a", 3]}']
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/v0/completions", "/v1/embeddings", "/v1/responses",
+                                  "/v1/messages", "/api/chat", "/api/generate"])
+def test_direct_routes_answer_as_fastapi_does(server, path):
+    """api/direct.py serves these routes for `application/json` bodies; any other JSON media type
+    (`application/merge-patch+json` here) still goes through FastAPI. Both must answer alike."""
+    with server.client() as c:
+        for body in BAD_BODIES:
+            direct = c.post(path, content=body, headers={"content-type": "application/json"})
+            fastapi = c.post(path, content=body, headers={"content-type": "application/merge-patch+json"})
+            assert 400 <= direct.status_code < 500, (body, direct.text)
+            assert (direct.status_code, direct.json()) == (fastapi.status_code, fastapi.json()), body
+
+
 # ----- configuration ---------------------------------------------------------------------------
 
 def test_config_get_set_persists_and_applies(make_server):

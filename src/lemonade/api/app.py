@@ -22,6 +22,7 @@ from starlette.routing import Match
 from lemonade import __version__
 from lemonade.api import internal
 from lemonade.api.anthropic import messages
+from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
@@ -174,6 +175,10 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(ollama_routes.router)
     app.include_router(mcp_routes.router)
     skip_other_paths(app)
+    # The hot inference routes skip FastAPI's per-request machinery (api/direct.py); inside the guard.
+    app.add_middleware(DirectRoutes, fastapi=app,
+                       routes=[(prefix, route) for prefix in PREFIXES for router in api_routers()
+                               for route in router.routes] + [("", route) for route in ollama_routes.router.routes])
 
     # Origins, API key, metrics, body limit, JSON content type, disconnect watch: one layer, one pass.
     app.add_middleware(RequestGuard, policy=OriginPolicy(services.allowed_origins), api_key=services.api_key,

@@ -122,14 +122,13 @@ class WrappedServer:
             *lines, pending = (pending + chunk).split(b"\n")
             if len(pending) > 65536:
                 lines, pending = lines + [pending], b""
-            for line in lines:
-                text = line.decode("utf-8", errors="replace").rstrip()
-                if text:
-                    self.tail.append(text)
-                    if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
-                        self.output_log.info("%s", text)  # debugging: through logging, to the console too
-                    else:
-                        buffer.add(tag, "Info", text)
+            texts = [text for text in (line.decode("utf-8", errors="replace").rstrip() for line in lines) if text]
+            self.tail.extend(texts)
+            if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
+                for text in texts:
+                    self.output_log.info("%s", text)  # debugging: through logging, to the console too
+            elif texts:
+                buffer.add_many(tag, "Info", texts)
         code = await self.proc.wait()
         if not self._stopping:
             self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,

@@ -9,12 +9,14 @@ wrappers, so there is only one place where log lines are numbered and stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +30,13 @@ _SEVERITY = {
 }
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
+
+
+def _put_all(queue: asyncio.Queue[LogEntry], entries: list[LogEntry]) -> None:
+    """A subscriber 10000 entries behind loses the newest rather than raising in the event loop."""
+    with contextlib.suppress(asyncio.QueueFull):
+        for entry in entries:
+            queue.put_nowait(entry)
 
 
 @dataclass
@@ -65,16 +74,22 @@ class LogBuffer(logging.Handler):
             self.handleError(record)
 
     def add(self, tag: str, severity: str, message: str, created: float | None = None) -> None:
-        """Store one entry and push it to subscribers. Engine output comes here directly: a
-        LogRecord per engine line cost about 0.4 ms per request (docs/performance.md)."""
+        """Store one entry and push it to subscribers."""
+        self.add_many(tag, severity, (message,), created)
+
+    def add_many(self, tag: str, severity: str, messages: Iterable[str], created: float | None = None) -> None:
+        """Store entries that arrived together (an engine's lines read in one chunk) under one
+        timestamp, one lock and one wake-up per subscriber. Engine output comes here directly: a
+        LogRecord per engine line cost about 0.4 ms per request, and one call per line still about
+        0.2 ms of the lines llama-server prints per request (docs/performance.md)."""
         ts = _format_ts(time.time() if created is None else created)
         with self._lock:
-            entry = LogEntry(next(self._seq), ts, severity, tag, f"{ts} [{severity}] ({tag}) {message}")
-            self._entries.append(entry)
+            entries = [LogEntry(next(self._seq), ts, severity, tag, f"{ts} [{severity}] ({tag}) {m}") for m in messages]
+            self._entries.extend(entries)
             subscribers = list(self._subscribers)
         for loop, queue in subscribers:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, entry)
+                loop.call_soon_threadsafe(_put_all, queue, entries)
             except RuntimeError:  # loop closed: the subscriber is gone
                 pass
 

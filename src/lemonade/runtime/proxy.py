@@ -10,7 +10,6 @@ that a client hanging up stops it as well; the answer is assembled here (runtime
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
@@ -29,7 +28,7 @@ from lemonade.observability.metrics import Metrics
 from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
-from lemonade.runtime.request_context import ClientGone, until_gone_or
+from lemonade.runtime.request_context import ClientGone, cancelled_when_gone
 from lemonade.runtime.router import LoadedModel, Router
 from lemonade.runtime.stats import Stats
 
@@ -123,12 +122,10 @@ class Proxy:
             async with self.http().request(method, lm.base_url + path, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
-        call = asyncio.ensure_future(round_trip() if streamed is None else
-                                     self._assembled(lm, path, {**(body or {}), **streamed}))
         try:
-            status, content = await until_gone_or(call)
+            status, content = await cancelled_when_gone(
+                round_trip() if streamed is None else self._assembled(lm, path, {**(body or {}), **streamed}))
         except ClientGone:
-            call.cancel()
             log.info("%s: the client went away; the engine request was cancelled", lm.name)
             raise
         except ENGINE_ERRORS as exc:
