@@ -26,7 +26,7 @@ def jobs(request: Request) -> JobManager:
 
 
 @router.post("/jobs", status_code=202)
-async def create_job(request: Request, body: dict[str, Any] = Body(..., examples=[{
+async def create_job(request: Request, body: Any = Body(..., examples=[{
         "name": "hello", "inputs": {"model": "Qwen3-0.6B-GGUF"},
         "steps": [{"id": "load", "op": "load", "params": {"model": "${inputs.model}"}},
                   {"id": "ask", "op": "chat", "params": {"model": "${inputs.model}", "max_tokens": 16,
