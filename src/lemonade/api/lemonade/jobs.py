@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lemonade.api.openapi import STREAM_SCHEMAS
 from lemonade.jobs.manager import JobManager
 
 router = APIRouter(tags=["jobs"])
@@ -27,11 +28,10 @@ def jobs(request: Request) -> JobManager:
 
 @router.post("/jobs", status_code=202)
 async def create_job(request: Request, body: Any = Body(..., examples=[{
-        "name": "hello", "inputs": {"model": "Qwen3-0.6B-GGUF"},
-        "steps": [{"id": "load", "op": "load", "params": {"model": "${inputs.model}"}},
-                  {"id": "ask", "op": "chat", "params": {"model": "${inputs.model}", "max_tokens": 16,
-                                                         "messages": [{"role": "user", "content": "Hi"}]},
-                   "extract": {"answer": "choices.0.message.content"}}]}])) -> JSONResponse:
+        "name": "hello", "inputs": {"ms": 10},
+        "steps": [{"id": "nap", "op": "sleep", "params": {"ms": "${inputs.ms}"}},
+                  {"id": "stats", "op": "system_stats", "when": "${inputs.ms} < 100",
+                   "extract": {"memory": "memory_gb"}}]}])) -> JSONResponse:
     """Create a job from `{name, steps | definition: {steps}, inputs}`; it runs in the background."""
     return JSONResponse({"id": jobs(request).create(body)}, status_code=202)
 
@@ -48,7 +48,9 @@ async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     return jobs(request).get(job_id)
 
 
-@router.get("/jobs/{job_id}/events")
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses={200: {
+    "description": "SSE `job` events: the job's summary and per-step status",
+    "content": {"text/event-stream": {"schema": STREAM_SCHEMAS["text/event-stream"]}}}})
 async def job_events(request: Request, job_id: str) -> StreamingResponse:
     """SSE: one `job` event with the job's state now, then one per change, until it is no longer
     queued or running (paused, interrupted, completed, failed, or deleted)."""
