@@ -98,6 +98,27 @@ def test_invalid_jobs_are_refused_with_the_step_and_field(c):
         assert r.status_code == 404 and "job-unknown" in r.json()["error"]["message"], (method, path, r.text)
 
 
+def test_the_job_store_holds_50_and_queued_jobs_pause_at_once(c):
+    """Fifty jobs that are active or resumable fill the store (429); a queued job pauses and
+    interrupts at once; deleting one makes room; deleting the running one stops it."""
+    ids = [create(c, {"name": f"wait{i}", "steps": [{"id": "nap", "op": "sleep", "params": {"ms": 600000}}]})
+           for i in range(50)]
+    try:
+        r = c.post("/v1/jobs", json={"steps": [{"id": "a", "op": "sleep"}]})
+        assert r.status_code == 429 and "50" in r.json()["error"]["message"], r.text
+        r = c.post(f"/v1/jobs/{ids[-1]}/pause")
+        assert r.status_code == 200 and r.json()["status"] == "paused", r.text  # it was queued: paused now
+        r = c.post(f"/v1/jobs/{ids[-2]}/interrupt")
+        assert r.status_code == 200 and r.json()["status"] == "interrupted", r.text
+        assert c.post(f"/v1/jobs/{ids[-1]}/pause").status_code == 409
+        assert c.delete(f"/v1/jobs/{ids.pop()}").status_code == 200
+        ids.append(create(c, {"steps": [{"id": "a", "op": "sleep"}]}))  # room again
+    finally:
+        for job_id in reversed(ids):  # queued ones first, so none starts running meanwhile
+            assert c.delete(f"/v1/jobs/{job_id}").status_code == 200
+    wait_for(lambda: not c.get("/v1/jobs").json()["jobs"] or None, timeout=30)
+
+
 def test_chat_job_passes_data_forward_and_branches(c):
     """Load, chat, pass the answer forward into a second chat, branch over a step, skip a guarded
     one; progress events stream until the job completes."""

@@ -283,7 +283,8 @@ class JobManager:
     def delete(self, job_id: str) -> dict[str, Any]:
         job = self._visible(job_id)
         ctrl = self.controls[job_id]
-        if job_id == self.active or (job.status in RESTING and job_id in self.states):
+        state = self.states.get(job_id)
+        if job_id == self.active or (state is not None and (state.owned or state.pending_loads)):
             # Tombstone first (durable), then let the worker clean up the models the job holds.
             job.deleted = True
             ctrl.delete = True
@@ -291,6 +292,7 @@ class JobManager:
             if job_id == self.active:
                 self._signal_interrupt(job_id)
             else:
+                self._dequeue(job_id)
                 self.queue.append(job_id)
                 self._notify()
             log.info("Deleting job %s: tombstoned; removed once its models are cleaned up", job_id)

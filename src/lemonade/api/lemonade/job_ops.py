@@ -123,7 +123,7 @@ class ServerOps:
         work = _prepare_load(self.svc, body)
         try:
             await work()
-        except ClientGone:
+        except (ClientGone, asyncio.CancelledError):
             for n in names:  # the load goes on in the router; what it creates is still this job's
                 state.pending_loads[n] = (before[n], params)
             raise
