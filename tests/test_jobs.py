@@ -270,8 +270,12 @@ def test_job_survives_a_server_restart(make_server, gemma_dir):
             {"id": "again", "op": "chat", "params": chat_params("${answer} and", max_tokens=3)}]})
         wait_step_running(c, job_id, "nap")
     srv.stop(signal.SIGKILL)  # by pid: a crash, no chance to write anything more
-    on_disk = {x["id"]: x for x in json.loads((srv.cache / "jobs.json").read_text())["jobs"]}
-    assert on_disk[job_id]["status"] == "running"
+    state_file = srv.cache / "jobs.json"
+    stored = json.loads(state_file.read_text())
+    assert next(x for x in stored["jobs"] if x["id"] == job_id)["status"] == "running"
+    # As if the crash came between a delete's answer and the job's removal: a tombstone on disk.
+    stored["jobs"].append({**stored["jobs"][0], "id": "job-20260101-000000-000099", "deleted": True})
+    state_file.write_text(json.dumps(stored))
 
     again = make_server(env=env, cache=srv.cache)
     with again.client() as c:
@@ -285,4 +289,13 @@ def test_job_survives_a_server_restart(make_server, gemma_dir):
         assert j["status"] == "completed" and j["context"]["answer"] == answer, j
         assert "choices" in j["context"]["again"]
         assert GEMMA_NAME in loaded(c)
+        assert c.get("/v1/jobs/job-20260101-000000-000099").status_code == 404  # the tombstone was dropped
+        stopped = create(c, {"steps": [{"id": "nap", "op": "sleep", "params": {"ms": 600000}}]})
+        assert int(stopped.rsplit("-", 1)[1]) > 99  # ids keep counting from the restored ones
+        wait_step_running(c, stopped, "nap")
     assert f"Reloaded {GEMMA_ID} for the resumed job" in again.log_path.read_text()  # from its completed load step
+    again.stop()  # SIGTERM: a clean stop records the running job as interrupted
+    stored = {x["id"]: x for x in json.loads(state_file.read_text())["jobs"]}
+    assert "job-20260101-000000-000099" not in stored
+    assert stored[stopped]["status"] == "interrupted" and "stopped" in stored[stopped]["error"], stored[stopped]
+    assert stored[job_id]["status"] == "completed"

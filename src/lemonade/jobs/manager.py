@@ -134,6 +134,9 @@ class JobManager:
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("Skipping an unreadable job in %s: %s", self.path, exc)
                 continue
+            suffix = job.id.rsplit("-", 1)[-1]
+            if suffix.isdigit():  # tombstones count too: no id is ever given twice
+                self._counter = max(self._counter, int(suffix))
             if job.deleted:
                 dropped += 1
                 continue
@@ -148,9 +151,6 @@ class JobManager:
                             "step '%s'", job.id, job.name, job.cursor)
             self.jobs[job.id] = job
             self.controls[job.id] = Control()
-            suffix = job.id.rsplit("-", 1)[-1]
-            if suffix.isdigit():
-                self._counter = max(self._counter, int(suffix))
         if self.jobs or dropped:
             log.info("Restored %d job(s) from %s (%d recovered as interrupted, %d deleted ones dropped)",
                      len(self.jobs), self.path, recovered, dropped)
