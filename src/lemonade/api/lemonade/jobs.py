@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lemonade.api.lemonade.job_protocol import JobCreated
 from lemonade.api.openapi import STREAM_SCHEMAS
 from lemonade.jobs.manager import JobManager
 
@@ -26,7 +27,8 @@ def jobs(request: Request) -> JobManager:
     return request.app.state.jobs  # type: ignore[no-any-return]
 
 
-@router.post("/jobs", status_code=202)
+@router.post("/jobs", status_code=202, response_model=None, responses={202: {
+    "model": JobCreated, "description": "Created; the job runs in the background"}})
 async def create_job(request: Request, body: Any = Body(..., examples=[{
         "name": "hello", "inputs": {"ms": 10},
         "steps": [{"id": "nap", "op": "sleep", "params": {"ms": "${inputs.ms}"}},
