@@ -276,6 +276,8 @@ class Router:
     @contextlib.asynccontextmanager
     async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
         """Like `use` for a model already picked (e.g. the most recently used one)."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         if not lm.usable:
             raise APIError(404, f"Model {lm.model.public} was unloaded while the request waited for it")
         self._take(lm)
