@@ -26,6 +26,8 @@ from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
+from lemonade.api.lemonade import jobs as job_routes
+from lemonade.api.lemonade.job_ops import ServerOps
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import BodySizeLimit
@@ -35,6 +37,7 @@ from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginPolicy
 from lemonade.api.webapp import install_web_app
+from lemonade.jobs.manager import JobManager
 from lemonade.observability.metrics import CONTENT_TYPE
 from lemonade.services import Services
 
@@ -128,17 +131,20 @@ def create_app(services: Services) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
+        app.state.jobs.start()
         log.info("Lemonade %s ready (cache dir %s)", __version__, services.cache_dir)
         try:
             yield
         finally:
             log.info("Shutting down: stopping %d backend process(es)", len(services.router.loaded))
+            await app.state.jobs.aclose()
             await services.aclose()
 
     app = FastAPI(title="Lemonade", version=__version__, lifespan=lifespan,
                   description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.",
                   **NO_TELEMETRY)
     app.state.services = services
+    app.state.jobs = JobManager(services.cache_dir, ServerOps(services))  # jobs.json restored here
     install_error_handlers(app)
     install_openapi(app)
     install_web_app(app)
@@ -169,6 +175,7 @@ def create_app(services: Services) -> FastAPI:
     for prefix in PREFIXES:
         for router in api_routers():
             app.include_router(router, prefix=prefix)
+        app.include_router(job_routes.router, prefix=prefix)
     app.include_router(logs.router)
     app.include_router(realtime.router)
     app.include_router(internal.router)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lemonade.api.lemonade.job_protocol import JOB_ANSWERS
+
 Number = int | float
 
 
@@ -369,6 +371,7 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("delete", "/internal/aliases/{alias}"): Alias,
     ("post", "/mcp"): JsonRpcReply,
 }
+SUCCESS.update(JOB_ANSWERS)  # the Job Engine's (api/lemonade/job_protocol.py)
 # The Ollama API (`/api/...`), whose paths after `/api` overlap the others' (`/pull`, `/embeddings`).
 OLLAMA_SUCCESS: dict[tuple[str, str], Answer] = {
     ("get", "/tags"): OllamaModels,

@@ -41,6 +41,7 @@ from lemonade.config import Config
 from lemonade.errors import APIError
 from lemonade.labels import MODEL_TYPES
 from lemonade.model_info import ModelInfo
+from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
 
 log = logging.getLogger("lemonade.router")
@@ -161,6 +162,7 @@ class Router:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._housekeeper: asyncio.Task[None] | None = None
         self._closed = False
+        self.gate = ExclusiveGate()  # a running job's hold on every model (runtime/exclusive.py)
 
     # ----- queries -----------------------------------------------------------------------------
     def limit_for(self, model_type: str) -> int:
@@ -217,6 +219,8 @@ class Router:
 
     async def acquire(self, model: ModelInfo, options: Options, pinned: bool | None = None) -> LoadedModel:
         """A loaded model, taken for one request (`release` gives it back)."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         lm = self.loaded.get(model.name)
         if lm is not None and lm.usable and self._admits(lm, extra=True):
             self._take(lm, pinned)
@@ -254,6 +258,11 @@ class Router:
             if self._queue:
                 self._dispatch()
 
+    def drained(self) -> bool:
+        """Nothing admitted is still running: no request in flight, none waiting, no load under way
+        (what an exclusive job waits for before it starts, runtime/exclusive.py)."""
+        return not self._queue and not self._loading and all(lm.active == 0 for lm in self.loaded.values())
+
     def _take(self, lm: LoadedModel, pinned: bool | None = None) -> None:
         lm.active += 1
         lm.served += 1
@@ -267,6 +276,8 @@ class Router:
     @contextlib.asynccontextmanager
     async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
         """Like `use` for a model already picked (e.g. the most recently used one)."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         if not lm.usable:
             raise APIError(404, f"Model {lm.model.public} was unloaded while the request waited for it")
         self._take(lm)
@@ -278,6 +289,8 @@ class Router:
     async def ensure_loaded(self, model: ModelInfo, options: Options, *, pinned: bool | None = None,
                             reload: bool = False) -> LoadedModel:
         """Load (or keep) `model` without holding it: `/v1/load`, Ollama keep-alive and the like."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         current = self.loaded.get(model.name)
         if reload and current is not None:
             pinned = current.pinned if pinned is None else pinned
@@ -557,12 +570,16 @@ class Router:
         task.add_done_callback(self._tasks.discard)
 
     async def unload(self, name: str | None = None) -> list[str]:
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         targets = [self.loaded[name]] if name is not None and name in self.loaded else \
             list(self.loaded.values()) if name is None else []
         await asyncio.gather(*(self._retire(lm) for lm in targets))
         return [lm.name for lm in targets]
 
     async def unload_where(self, predicate: Callable[[LoadedModel], bool]) -> list[str]:
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
         targets = [lm for lm in self.loaded.values() if predicate(lm)]
         await asyncio.gather(*(self._retire(lm) for lm in targets))
         return [lm.name for lm in targets]
@@ -597,8 +614,8 @@ class Router:
         return bool(self.config.get("auto_evict") if own is None else own)
 
     async def _trim_if_idle(self, lm: LoadedModel) -> None:
-        if lm.pinned or not lm.usable or not self._auto_evict(lm):
-            return
+        if lm.pinned or not lm.usable or not self._auto_evict(lm) or self.gate.held:
+            return  # a job holding the gate keeps the models it relies on
         idle = time.time() - lm.last_use
         evict_after = float(lm.options.get("evict_idle_timeout", 300))
         downsize_after = float(lm.options.get("downsize_idle_timeout", 60))

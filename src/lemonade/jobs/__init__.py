@@ -1,0 +1,1 @@
+"""The Job Engine: durable background jobs of server operations (expr, records, manager)."""
