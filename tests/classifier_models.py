@@ -183,6 +183,7 @@ def _export(model, tok, folder: Path, token_level: bool) -> None:
     with torch.no_grad():
         torch.onnx.export(model, tuple(enc[n] for n in names), str(folder / "model.onnx"), input_names=names,
                           output_names=["logits"], dynamic_axes=axes, opset_version=14, dynamo=False)
+    model.config.architectures = [type(model).__name__]  # what save_pretrained would write
     model.config.save_pretrained(folder)
     src = minilm_source_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
