@@ -134,6 +134,9 @@ class Handler(JSONHandler):
         if urlsplit(self.path).path != "/classify":
             self._reply(404, {"error": {"message": f"Unknown path {self.path}"}})
             return
+        if MODEL is None:
+            self._reply(503, {"error": {"message": "The model is still loading"}})
+            return
         length = int(self.headers.get("Content-Length") or 0)
         try:
             if length > MAX_BODY:
