@@ -35,7 +35,7 @@ from filelock import FileLock
 from tests.models import MODELS_DIR, _digest, _tree_digest, minilm_source_dir
 
 ROOT = MODELS_DIR / "classifiers"
-BUILD_VERSION = "classifiers-v1"  # bump when the data, the training or the export below change
+BUILD_VERSION = "classifiers-v2"  # bump when the data, the training or the export below change
 TOPICS = ("sports", "cooking", "weather")
 CITY_LABELS = ("O", "CITY")
 MULTI_LABELS = ("food", "travel")
@@ -224,7 +224,7 @@ def _build(root: Path) -> None:
     model = BertForSequenceClassification.from_pretrained(
         src, num_labels=3, id2label=dict(enumerate(TOPICS)), label2id={t: i for i, t in enumerate(TOPICS)},
         attn_implementation="eager")
-    _train(model, _batches(tok, [t for t, _ in data], [y for _, y in data], 8), epochs=4, lr=1e-4)
+    _train(model, _batches(tok, [t for t, _ in data], [y for _, y in data], 8), epochs=6, lr=1e-4)
     _export(model, tok, root / "topic", token_level=False)
     reference["topic"] = _reference(model, tok, list(HELD_OUT_TOPICS), "softmax")
 
@@ -241,7 +241,7 @@ def _build(root: Path) -> None:
     model = BertForSequenceClassification.from_pretrained(
         src, num_labels=2, id2label=dict(enumerate(MULTI_LABELS)), label2id={t: i for i, t in enumerate(MULTI_LABELS)},
         problem_type="multi_label_classification", attn_implementation="eager")
-    _train(model, _batches(tok, [t for t, _ in multi], [y for _, y in multi], 8), epochs=6, lr=1e-4)
+    _train(model, _batches(tok, [t for t, _ in multi], [y for _, y in multi], 8), epochs=15, lr=2e-4)
     _export(model, tok, root / "multilabel", token_level=False)
     reference["multilabel"] = _reference(model, tok, list(HELD_OUT_MULTI), "sigmoid")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lemonade.api.responses import Classified
 from tests.classifier_models import HELD_OUT_CITY, HELD_OUT_MULTI, HELD_OUT_TOPICS, TOPICS, classifier_models
 from tests.conftest import GEMMA_NAME, TEST_CACHE
 
@@ -151,6 +152,7 @@ def test_topics_of_held_out_sentences(http, reference):
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["object"] == "classification" and body["model"] == "Topic"
+        Classified.model_validate(body)  # what /openapi.json documents
         labels = body["labels"]
         assert list(labels) == sorted(labels, key=labels.get, reverse=True), "highest first"
         assert max(labels, key=labels.get) == topic, (text, labels)
@@ -165,6 +167,7 @@ def test_batch_text_alias_prefixes_and_top_k(http, reference):
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "list" and body["model"] == "Topic"
+    Classified.model_validate(body)
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
     for item, text in zip(body["data"], texts, strict=True):
         assert item["object"] == "classification"
