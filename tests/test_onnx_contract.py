@@ -53,6 +53,8 @@ ACCEPTED = [
      Contract("token-classification", ("O", "PER", "LOC"), "softmax", "mean", 510, "bert")),
     ("deberta-v2 is an allowed family", {**SEQ, "model_type": "deberta-v2"}, None, None,
      Contract("text-classification", ("neg", "pos"), "softmax", "max", 510, "deberta-v2")),
+    ("RoBERTa pads with its own id", {**SEQ, "model_type": "roberta", "pad_token_id": 1}, None, None,
+     Contract("text-classification", ("neg", "pos"), "softmax", "max", 510, "roberta", 1)),
 ]
 
 REFUSED = [
@@ -97,7 +99,7 @@ def test_contract_round_trips_as_json():
     contract = Contract("token-classification", ("O", "LOC"), "softmax", "mean", 128, "bert")
     assert json.loads(contract.to_json()) == {"task": "token-classification", "labels": ["O", "LOC"],
                                               "normalization": "softmax", "aggregation": "mean", "max_length": 128,
-                                              "model_type": "bert"}
+                                              "model_type": "bert", "pad_id": 0}
 
 
 def test_model_folder_picks_the_complete_one(tmp_path):

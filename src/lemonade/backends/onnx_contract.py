@@ -44,6 +44,7 @@ class Contract:
     aggregation: str = "max"  # token classification: how a label's per-token scores become one score
     max_length: int = DEFAULT_MAX_LENGTH  # token budget; longer inputs are truncated
     model_type: str = ""
+    pad_id: int = 0  # fills a batch's shorter texts (config.json `pad_token_id`, when the tokenizer names none)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "labels": list(self.labels)})
@@ -121,6 +122,11 @@ def _inferred_max_length(folder: Path, config: dict[str, Any]) -> int:
     return DEFAULT_MAX_LENGTH
 
 
+def _pad_id(config: dict[str, Any]) -> int:
+    value = config.get("pad_token_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _from_config(folder: Path, config: dict[str, Any], model_type: str) -> Contract:
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
@@ -142,7 +148,7 @@ def _from_config(folder: Path, config: dict[str, Any], model_type: str) -> Contr
         raise ContractError("config.json 'id2label' has one label: a single-output head has no label scores in "
                             "[0, 1]; add a manifest.json if it is a sigmoid head")
     return Contract(task, labels, "sigmoid" if sigmoid else "softmax", "max", _inferred_max_length(folder, config),
-                    model_type)
+                    model_type, _pad_id(config))
 
 
 def _from_manifest(folder: Path, manifest: dict[str, Any], config: dict[str, Any], model_type: str) -> Contract:
@@ -169,7 +175,7 @@ def _from_manifest(folder: Path, manifest: dict[str, Any], config: dict[str, Any
     else:
         max_length = _inferred_max_length(folder, config)
     labels = _labels(manifest.get("id2label", config.get("id2label")), "manifest.json")
-    return Contract(task, labels, normalization, aggregation, max_length, model_type)
+    return Contract(task, labels, normalization, aggregation, max_length, model_type, _pad_id(config))
 
 
 def read_contract(folder: Path) -> Contract:

@@ -52,7 +52,7 @@ class Classifier:
         self.mean = contract.get("aggregation") == "mean"
         self.tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
         padding = self.tokenizer.padding or {}
-        self.pad_id = int(padding.get("pad_id", contract.get("pad_id", 0)) or 0)
+        self.pad_id = int(padding.get("pad_id", contract.get("pad_id", 0)))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=int(contract["max_length"]))
         self.lock = threading.Lock()  # the Rust tokenizer is not shared across threads here
