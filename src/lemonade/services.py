@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from lemonade.backends.cloud import CloudEngine
+from lemonade.backends.cloud_providers import CloudProviders
 from lemonade.backends.engine import Engine
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
@@ -65,6 +67,9 @@ class Services:
                              http=self.engine_http)
         self._engine_http: aiohttp.ClientSession | None = None
         self.proxy = Proxy(self.router, self.engine_http, self.options, self.stats, self.metrics)
+        # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
+        self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
+        self.cloud.publish = self.catalog.set_remote
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
@@ -83,6 +88,7 @@ class Services:
     async def start(self) -> None:
         """Startup work that needs the event loop: download jobs and the update check."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
+        self.cloud.start(self.http)
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:
@@ -218,6 +224,7 @@ class Services:
         return self._engine_http
 
     async def aclose(self) -> None:
+        self.cloud.stop()
         await self.router.shutdown()
         if self._engine_http is not None:
             await self._engine_http.close()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from lemonade.config import Config
 
 ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
-                                             PiperEngine)
+                                             PiperEngine, CloudEngine)
 
 
 def _positive(name: str) -> Any:
@@ -41,7 +42,6 @@ UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
     "vllm": (("chat",), ("rocm",), {}),
-    "cloud": (("chat",), ("cloud",), {}),
     "onnxruntime": (("classification",), ("cpu",), {}),
     "acestep": (("audio-generation",), ("default",), {}),
     "thinksound": (("audio-generation",), ("default",), {}),

@@ -59,6 +59,11 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     except (ValueError, AttributeError):
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
+    if lm.engine.remote:  # a cloud provider's refusal, said in terms of our server (its key is ours, not the client's)
+        mapped = lm.engine.upstream_error(lm.launch, status, str(message))
+        if mapped is not None:
+            return EngineError(mapped[0], mapped[1], type="server_error" if mapped[0] >= 500 else
+                               "invalid_request_error", code=mapped[2])
     keep = status < 500 and isinstance(code, str) and code
     return EngineError(status, f"{lm.model.public}: {message}", code=code if keep else "backend_error")
 
@@ -68,6 +73,9 @@ class EngineUnreachable(EngineError):
 
 
 def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
+    if lm.engine.remote:
+        status, message, code = lm.engine.unreachable(lm.launch, exc)
+        return EngineUnreachable(status, message, type="server_error", code=code)
     code = lm.server.proc.returncode if lm.server.proc else None
     if code is not None:
         return EngineUnreachable(502, f"The engine for {lm.model.public} exited (code {code}) while answering; it is "
@@ -118,9 +126,13 @@ class Proxy:
         if isinstance(raw, Framed):  # streamed in parts, with its length (engines read Content-Length)
             data = raw
             headers["Content-Length"] = str(len(raw))
+        url = lm.base_url + path
+        if lm.engine.remote:
+            url, body, headers = lm.engine.outbound(lm.launch, path, body, headers)
+            data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
-            async with self.http().request(method, lm.base_url + path, data=data, headers=headers) as resp:
+            async with self.http().request(method, url, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
         call = asyncio.ensure_future(round_trip() if streamed is None else
@@ -247,8 +259,9 @@ class Proxy:
 
             try:
                 refuse_oversized_prompt(lm, body)
-                resp = await self.http().post(lm.base_url + path, data=encode(body),
-                                              headers=STREAM_HEADERS)
+                url, sent, headers = (lm.base_url + path, body, STREAM_HEADERS) if not lm.engine.remote else \
+                    lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
+                resp = await self.http().post(url, data=encode(sent), headers=headers)
                 break
             except ENGINE_ERRORS as exc:
                 await release()

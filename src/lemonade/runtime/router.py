@@ -357,9 +357,14 @@ class Router:
         return lm is not None and lm.usable and not lm.draining
 
     def _occupied(self, model_type: str) -> int:
-        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type}
+        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type and not lm.engine.remote}
         names |= {n for n, t in self._loading.items() if t == model_type}
-        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type)
+        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type and not lm.engine.remote)
+
+    def _remote(self, model: ModelInfo) -> bool:
+        """A model served elsewhere (a cloud provider): it takes no slot and never evicts a local one."""
+        engine = self.engines.get(model.recipe)
+        return engine is not None and engine.remote
 
     def _drop(self, waiter: Waiter) -> None:
         with contextlib.suppress(ValueError):
@@ -399,7 +404,7 @@ class Router:
                 decided.add(mtype)  # its old process is still stopping; load again once it is gone
                 continue
             limit = self.limit_for(mtype)
-            if limit == -1 or self._occupied(mtype) < limit:
+            if limit == -1 or self._remote(w.model) or self._occupied(mtype) < limit:
                 self._begin_load(w)
                 continue
             decided.add(mtype)
@@ -407,8 +412,8 @@ class Router:
 
     def _make_room(self, w: Waiter, batch: int) -> None:
         mtype = w.model.type
-        same = [lm for lm in self.loaded.values() if lm.model.type == mtype]
-        candidates = [lm for lm in same if not lm.pinned]
+        same = [lm for lm in self.loaded.values() if lm.model.type == mtype and not lm.engine.remote]
+        candidates = [lm for lm in same if not lm.pinned and not lm.engine.remote]
         leaving = any(lm.model.type == mtype for lm in self._retiring)
         if not candidates:
             if mtype not in self._loading.values() and not leaving:
@@ -450,7 +455,8 @@ class Router:
                 x.future.set_exception(exc)
 
     def _begin_load(self, w: Waiter) -> None:
-        self._loading[w.model.name] = w.model.type
+        # A remote model's load is counted under no slot type (it takes none).
+        self._loading[w.model.name] = "remote" if self._remote(w.model) else w.model.type
         pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
         self._spawn(self._load(w.model, w.options, pinned))  # a pin survives an engine crash
 
