@@ -5,6 +5,7 @@ No module keeps global state; tests can build several of these side by side.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +25,10 @@ from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
+from lemonade.observability.telemetry import Telemetry
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
-from lemonade.runtime.request_context import load_progress
+from lemonade.runtime.request_context import load_progress, request_trace
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 
@@ -70,6 +72,7 @@ class Services:
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
+        self.telemetry = Telemetry(config)  # OpenTelemetry traces, when `telemetry.enabled`
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
@@ -107,10 +110,20 @@ class Services:
         """A model by any accepted name, or 404 model_not_found."""
         if not isinstance(name, str) or not name:
             raise APIError(400, "Missing required field 'model'", code="missing_argument")
+        trace = request_trace.get()
+        span = trace.child("lemonade.route", {"lemonade.model.requested": name}) if trace is not None else None
         try:
-            return self.catalog.resolve(name)
+            model = self.catalog.resolve(name)
         except NotFound:
-            raise model_not_found(name) from None
+            err = model_not_found(name)
+            if span is not None:
+                trace.fail(span, err)  # type: ignore[union-attr]
+            raise err from None
+        if span is not None:
+            span.set_attributes({"lemonade.model": model.public, "lemonade.recipe": model.recipe,
+                                 "lemonade.mode": model.mode})
+            span.end()
+        return model
 
     def component_names(self, model: ModelInfo) -> list[str]:
         """The canonical ids of a collection's components (stored as the names they were given)."""
@@ -225,6 +238,7 @@ class Services:
 
     async def aclose(self) -> None:
         self.cloud.stop()
+        await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.router.shutdown()
         if self._engine_http is not None:
             await self._engine_http.close()

@@ -178,5 +178,5 @@ def create_app(services: Services) -> FastAPI:
     # Origins, API key, metrics, body limit, JSON content type, disconnect watch: one layer, one pass.
     app.add_middleware(RequestGuard, policy=OriginPolicy(services.allowed_origins), api_key=services.api_key,
                        admin_key=services.admin_key, body_limit=BodySizeLimit(services.config),
-                       observe=services.metrics.observe_request)
+                       observe=services.metrics.observe_request, telemetry=services.telemetry)
     return app

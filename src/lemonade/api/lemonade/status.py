@@ -33,7 +33,7 @@ async def health(request: Request) -> dict[str, Any]:
         "all_models_loaded": loaded,
         "pinned_models": svc.router.pinned_counts(),
         "max_models": svc.router.limits(),
-        "telemetry": {"enabled": False},
+        "telemetry": svc.telemetry.state(),
         "update_check_done": svc.downloads.update_check_done,
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
