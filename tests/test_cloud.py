@@ -99,11 +99,11 @@ def test_install_discovers_and_lists(http, installed, cloud, server):
 
 
 def test_chat_through_the_provider(oai, http):
-    resp = oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=8)
+    resp = oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4)
     assert resp.object == "chat.completion" and resp.choices[0].message.role == "assistant"
-    assert 0 < resp.usage.completion_tokens <= 8
+    assert 0 < resp.usage.completion_tokens <= 4
     # Streamed: relayed chunk by chunk, ending like any OpenAI stream.
-    chunks = list(oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=8,
+    chunks = list(oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4,
                                               stream=True))
     assert len(chunks) >= 3 and chunks[-1].choices[0].finish_reason in ("stop", "length")
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -115,12 +115,12 @@ def test_chat_through_the_provider(oai, http):
 
 
 def test_completions_responses_and_anthropic(oai, server):
-    done = oai.completions.create(model=f"loopback.{CLOUD_MODEL}", prompt="Once upon a time", max_tokens=6)
-    assert done.choices[0].text and done.usage.completion_tokens <= 6
-    resp = oai.responses.create(model=f"loopback.{CLOUD_MODEL}", input="Say hello.", max_output_tokens=8)
+    done = oai.completions.create(model=f"loopback.{CLOUD_MODEL}", prompt="Once upon a time", max_tokens=4)
+    assert done.choices[0].text and done.usage.completion_tokens <= 4
+    resp = oai.responses.create(model=f"loopback.{CLOUD_MODEL}", input="Say hello.", max_output_tokens=4)
     assert resp.output and resp.output[0].type == "message"
     claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-    msg = claude.messages.create(model=f"loopback.{CLOUD_MODEL}", max_tokens=8, messages=CHAT)
+    msg = claude.messages.create(model=f"loopback.{CLOUD_MODEL}", max_tokens=4, messages=CHAT)
     assert msg.role == "assistant" and msg.content[0].type == "text"
 
 

@@ -116,7 +116,7 @@ def model_from_listing(provider: str, entry: dict[str, Any]) -> ModelInfo | None
         return None
     else:
         mode = "chat"
-    labels = []
+    labels = ["embeddings"] if mode == "embeddings" else []  # the deployment label listings show
     if "image" in modality.split("->")[0] or "vision" in caps or entry.get("supports_image_input"):
         labels.append("vision")
     if "tools" in caps or "tool-calling" in caps or entry.get("supports_tools"):
