@@ -36,7 +36,9 @@ class CloudConnection:
     def __init__(self, provider: Provider, upstream_id: str) -> None:
         self.provider = provider
         self.upstream_id = upstream_id
-        self.base_url = provider.base_url
+        # Health shows `base_url + "/v1"` as a model's backend URL: for the usual ".../v1" provider URL
+        # that is the provider's URL itself. Requests use the provider's URL as registered (`outbound`).
+        self.base_url = provider.base_url.removesuffix("/v1")
 
     async def stop(self, grace: float = 0.0) -> None:
         return None
@@ -113,5 +115,5 @@ class CloudEngine(Engine):
 
     def unreachable(self, launch: Launch, exc: BaseException) -> tuple[int, str, str]:
         conn: CloudConnection = launch.server  # type: ignore[assignment]
-        return 502, (f"Cloud provider '{conn.provider.name}' at {conn.base_url} did not answer "
+        return 502, (f"Cloud provider '{conn.provider.name}' at {conn.provider.base_url} did not answer "
                      f"({type(exc).__name__}: {exc}); local models are not affected"), "cloud_provider_unreachable"
