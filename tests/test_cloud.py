@@ -15,6 +15,7 @@ import time
 
 import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -114,7 +115,7 @@ def test_chat_through_the_provider(oai, http):
     assert_no_key(json.dumps(health))
 
 
-def test_completions_responses_and_anthropic(oai, server):
+def test_completions_responses_anthropic_and_ollama(oai, server):
     done = oai.completions.create(model=f"loopback.{CLOUD_MODEL}", prompt="Once upon a time", max_tokens=4)
     assert done.choices[0].text and done.usage.completion_tokens <= 4
     resp = oai.responses.create(model=f"loopback.{CLOUD_MODEL}", input="Say hello.", max_output_tokens=4)
@@ -122,6 +123,10 @@ def test_completions_responses_and_anthropic(oai, server):
     claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
     msg = claude.messages.create(model=f"loopback.{CLOUD_MODEL}", max_tokens=4, messages=CHAT)
     assert msg.role == "assistant" and msg.content[0].type == "text"
+    olla = ollama.Client(host=server.url, timeout=120)
+    assert f"loopback.{CLOUD_MODEL}:latest" in [m.model for m in olla.list().models]
+    reply = olla.chat(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, options={"num_predict": 4})
+    assert reply.message.role == "assistant" and reply.done
 
 
 def test_cloud_takes_no_local_slot(oai, http):
