@@ -10,7 +10,9 @@ provider and never appear in an answer, a listing or the server's log.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 
 import anthropic
@@ -94,6 +96,9 @@ def test_install_discovers_and_lists(http, installed, cloud, server):
                      "auth_header_name": "Authorization", "auth_header_prefix": "Bearer ",
                      "env_var": "LEMONADE_LOOPBACK_API_KEY", "env_var_set": False, "runtime_key_set": True,
                      "models_discovered": 1}]
+    cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "list", "--json"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "LEMONADE_BASE_URL": server.url})
+    assert cli.returncode == 0 and json.loads(cli.stdout) == info  # `lemonade cloud list --json`
     saved = json.loads((server.cache / "config.json").read_text())
     assert saved["cloud_providers"] == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True}]
     assert_no_key(json.dumps(models), json.dumps(info), (server.cache / "config.json").read_text())
@@ -168,6 +173,8 @@ def test_wrong_key_is_a_502_naming_the_provider(http, oai):
 
 
 def test_bad_input(http):
+    refused = http.post("/v1/delete", json={"model_name": f"loopback.{CLOUD_MODEL}"})
+    assert refused.status_code == 400 and "lemonade cloud uninstall loopback" in refused.json()["error"]["message"]
     cases = [({"backend": "cloud", "provider": "x"}, 400, "base_url"),
              ({"backend": "cloud", "base_url": "http://h/v1"}, 400, "provider"),
              ({"backend": "cloud", "provider": "Bad Name", "base_url": "http://h/v1"}, 400, "provider"),

@@ -211,6 +211,12 @@ class Services:
             raise bad_request(f"Model {model.public} is a file of yours in the extra models directory ({where}); "
                               "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
                               "longer want it.", code="model_not_deletable")
+        engine = self.engines.get(model.recipe)
+        if engine is not None and engine.remote:
+            provider = model.definition.get("cloud_provider", "")
+            raise bad_request(f"Model {model.public} is served by cloud provider '{provider}' and has no files here; "
+                              f"remove the provider instead: lemonade cloud uninstall {provider}",
+                              code="model_not_deletable")
         if model.is_collection:
             if model.origin != "user":
                 raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
