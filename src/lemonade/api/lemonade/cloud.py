@@ -66,7 +66,7 @@ async def install_provider(svc: Services, body: Any, present: set[str]) -> dict[
     if provider.base_url.startswith("http://") and not provider.allow_insecure_http:
         answer["warning"] = ((answer["warning"] + " ") if "warning" in answer else "") + (
             f"{provider.base_url} is plain http://: the API key is not sent there (so no model is "
-                             "discovered) unless the provider is installed with allow_insecure_http: true")
+            "discovered) unless the provider is installed with allow_insecure_http: true")
     answer["models_discovered"] = await cloud.discover(provider.name, svc.http)
     answer["auth_state"] = cloud.auth_state(provider.name)
     return answer
