@@ -30,6 +30,24 @@ CLOUD_MODEL = "gemma-cloud"
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
 
+def test_discovery_names_and_kinds():
+    """How a provider's `GET /models` items become catalog entries (pure; no server)."""
+    from lemonade.backends.cloud_providers import model_from_listing, public_id
+
+    assert public_id("fireworks", "accounts/fireworks/models/kimi-k2p5") == "fireworks.kimi-k2p5"
+    assert public_id("together", "together/llama-3") == "together.llama-3"
+    assert public_id("openai", "gpt-4o") == "openai.gpt-4o"
+    chat = model_from_listing("or", {"id": "a/b", "context_length": 8192, "capabilities": ["tools"],
+                                     "architecture": {"modality": "text+image->text"}})
+    assert chat.name == "or.a/b" and chat.mode == "chat" and chat.recipe == "cloud"
+    assert chat.labels == ["vision", "tool-calling"] and chat.definition["context_length"] == 8192
+    embed = model_from_listing("openai", {"id": "text-embedding-3-small"})
+    assert embed.mode == "embeddings" and embed.labels == ["embeddings"]
+    for other in ("whisper-1", "tts-1", "dall-e-3", "omni-moderation-latest"):
+        assert model_from_listing("openai", {"id": other}) is None
+    assert model_from_listing("x", {"object": "model"}) is None
+
+
 @pytest.fixture(scope="module")
 def cloud(llama_backend, gemma_dir):
     """llama-server with an API key: the provider. Stopped by pid at the end."""
