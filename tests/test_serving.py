@@ -599,13 +599,9 @@ def test_install_endpoint_is_noop_when_installed_and_validates(server):
         assert missing["code"] == "missing_argument" and "'recipe'" in missing["message"]
         stray = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cpu", "provider": "x"}).json()["error"]
         assert "'provider'" in stray["message"]
-        # the spec's cloud-shaped bodies are understood (no 'recipe'), and refused: no cloud engine yet
-        cloud = {"backend": "cloud", "provider": "fireworks", "base_url": "https://api.fireworks.ai/inference/v1"}
-        for path, body in (("/v1/install", cloud), ("/v1/uninstall", {"backend": "cloud", "provider": "fireworks"})):
-            resp = c.post(path, json=body)
-            error = resp.json()["error"]
-            assert resp.status_code == 400 and error["code"] == "unsupported_backend", error
-            assert "fireworks" in error["message"] and "recipe" not in error["message"].split("such as")[0]
+        # the spec's cloud-shaped bodies (no 'recipe') go to the cloud engine (tests/test_cloud.py)
+        resp = c.post("/v1/uninstall", json={"backend": "cloud", "provider": "fireworks"})
+        assert resp.status_code == 404 and "fireworks" in resp.json()["error"]["message"]
 
 
 def test_uninstall_unloads_models_first(make_server, gemma_dir, llama_backend, tmp_path):

@@ -39,6 +39,14 @@ DEFAULTS: dict[str, Any] = {
     "llamacpp": {"backend": "cpu", "args": "", "prefer_system": False},
     "whispercpp": {"backend": "cpu", "args": ""},
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
+    # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
+    "cloud_providers": [],
+    # OpenTelemetry traces over OTLP (observability/telemetry.py); off by default.
+    "telemetry": {"enabled": False, "hide_inputs": False, "hide_outputs": False, "hide_thinking": False,
+                  "max_queue_capacity": 1000,
+                  "otlp": {"endpoint": "http://localhost:4318/v1/traces", "protocol": "http/protobuf", "headers": {},
+                           "semantics": ["openinference", "otel_genai"], "send_batch_size": 100,
+                           "batch_timeout_s": 1.0}},
 }
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
@@ -52,7 +60,9 @@ class ConfigError(ValueError):
 
 
 # Keys whose value may be a JSON object of their own (not a config section).
-MAP_KEYS = ("max_loaded_models",)
+MAP_KEYS = ("max_loaded_models", "telemetry.otlp.headers")
+TELEMETRY_SEMANTICS = ("openinference", "otel_genai")
+OTLP_PROTOCOLS = ("http/protobuf", "http/json")
 MODEL_TYPE_NAMES = ("llm", "embedding", "reranking", "transcription", "image", "tts", "audio", "classification",
                     "3d")
 
@@ -94,6 +104,17 @@ def validate_value(key: str, value: Any) -> Any:
     if key not in _DEFAULT_LEAVES:
         raise ConfigError(f"Unknown config key '{key}'. Known keys: {', '.join(sorted(_DEFAULT_LEAVES))}")
     default = _DEFAULT_LEAVES[key]
+    if key == "cloud_providers":
+        return _cloud_providers(value)
+    if key == "telemetry.otlp.headers":
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ConfigError(f"Config key '{key}' must be a JSON object of header names to string values")
+        return value
+    if key == "telemetry.otlp.semantics":
+        if not isinstance(value, list) or not value or any(v not in TELEMETRY_SEMANTICS for v in value):
+            raise ConfigError(f"Config key '{key}' must be a non-empty list of {', '.join(TELEMETRY_SEMANTICS)}, "
+                              f"got {json.dumps(value)}")
+        return value
     if key in MAP_KEYS and isinstance(value, dict):
         return _validate_type_map(key, value)
     if key == "websocket_port":
@@ -111,6 +132,16 @@ def validate_value(key: str, value: Any) -> Any:
     elif isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
     _check_range(key, value)
+    return value
+
+
+def _cloud_providers(value: Any) -> list[dict[str, Any]]:
+    """`[{"name", "base_url", ...}]`: the persisted half of each provider (backends/cloud_providers.py
+    checks the fields themselves when a provider is installed)."""
+    if not isinstance(value, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                              and isinstance(p.get("base_url"), str) for p in value):
+        raise ConfigError("Config key 'cloud_providers' must be a list of objects with 'name' and 'base_url' "
+                          "(manage it with lemonade cloud install/uninstall)")
     return value
 
 
@@ -151,6 +182,13 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'default_model_source' must be one of {', '.join(MODEL_SOURCES)}")
     if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
+    if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
+        raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
+    if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s") \
+            and value <= 0:
+        raise ConfigError(f"Config key '{key}' must be positive, got {value}")
+    if key == "telemetry.otlp.endpoint" and not value.startswith(("http://", "https://")):
+        raise ConfigError(f"Config key '{key}' must be an http:// or https:// URL, got '{value}'")
     if key.startswith("sdcpp.") and key != "sdcpp.backend" and key != "sdcpp.args" and value <= 0:
         raise ConfigError(f"Config key '{key}' must be positive, got {value}")
 
@@ -184,6 +222,11 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key not in _DEFAULT_LEAVES:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
+    if isinstance(default, (list, dict)) and key != "max_loaded_models":
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ConfigError(f"Config key '{key}' takes JSON, e.g. {json.dumps(default)}; got '{raw}'") from None
     if key in MAP_KEYS and raw.strip().startswith("{"):
         try:
             return _validate_type_map(key, json.loads(raw))

@@ -5,6 +5,7 @@ No module keeps global state; tests can build several of these side by side.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from lemonade.backends.cloud import CloudEngine
+from lemonade.backends.cloud_providers import CloudProviders
 from lemonade.backends.engine import Engine
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
@@ -22,9 +25,10 @@ from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
+from lemonade.observability.telemetry import Telemetry
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
-from lemonade.runtime.request_context import load_progress
+from lemonade.runtime.request_context import load_progress, request_trace
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 
@@ -65,6 +69,10 @@ class Services:
                              http=self.engine_http)
         self._engine_http: aiohttp.ClientSession | None = None
         self.proxy = Proxy(self.router, self.engine_http, self.options, self.stats, self.metrics)
+        # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
+        self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
+        self.cloud.publish = self.catalog.set_remote
+        self.telemetry = Telemetry(config)  # OpenTelemetry traces, when `telemetry.enabled`
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
@@ -83,6 +91,7 @@ class Services:
     async def start(self) -> None:
         """Startup work that needs the event loop: download jobs and the update check."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
+        self.cloud.start(self.http)
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:
@@ -101,10 +110,20 @@ class Services:
         """A model by any accepted name, or 404 model_not_found."""
         if not isinstance(name, str) or not name:
             raise APIError(400, "Missing required field 'model'", code="missing_argument")
+        trace = request_trace.get()
+        span = trace.child("lemonade.route", {"lemonade.model.requested": name}) if trace is not None else None
         try:
-            return self.catalog.resolve(name)
+            model = self.catalog.resolve(name)
         except NotFound:
-            raise model_not_found(name) from None
+            err = model_not_found(name)
+            if span is not None:
+                trace.fail(span, err)  # type: ignore[union-attr]
+            raise err from None
+        if span is not None:
+            span.set_attributes({"lemonade.model": model.public, "lemonade.recipe": model.recipe,
+                                 "lemonade.mode": model.mode})
+            span.end()
+        return model
 
     def component_names(self, model: ModelInfo) -> list[str]:
         """The canonical ids of a collection's components (stored as the names they were given)."""
@@ -192,6 +211,12 @@ class Services:
             raise bad_request(f"Model {model.public} is a file of yours in the extra models directory ({where}); "
                               "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
                               "longer want it.", code="model_not_deletable")
+        engine = self.engines.get(model.recipe)
+        if engine is not None and engine.remote:
+            provider = model.definition.get("cloud_provider", "")
+            raise bad_request(f"Model {model.public} is served by cloud provider '{provider}' and has no files here; "
+                              f"remove the provider instead: lemonade cloud uninstall {provider}",
+                              code="model_not_deletable")
         if model.is_collection:
             if model.origin != "user":
                 raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
@@ -218,6 +243,8 @@ class Services:
         return self._engine_http
 
     async def aclose(self) -> None:
+        self.cloud.stop()
+        await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.router.shutdown()
         if self._engine_http is not None:
             await self._engine_http.close()

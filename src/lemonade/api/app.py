@@ -25,7 +25,7 @@ from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
-from lemonade.api.lemonade import backends, downloads, load, logs, models, status
+from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, status
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
 from lemonade.api.lemonade import classify as classify_routes
@@ -60,7 +60,7 @@ def api_routers() -> list[APIRouter]:
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
             speech.router, realtime.router,
-            classify_routes.router, systemone_routes.router]
+            classify_routes.router, systemone_routes.router, cloud.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:
@@ -193,5 +193,5 @@ def create_app(services: Services) -> FastAPI:
     # Origins, API key, metrics, body limit, JSON content type, disconnect watch: one layer, one pass.
     app.add_middleware(RequestGuard, policy=OriginPolicy(services.allowed_origins), api_key=services.api_key,
                        admin_key=services.admin_key, body_limit=BodySizeLimit(services.config),
-                       observe=services.metrics.observe_request)
+                       observe=services.metrics.observe_request, telemetry=services.telemetry)
     return app

@@ -30,7 +30,8 @@ from lemonade.api.middleware import (
     with_default_json,
 )
 from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors
-from lemonade.runtime.request_context import client_gone
+from lemonade.observability.telemetry import Telemetry
+from lemonade.runtime.request_context import client_gone, request_trace
 
 WANTED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"access-control-request-method",
                     b"access-control-request-headers"})
@@ -47,8 +48,10 @@ def wanted_headers(scope: Scope) -> dict[bytes, str]:
 
 class RequestGuard:
     def __init__(self, app: ASGIApp, *, policy: OriginPolicy, api_key: str | None, admin_key: str | None,
-                 body_limit: BodySizeLimit, observe: Callable[[str, str, int, float], None]) -> None:
+                 body_limit: BodySizeLimit, observe: Callable[[str, str, int, float], None],
+                 telemetry: Telemetry | None = None) -> None:
         self.app = app
+        self.telemetry = telemetry  # traces only while its `enabled` flag is up (one check per request)
         self.policy = policy
         self.api_key = api_key or None
         self.admin_key = admin_key or None
@@ -78,7 +81,32 @@ class RequestGuard:
         if not http:
             await self.app(scope, receive, send)
             return
-        await self._http(scope, receive, send, headers, origin)
+        if self.telemetry is not None and self.telemetry.enabled:
+            await self._traced(scope, receive, send, headers, origin)
+        else:
+            await self._http(scope, receive, send, headers, origin)
+
+    async def _traced(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str],
+                      origin: str | None) -> None:
+        """`_http` under the request's root span (observability/telemetry.py), ended with its status."""
+        assert self.telemetry is not None
+        trace = self.telemetry.start_request(scope.get("method", ""), scope["path"])
+        if trace is None:
+            await self._http(scope, receive, send, headers, origin)
+            return
+        status = [500]
+
+        async def send_status(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        token = request_trace.set(trace)
+        try:
+            await self._http(scope, receive, send_status, headers, origin)
+        finally:
+            request_trace.reset(token)
+            trace.end(status[0])
 
     @staticmethod
     def _cors(send: Any, origin: str | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
@@ -101,3 +102,13 @@ async def remove_alias(request: Request, alias: str) -> dict[str, Any]:
         raise APIError(404, f"Alias '{alias}' does not exist. `lemonade alias list` shows the aliases.",
                        code="alias_not_found")
     return {"status": "deleted", "alias": alias}
+
+
+@router.post("/telemetry/flush")
+async def flush_telemetry(request: Request) -> dict[str, Any]:
+    """Export every queued trace span now (blocks until sent, or the exporter gives up)."""
+    svc: Services = request.app.state.services
+    if not await asyncio.to_thread(svc.telemetry.flush):
+        raise APIError(502, "Some trace spans could not be exported in time; check that the OTLP receiver at "
+                       f"{svc.config.get('telemetry.otlp.endpoint')} answers", code="telemetry_flush_failed")
+    return {"status": "flushed"}

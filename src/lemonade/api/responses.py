@@ -103,8 +103,9 @@ class Registered(Status):
 
 
 class Installed(Status):
-    recipe: str
+    recipe: str | None = None  # absent for a cloud provider (backend "cloud"), named by `provider`
     backend: str
+    provider: str | None = None
 
 
 class OptionsView(Doc):

@@ -153,6 +153,9 @@ class Engine(ABC):
     # or a repository of such files, is a model of this recipe.
     file_format: ClassVar[str | None] = None
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
+    # Where its models run. False: a process of ours per model, holding a slot of its type. True: a
+    # service elsewhere (a cloud provider): no slot, no process, and requests leave through `outbound`.
+    remote: ClassVar[bool] = False
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)
@@ -240,6 +243,21 @@ class Engine(ABC):
     async def downsize(self, base_url: str, http: Any) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
         return False
+
+    # ----- remote engines (remote = True): what leaves the machine and what comes back --------------
+    def outbound(self, launch: Launch, path: str, body: dict[str, Any] | None,
+                 headers: dict[str, str]) -> tuple[str, dict[str, Any] | None, dict[str, str]]:
+        """The URL, body and headers a request for our engine `path` ("/v1/chat/completions") is sent
+        with: a remote engine adds its credentials and names the model as the service knows it."""
+        return launch.server.base_url + path, body, headers
+
+    def upstream_error(self, launch: Launch, status: int, message: str) -> tuple[int, str, str] | None:
+        """(status, message, code) for a remote service's refusal, or None to report it as it came."""
+        return None
+
+    def unreachable(self, launch: Launch, exc: BaseException) -> tuple[int, str, str]:
+        """(status, message, code) when a remote service did not answer at all."""
+        return 502, f"The service at {launch.server.base_url} did not answer: {exc}", "backend_unreachable"
 
     def launch_command(self, launch: Launch) -> list[str]:
         """The command the engine was started with, program first (health `launch_command`)."""

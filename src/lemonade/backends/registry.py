@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from lemonade.config import Config
 
 ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
-                                             PiperEngine)
+                                             PiperEngine, CloudEngine)
 ENGINE_CLASSES += (OnnxRuntimeEngine,)
 
 
@@ -43,7 +44,6 @@ UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
     "vllm": (("chat",), ("rocm",), {}),
-    "cloud": (("chat",), ("cloud",), {}),
     "acestep": (("audio-generation",), ("default",), {}),
     "thinksound": (("audio-generation",), ("default",), {}),
     "trellis": (("3d",), ("default",), {}),

@@ -140,6 +140,9 @@ class Catalog:
         self._extra: dict[str, ModelInfo] = {}
         self._extra_hidden: dict[str, str] = {}  # old or folder names of extra models -> canonical id
         self._aliases: dict[str, str] = {}
+        # Models served elsewhere (cloud providers), by source: "<provider>.<model>" names of their own,
+        # published and withdrawn by their engine (backends/cloud.py), never written here.
+        self._remote: dict[str, dict[str, ModelInfo]] = {}
         self._load_user()
         self._load_aliases()
         self.rescan_extra()
@@ -199,12 +202,25 @@ class Catalog:
             self.extra_models_dir = extra_models_dir
             self.rescan_extra()
 
+    def set_remote(self, source: str, models: list[ModelInfo]) -> None:
+        """Publish the models one remote source serves now (an empty list withdraws them)."""
+        with self._lock:
+            if models:
+                self._remote[source] = {m.name: m for m in models}
+            else:
+                self._remote.pop(source, None)
+
+    def remote_models(self, source: str) -> list[ModelInfo]:
+        with self._lock:
+            return list(self._remote.get(source, {}).values())
+
     # ----- lookup ------------------------------------------------------------------------------
     def all(self, rescan: bool = True) -> list[ModelInfo]:
         if rescan:
             self.rescan_extra()
         with self._lock:
-            return list(self._builtin.values()) + list(self._user.values()) + list(self._extra.values())
+            return list(self._builtin.values()) + list(self._user.values()) + list(self._extra.values()) + \
+                [m for models in self._remote.values() for m in models.values()]
 
     def _lookup(self, name: str) -> ModelInfo | None:
         """A model by id: `user.X`, `extra.X`, `builtin.X` only ever mean that source's model; a bare
@@ -219,7 +235,12 @@ class Catalog:
             if origin == BUILTIN:
                 return self._builtin.get(name) or self._builtin_lower.get(bare.lower())
             return (self._user.get(PREFIXES[USER] + name) or self._extra.get(PREFIXES[EXTRA] + name)
-                    or self._builtin.get(PREFIXES[BUILTIN] + name) or self._builtin_lower.get(name.lower()))
+                    or self._builtin.get(PREFIXES[BUILTIN] + name) or self._builtin_lower.get(name.lower())
+                    or self._remote_lookup(name))
+
+    def _remote_lookup(self, name: str) -> ModelInfo | None:
+        source = self._remote.get(name.split(".", 1)[0]) if "." in name else None
+        return source.get(name) if source else None
 
     def find(self, name: str) -> ModelInfo | None:
         """Resolve a name as any API receives it: a model id (bare or prefixed), else an alias, with

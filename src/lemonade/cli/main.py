@@ -74,8 +74,10 @@ def _register_commands() -> None:
         backends_cmd,
         background,
         chat,
+        cloud_cmd,
         config_cmd,
         info,
+        launch_cmd,
         open_cmd,
         residency,
         speech_cmd,
@@ -83,7 +85,7 @@ def _register_commands() -> None:
     )
 
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd):
+                   speech_cmd, cloud_cmd, launch_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -25,10 +25,11 @@ from starlette.background import BackgroundTask
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
+from lemonade.observability.telemetry import RequestTrace
 from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
-from lemonade.runtime.request_context import ClientGone, cancelled_when_gone
+from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
 from lemonade.runtime.router import LoadedModel, Router
 from lemonade.runtime.stats import Stats
 
@@ -58,6 +59,11 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
     except (ValueError, AttributeError):
         pass
     status = resp_status if 400 <= resp_status < 600 else 500
+    if lm.engine.remote:  # a cloud provider's refusal, said in terms of our server (its key is ours, not the client's)
+        mapped = lm.engine.upstream_error(lm.launch, status, str(message))
+        if mapped is not None:
+            return EngineError(mapped[0], mapped[1], type="server_error" if mapped[0] >= 500 else
+                               "invalid_request_error", code=mapped[2])
     keep = status < 500 and isinstance(code, str) and code
     return EngineError(status, f"{lm.model.public}: {message}", code=code if keep else "backend_error")
 
@@ -67,6 +73,9 @@ class EngineUnreachable(EngineError):
 
 
 def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
+    if lm.engine.remote:
+        status, message, code = lm.engine.unreachable(lm.launch, exc)
+        return EngineUnreachable(status, message, type="server_error", code=code)
     code = lm.server.proc.returncode if lm.server.proc else None
     if code is not None:
         return EngineUnreachable(502, f"The engine for {lm.model.public} exited (code {code}) while answering; it is "
@@ -117,23 +126,39 @@ class Proxy:
         if isinstance(raw, Framed):  # streamed in parts, with its length (engines read Content-Length)
             data = raw
             headers["Content-Length"] = str(len(raw))
+        url = lm.base_url + path
+        if lm.engine.remote:
+            url, body, headers = lm.engine.outbound(lm.launch, path, body, headers)
+            data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
-            async with self.http().request(method, lm.base_url + path, data=data, headers=headers) as resp:
+            async with self.http().request(method, url, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
+        trace = request_trace.get()
+        span = None if trace is None else engine_span(trace, lm, path, body)
         try:
             status, content = await cancelled_when_gone(
                 round_trip() if streamed is None else self._assembled(lm, path, {**(body or {}), **streamed}))
-        except ClientGone:
+        except ClientGone as exc:
             log.info("%s: the client went away; the engine request was cancelled", lm.name)
+            if span is not None:
+                trace.fail(span, exc)  # type: ignore[union-attr]
             raise
         except ENGINE_ERRORS as exc:
-            raise crash_error(lm, exc) from None
+            err = crash_error(lm, exc)
+            if span is not None:
+                trace.fail(span, err)  # type: ignore[union-attr]
+            raise err from None
         finally:
             lm.last_progress = time.monotonic()
         if status != 200:
-            raise upstream_error(lm, status, content.decode(errors="replace"))
+            err = upstream_error(lm, status, content.decode(errors="replace"))
+            if span is not None:
+                trace.fail(span, err)  # type: ignore[union-attr]
+            raise err
+        if span is not None:
+            trace_answer(trace, span, content)  # type: ignore[arg-type]
         return content
 
     async def _assembled(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -242,31 +267,46 @@ class Proxy:
                     released = True
                     await use.__aexit__(None, None, None)
 
+            trace = request_trace.get()
+            span = None if trace is None else engine_span(trace, lm, path, body)
             try:
                 refuse_oversized_prompt(lm, body)
-                resp = await self.http().post(lm.base_url + path, data=encode(body),
-                                              headers=STREAM_HEADERS)
+                url, sent, headers = (lm.base_url + path, body, STREAM_HEADERS) if not lm.engine.remote else \
+                    lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
+                resp = await self.http().post(url, data=encode(sent), headers=headers)
                 break
             except ENGINE_ERRORS as exc:
                 await release()
+                if span is not None:
+                    trace.fail(span, exc)  # type: ignore[union-attr]
                 if attempt or not await self.router.confirm_crash(lm):
                     raise crash_error(lm, exc) from None
-            except BaseException:
+            except BaseException as exc:
                 await release()
+                if span is not None:
+                    trace.fail(span, exc)  # type: ignore[union-attr]
                 raise
         if resp.status != 200:
             text = (await resp.read()).decode(errors="replace")
             resp.close()
             await release()
-            raise upstream_error(lm, resp.status, text)
+            err = upstream_error(lm, resp.status, text)
+            if span is not None:
+                trace.fail(span, err)  # type: ignore[union-attr]
+            raise err
+        if span is not None:  # the engine answered: what follows is the relay
+            span.end()
+            span = trace.child("lemonade.stream", {"lemonade.model": lm.model.public})  # type: ignore[union-attr]
 
         async def relay() -> AsyncIterator[bytes]:
             tail: collections.deque[bytes] = collections.deque()  # the last chunks, about TAIL_BYTES of them
             kept = 0
             started = False
             t0 = time.perf_counter()
+            chunks = 0
             try:
                 async for chunk in resp.content.iter_any():
+                    chunks += 1
                     if not started:
                         started = True
                         lm.streaming += 1
@@ -281,6 +321,8 @@ class Proxy:
             except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)
                 log.error("%s", err.message)
+                if span is not None:
+                    span.set_attribute("lemonade.stream.error", err.message)
                 yield error_event(err)
             finally:
                 if started:
@@ -288,8 +330,12 @@ class Proxy:
                 # In the finally: clients (the openai SDK) hang up right after [DONE], which cancels this
                 # generator before the engine's EOF; the figures are in `tail` already and must count.
                 last = b"".join(tail)
-                self._account(model, endpoint,
-                              _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"'))
+                final = _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"')
+                self._account(model, endpoint, final)
+                if span is not None:
+                    span.set_attribute("lemonade.stream.chunks", chunks)
+                    trace.usage(span, *tokens_of(final), started=t0)  # type: ignore[union-attr]
+                    span.end()
                 resp.close()
                 await release()
 
@@ -297,6 +343,37 @@ class Proxy:
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(_cleanup, resp, release))
+
+
+def engine_span(trace: RequestTrace, lm: LoadedModel, path: str, body: dict[str, Any] | None) -> Any:
+    """The `lemonade.engine` span of a call to `lm`'s engine (telemetry on only)."""
+    span = trace.child("lemonade.engine", {"lemonade.model": lm.model.public, "lemonade.engine.pid": lm.server.pid})
+    trace.model_call(span, model=lm.model.public, recipe=lm.model.recipe, endpoint=path.removeprefix("/v1/"),
+                     body=body)
+    return span
+
+
+def tokens_of(answer: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """(prompt, generated) tokens of an engine's answer: llama-server's `timings`, else OpenAI `usage`."""
+    if not isinstance(answer, dict):
+        return None, None
+    timings, usage = answer.get("timings"), answer.get("usage")
+    if isinstance(timings, dict):
+        return timings.get("prompt_n"), timings.get("predicted_n")
+    if isinstance(usage, dict):
+        return (usage.get("prompt_tokens", usage.get("input_tokens")),
+                usage.get("completion_tokens", usage.get("output_tokens")))
+    return None, None
+
+
+def trace_answer(trace: RequestTrace, span: Any, content: bytes) -> None:
+    """Token counts and the answer on the engine span, then end it."""
+    try:
+        answer = json.loads(content)
+    except ValueError:
+        answer = None
+    trace.usage(span, *tokens_of(answer), answer=answer if isinstance(answer, dict) else None)
+    span.end()
 
 
 class Framed:

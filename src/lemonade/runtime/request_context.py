@@ -3,6 +3,7 @@
 - `client_gone`: set by `DisconnectWatch` (api/disconnect.py, run by api/guard.py) when the client hangs up, so a
   request still waiting for a model slot leaves the queue (and causes no load), and a non-streamed
   request is cancelled at the engine.
+- `request_trace`: the request's OpenTelemetry trace when telemetry is on (None otherwise).
 - `load_progress`: a callback that receives install/download/load progress events for the
   request's load (the `/v1/load` stream sets it; everything else logs progress only).
 """
@@ -12,7 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from lemonade.observability.telemetry import RequestTrace
 
 T = TypeVar("T")
 
@@ -45,6 +49,9 @@ class Departure:
 
 
 client_gone: ContextVar[Departure | None] = ContextVar("client_gone", default=None)
+# The request's trace (observability/telemetry.py), set by api/guard.py only while telemetry is on:
+# every span site checks it for None and does nothing else when it is.
+request_trace: ContextVar[RequestTrace | None] = ContextVar("request_trace", default=None)
 load_progress: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("load_progress", default=None)
 
 

@@ -42,7 +42,7 @@ from lemonade.errors import APIError
 from lemonade.labels import MODEL_TYPES
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.exclusive import ExclusiveGate
-from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
+from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
 
 log = logging.getLogger("lemonade.router")
 
@@ -225,6 +225,21 @@ class Router:
         if lm is not None and lm.usable and self._admits(lm, extra=True):
             self._take(lm, pinned)
             return lm
+        trace = request_trace.get()
+        if trace is None:
+            return await self._acquire_waiting(model, options, pinned)
+        span = trace.child("lemonade.load", {"lemonade.model": model.public, "lemonade.recipe": model.recipe,
+                                             "lemonade.resident": model.name in self.loaded})
+        try:
+            lm = await self._acquire_waiting(model, options, pinned)
+        except BaseException as exc:
+            trace.fail(span, exc)
+            raise
+        span.end()
+        return lm
+
+    async def _acquire_waiting(self, model: ModelInfo, options: Options, pinned: bool | None) -> LoadedModel:
+        """`acquire` for a model that is not resident (or not admitting now): install, download, queue, load."""
         self._start_housekeeping()
         engine = self.engine_for(model)
         await self._prepare(model, engine, options)
@@ -370,9 +385,14 @@ class Router:
         return lm is not None and lm.usable and not lm.draining
 
     def _occupied(self, model_type: str) -> int:
-        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type}
+        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type and not lm.engine.remote}
         names |= {n for n, t in self._loading.items() if t == model_type}
-        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type)
+        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type and not lm.engine.remote)
+
+    def _remote(self, model: ModelInfo) -> bool:
+        """A model served elsewhere (a cloud provider): it takes no slot and never evicts a local one."""
+        engine = self.engines.get(model.recipe)
+        return engine is not None and engine.remote
 
     def _drop(self, waiter: Waiter) -> None:
         with contextlib.suppress(ValueError):
@@ -412,7 +432,7 @@ class Router:
                 decided.add(mtype)  # its old process is still stopping; load again once it is gone
                 continue
             limit = self.limit_for(mtype)
-            if limit == -1 or self._occupied(mtype) < limit:
+            if limit == -1 or self._remote(w.model) or self._occupied(mtype) < limit:
                 self._begin_load(w)
                 continue
             decided.add(mtype)
@@ -420,8 +440,8 @@ class Router:
 
     def _make_room(self, w: Waiter, batch: int) -> None:
         mtype = w.model.type
-        same = [lm for lm in self.loaded.values() if lm.model.type == mtype]
-        candidates = [lm for lm in same if not lm.pinned]
+        same = [lm for lm in self.loaded.values() if lm.model.type == mtype and not lm.engine.remote]
+        candidates = [lm for lm in same if not lm.pinned and not lm.engine.remote]
         leaving = any(lm.model.type == mtype for lm in self._retiring)
         if not candidates:
             if mtype not in self._loading.values() and not leaving:
@@ -463,7 +483,8 @@ class Router:
                 x.future.set_exception(exc)
 
     def _begin_load(self, w: Waiter) -> None:
-        self._loading[w.model.name] = w.model.type
+        # A remote model's load is counted under no slot type (it takes none).
+        self._loading[w.model.name] = "remote" if self._remote(w.model) else w.model.type
         pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
         self._spawn(self._load(w.model, w.options, pinned))  # a pin survives an engine crash
 

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
+from lemonade.api.lemonade import cloud
 from lemonade.backends.engine import Engine, InstallError
 from lemonade.services import Services
 
@@ -30,6 +31,9 @@ class UninstallRequest(BaseModel):
 class InstallRequest(UninstallRequest):
     base_url: str | None = Field(None, description="Cloud provider's OpenAI-compatible base URL")
     api_key: str | None = Field(None, description="Cloud provider's key, kept in memory only")
+    allow_insecure_http: bool | None = Field(None, description="Cloud: allow sending the key to an http:// URL")
+    auth_header_name: str | None = Field(None, description="Cloud: header carrying the key (Authorization)")
+    auth_header_prefix: str | None = Field(None, description="Cloud: value prefix before the key (\"Bearer \")")
     stream: bool = False
     force: bool = False
 
@@ -39,16 +43,11 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 def _local_recipe(body: UninstallRequest) -> str:
-    """The recipe of a local-backend request; cloud-shaped bodies are read, then refused (no cloud engine yet)."""
-    if body.backend == "cloud":
-        what = f"provider '{body.provider}'" if body.provider else "providers"
-        raise APIError(400, f"Cloud {what} cannot be registered: this server has no cloud engine yet. Install a "
-                       "local backend instead, such as {'recipe': 'llamacpp', 'backend': 'cpu'}",
-                       code="unsupported_backend")
+    """The recipe of a local-backend request (cloud bodies are dispatched to api/lemonade/cloud.py)."""
     if body.recipe is None:
         raise APIError(400, "Missing required field 'recipe' (needed for every backend but \"cloud\")",
                        code="missing_argument")
-    for field in ("provider", "base_url", "api_key"):
+    for field in ("provider", "base_url", "api_key", "allow_insecure_http", "auth_header_name", "auth_header_prefix"):
         if getattr(body, field, None) is not None:
             raise APIError(400, f"Field '{field}' applies only to backend \"cloud\"", code="invalid_argument")
     return body.recipe
@@ -71,6 +70,8 @@ def _engine(svc: Services, body: UninstallRequest) -> Engine:
 @router.post("/install")
 async def install(request: Request, body: InstallRequest) -> Any:
     svc: Services = request.app.state.services
+    if body.backend == "cloud":
+        return await cloud.install_provider(svc, body, body.model_fields_set)
     engine = _engine(svc, body)
     if svc.offline and (body.force or engine.needs_install(body.backend)):
         raise APIError(400, f"Lemonade is in offline mode (offline=true in config, LEMONADE_OFFLINE=1 or "
@@ -115,6 +116,8 @@ async def install(request: Request, body: InstallRequest) -> Any:
 @router.post("/uninstall")
 async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
+    if body.backend == "cloud":
+        return await cloud.uninstall_provider(svc, body.provider)
     engine = _engine(svc, body)
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
     try:

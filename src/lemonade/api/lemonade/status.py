@@ -33,7 +33,7 @@ async def health(request: Request) -> dict[str, Any]:
         "all_models_loaded": loaded,
         "pinned_models": svc.router.pinned_counts(),
         "max_models": svc.router.limits(),
-        "telemetry": {"enabled": False},
+        "telemetry": svc.telemetry.state(),
         "update_check_done": svc.downloads.update_check_done,
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
@@ -61,6 +61,9 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
     svc = services(request)
     recipes = await asyncio.to_thread(svc.engines.system_info)
     info = system_info(svc.catalog.hub_cache(), recipes)
+    providers = svc.cloud.describe()
+    if providers:  # omitted when no provider is installed (api-lemonade.md)
+        info["cloud"] = {"providers": providers}
     if include_paths:
         info["cache_dir"] = str(svc.cache_dir)
     elif isinstance(info.get("model_storage"), dict) and info["model_storage"].get("path"):

@@ -45,6 +45,11 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     obj["suggested"] = model.suggested
     obj["update_available"] = downloaded and model.name in svc.downloads.updates_available
     obj["labels"] = list(model.labels)
+    if "cloud_provider" in model.definition:  # served by a cloud provider (api-openai.md)
+        obj["cloud_provider"] = model.definition["cloud_provider"]
+        obj["owned_by"] = model.definition["cloud_provider"]
+        if "context_length" in model.definition:
+            obj["context_length"] = model.definition["context_length"]
     if len(model.checkpoints) > 1:
         obj["checkpoints"] = dict(model.checkpoints)
     if model.source != "huggingface":

@@ -1,0 +1,155 @@
+"""`lemonade launch AGENT`: start a coding agent pointed at this server, with a chat model.
+
+The server is found (or started in the background, as `lemonade run` does), a model chosen (the
+one given, else the chat model already loaded, else a downloaded one, tool-calling first) and
+loaded in the background while the agent starts, and the agent is run with the environment,
+arguments and config file that point it here (`agents.py`). What was chosen and why, the
+environment (keys masked) and the command are printed before the agent takes the terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich.markup import escape
+
+from lemonade.cli.agents import AGENTS, DEFAULT_AGENT_KEY, Agent, split_args
+from lemonade.cli.background import start_background
+from lemonade.cli.client import ServerClient, api_key, error_message
+from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail
+from lemonade.labels import MODE_ALIASES
+
+KNOWN = ", ".join(AGENTS)
+
+
+def find_program(agent: Agent) -> str | None:
+    """The agent's executable: on PATH, else where its installers usually put it."""
+    found = shutil.which(agent.program)
+    if found:
+        return found
+    for candidate in agent.fallback_paths:
+        path = Path(candidate).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def is_chat(obj: dict[str, Any]) -> bool:
+    return not any(MODE_ALIASES.get(label, "chat") != "chat" for label in obj.get("labels") or [])
+
+
+def choose_model(c: ServerClient, requested: str | None) -> tuple[dict[str, Any], str]:
+    """(the model's `/v1/models` object, why it was chosen)."""
+    if requested:
+        obj = c.get(f"/v1/models/{quote(requested, safe='')}") or {}
+        if not is_chat(obj):
+            raise fail(f"Model {requested} is not a chat model (labels: {', '.join(obj.get('labels') or [])}); "
+                       "coding agents need one. See: lemonade list", EXIT_USAGE)
+        return obj, "as asked (--model)"
+    loaded = [m for m in (c.get("/v1/health") or {}).get("all_models_loaded") or [] if m.get("type") == "llm"]
+    if loaded:
+        name = max(loaded, key=lambda m: m.get("last_use") or 0)["model_name"]
+        return c.get(f"/v1/models/{quote(name, safe='')}") or {"id": name}, "the chat model already loaded"
+    models = [m for m in (c.get("/v1/models") or {}).get("data") or [] if is_chat(m) and not m.get("components")]
+    if not models:
+        raise fail("No chat model is downloaded yet. Pull one (e.g. lemonade pull Qwen3-0.6B-GGUF), or pass "
+                   "--model NAME.")
+    tools = [m for m in models if "tool-calling" in (m.get("labels") or [])]
+    pick = (tools or models)[0]
+    why = "a downloaded chat model with tool calling" if tools else "the first downloaded chat model"
+    return pick, why + (f" (of {len(models)}; pass --model to pick another)" if len(models) > 1 else "")
+
+
+def loaded_names(c: ServerClient) -> set[str]:
+    return {m.get("model_name") for m in (c.get("/v1/health") or {}).get("all_models_loaded") or []}
+
+
+class BackgroundLoad:
+    """`POST /v1/load` in a thread: the agent starts at once while the model loads (guide-cli.md)."""
+
+    def __init__(self, c: ServerClient, model: str) -> None:
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, args=(c, model), daemon=True)
+        self.thread.start()
+
+    def _run(self, c: ServerClient, model: str) -> None:
+        try:
+            resp = c.http.post("/v1/load", json={"model_name": model}, timeout=None)
+            if resp.status_code >= 400:
+                self.error = error_message(resp)
+        except httpx.HTTPError as exc:
+            self.error = str(exc)
+
+
+def launch(
+    agent: Annotated[str | None, typer.Argument(help=f"Agent to launch: {KNOWN}")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model to use (default: the loaded chat model, "
+                                              "else a downloaded one)")] = None,
+    agent_args: Annotated[str | None, typer.Option("--agent-args", help="Arguments passed on to the agent, "
+                                                   "e.g. \"--resume SESSION\"")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", "-p", help="codex only: a model provider of "
+                                                 "your Codex config.toml to use instead of Lemonade's")] = None,
+    no_start: Annotated[bool, typer.Option("--no-start", help="Fail instead of starting a server")] = False,
+    host: HostOpt = None, port: PortOpt = None,
+) -> None:
+    """Launch a coding agent (claude, codex, opencode, pi) that uses this server and a model on it."""
+    if agent is None:
+        raise fail(f"Name the agent to launch: lemonade launch AGENT (known agents: {KNOWN})", EXIT_USAGE)
+    if agent not in AGENTS:
+        raise fail(f"Unknown agent '{agent}'. Known agents: {KNOWN}", EXIT_USAGE)
+    if provider is not None and agent != "codex":
+        raise fail("--provider applies only to codex", EXIT_USAGE)
+    try:
+        extra = split_args(agent_args)
+    except ValueError as exc:
+        raise fail(f"--agent-args: {exc}", EXIT_USAGE) from None
+    spec = AGENTS[agent]
+    program = find_program(spec)
+    if program is None:
+        raise fail(f"'{spec.program}' was not found on PATH. {spec.install}")
+    c = client(host, port)
+    if not c.is_running():
+        if no_start:
+            raise c.not_running()
+        start_background(c)
+    obj, why = choose_model(c, model)
+    name = obj.get("alias_target") or obj["id"]
+    loading = None if name in loaded_names(c) else BackgroundLoad(c, name)
+    key = api_key() or DEFAULT_AGENT_KEY
+    try:
+        plan = spec.configure(c.url, obj["id"], key, {"provider": provider, "context": obj.get("context_length")})
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    argv = [program, *plan.args, *extra]
+    state = "loading in the background" if loading else "already loaded"
+    err.print(f"Launching [bold]{agent}[/bold] with model [bold]{escape(obj['id'])}[/bold] ({escape(why)}; "
+              f"{state}) against {escape(c.url)}.", highlight=False)
+    for k, v in plan.shown_env.items():
+        err.print(f"  {k}={escape(v)}", highlight=False)
+    for path in plan.files:
+        err.print(f"  wrote the {PROVIDER_LABEL} provider into {escape(str(path))}", highlight=False)
+    err.print(f"  command: {escape(' '.join(argv))}", highlight=False)
+    try:
+        code = subprocess.call(argv, env={**os.environ, **plan.env})
+    except OSError as exc:
+        raise fail(f"Could not start {program}: {exc}") from None
+    if loading is not None:
+        loading.thread.join()
+        if loading.error:
+            err.print(f"[red]Loading {escape(name)} failed:[/red] {escape(loading.error)}", highlight=False)
+    raise typer.Exit(code)
+
+
+PROVIDER_LABEL = "Lemonade"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("launch")(launch)

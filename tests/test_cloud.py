@@ -1,0 +1,236 @@
+"""Issue 16, cloud offload: an OpenAI-compatible provider registered by name, its models listed as
+`provider.model` and served through our router and proxy.
+
+The "cloud" is real: a second `llama-server` (the cached llama.cpp build) serving Gemma 3 270M on
+loopback with `--api-key`, so it refuses requests without the key. Our server (with the same Gemma
+as a local model) is driven with the official openai and anthropic clients; the key must reach the
+provider and never appear in an answer, a listing or the server's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+
+from lemonade.backends.llamacpp import fallback_template
+from tests.conftest import GEMMA_NAME, free_port
+
+KEY = "sk-loopback-7c1e0d9a"
+ENV_KEY = "sk-envkey-52b8f1"  # the same provider again, keyed from the server's environment
+CLOUD_MODEL = "gemma-cloud"
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+def test_discovery_names_and_kinds():
+    """How a provider's `GET /models` items become catalog entries (pure; no server)."""
+    from lemonade.backends.cloud_providers import model_from_listing, public_id
+
+    assert public_id("fireworks", "accounts/fireworks/models/kimi-k2p5") == "fireworks.kimi-k2p5"
+    assert public_id("together", "together/llama-3") == "together.llama-3"
+    assert public_id("openai", "gpt-4o") == "openai.gpt-4o"
+    chat = model_from_listing("or", {"id": "a/b", "context_length": 8192, "capabilities": ["tools"],
+                                     "architecture": {"modality": "text+image->text"}})
+    assert chat.name == "or.a/b" and chat.mode == "chat" and chat.recipe == "cloud"
+    assert chat.labels == ["vision", "tool-calling"] and chat.definition["context_length"] == 8192
+    embed = model_from_listing("openai", {"id": "text-embedding-3-small"})
+    assert embed.mode == "embeddings" and embed.labels == ["embeddings"]
+    for other in ("whisper-1", "tts-1", "dall-e-3", "omni-moderation-latest"):
+        assert model_from_listing("openai", {"id": other}) is None
+    assert model_from_listing("x", {"object": "model"}) is None
+
+
+@pytest.fixture(scope="module")
+def cloud(llama_backend, gemma_dir):
+    """llama-server with an API key: the provider. Stopped by pid at the end."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(llama_backend / "llama-server"), "-m", str(next(gemma_dir.glob("*.gguf"))), "--host", "127.0.0.1",
+         "--port", str(port), "--ctx-size", "2048", "--alias", CLOUD_MODEL, "--api-key", KEY, "--jinja",
+         "--chat-template-file", str(fallback_template("gemma3")), "--no-webui", "--threads", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the cloud llama-server exited"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    yield {"url": url + "/v1", "proc": proc}
+    proc.kill()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(module_servers, gemma_dir, cloud):
+    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_ENVCLOUD_API_KEY": ENV_KEY})
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def installed(http, cloud):
+    resp = http.post("/v1/install", json={"backend": "cloud", "provider": "loopback", "base_url": cloud["url"],
+                                          "api_key": KEY, "allow_insecure_http": True})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.fixture(scope="module")
+def oai(server, installed):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def assert_no_key(*texts: str) -> None:
+    for text in texts:
+        assert KEY not in text and ENV_KEY not in text
+
+
+def test_install_discovers_and_lists(http, installed, cloud, server):
+    assert installed == {"status": "success", "backend": "cloud", "provider": "loopback", "base_url": cloud["url"],
+                         "auth_header_name": "Authorization", "auth_header_prefix": "Bearer ",
+                         "models_discovered": 1, "auth_state": {"env_var_set": False, "runtime_key_set": True}}
+    models = http.get("/v1/models").json()["data"]
+    entry = next(m for m in models if m["id"] == f"loopback.{CLOUD_MODEL}")
+    assert entry["recipe"] == "cloud" and entry["cloud_provider"] == "loopback" and entry["downloaded"] is True
+    assert any(m["id"] == GEMMA_NAME for m in models)  # the local model is listed beside it
+    info = http.get("/v1/system-info").json()["cloud"]["providers"]
+    assert info == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True,
+                     "auth_header_name": "Authorization", "auth_header_prefix": "Bearer ",
+                     "env_var": "LEMONADE_LOOPBACK_API_KEY", "env_var_set": False, "runtime_key_set": True,
+                     "models_discovered": 1}]
+    cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "list", "--json"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "LEMONADE_BASE_URL": server.url})
+    assert cli.returncode == 0 and json.loads(cli.stdout) == info  # `lemonade cloud list --json`
+    saved = json.loads((server.cache / "config.json").read_text())
+    assert saved["cloud_providers"] == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True}]
+    assert_no_key(json.dumps(models), json.dumps(info), (server.cache / "config.json").read_text())
+
+
+def test_chat_through_the_provider(oai, http):
+    resp = oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4)
+    assert resp.object == "chat.completion" and resp.choices[0].message.role == "assistant"
+    assert 0 < resp.usage.completion_tokens <= 4
+    # Streamed: relayed chunk by chunk, ending like any OpenAI stream.
+    chunks = list(oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4,
+                                              stream=True))
+    assert len(chunks) >= 3 and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    health = http.get("/v1/health").json()
+    cloud = next(m for m in health["all_models_loaded"] if m["model_name"] == f"loopback.{CLOUD_MODEL}")
+    assert cloud["recipe"] == "cloud" and cloud["pid"] is None and cloud["launch_command"] == []
+    assert_no_key(json.dumps(health))
+
+
+def test_completions_responses_anthropic_and_ollama(oai, server):
+    done = oai.completions.create(model=f"loopback.{CLOUD_MODEL}", prompt="Once upon a time", max_tokens=4)
+    assert done.choices[0].text and done.usage.completion_tokens <= 4
+    resp = oai.responses.create(model=f"loopback.{CLOUD_MODEL}", input="Say hello.", max_output_tokens=4)
+    assert resp.output and resp.output[0].type == "message"
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    msg = claude.messages.create(model=f"loopback.{CLOUD_MODEL}", max_tokens=4, messages=CHAT)
+    assert msg.role == "assistant" and msg.content[0].type == "text"
+    olla = ollama.Client(host=server.url, timeout=120)
+    assert f"loopback.{CLOUD_MODEL}:latest" in [m.model for m in olla.list().models]
+    reply = olla.chat(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, options={"num_predict": 4})
+    assert reply.message.role == "assistant" and reply.done
+
+
+def test_cloud_takes_no_local_slot(oai, http):
+    """max_loaded_models is 1: the local Gemma and the cloud model are both resident and both answer."""
+    local = oai.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=4)
+    remote = oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4)
+    assert local.choices and remote.choices
+    loaded = {m["model_name"] for m in http.get("/v1/health").json()["all_models_loaded"]}
+    assert {GEMMA_NAME, f"loopback.{CLOUD_MODEL}"} <= loaded
+
+
+def test_env_key_wins(http, cloud):
+    """LEMONADE_ENVCLOUD_API_KEY is set in the server's environment: discovery uses it, and a runtime
+    key is refused with 409 (the install's key is not stored, with a warning)."""
+    resp = http.post("/v1/install", json={"backend": "cloud", "provider": "envcloud", "base_url": cloud["url"],
+                                          "api_key": "other", "allow_insecure_http": True})
+    assert resp.status_code == 200 and "LEMONADE_ENVCLOUD_API_KEY" in resp.json()["warning"]
+    assert resp.json()["auth_state"] == {"env_var_set": True, "runtime_key_set": False}
+    # That key is not the provider's: it refuses the discovery (401), so no model of it is listed.
+    assert resp.json()["models_discovered"] == 0
+    conflict = http.post("/v1/cloud/auth", json={"provider": "envcloud", "api_key": KEY})
+    assert conflict.status_code == 409
+    assert conflict.json()["error"]["type"] == "auth_conflict"
+    assert conflict.json()["error"]["env_var"] == "LEMONADE_ENVCLOUD_API_KEY"
+    gone = http.post("/v1/uninstall", json={"backend": "cloud", "provider": "envcloud"})
+    assert gone.json()["models_evicted"] == 0
+
+
+def test_wrong_key_is_a_502_naming_the_provider(http, oai):
+    assert http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": "wrong"}).status_code == 200
+    with pytest.raises(openai.APIStatusError) as err:
+        oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4)
+    assert err.value.status_code == 502 and "loopback" in err.value.message
+    assert err.value.body["code"] == "cloud_auth_failed"
+    ok = http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": KEY})
+    assert ok.json() == {"provider": "loopback", "auth_state": {"env_var_set": False, "runtime_key_set": True},
+                         "models_discovered": 1}
+    assert oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4).choices
+
+
+def test_bad_input(http):
+    refused = http.post("/v1/delete", json={"model_name": f"loopback.{CLOUD_MODEL}"})
+    assert refused.status_code == 400 and "lemonade cloud uninstall loopback" in refused.json()["error"]["message"]
+    cases = [({"backend": "cloud", "provider": "x"}, 400, "base_url"),
+             ({"backend": "cloud", "base_url": "http://h/v1"}, 400, "provider"),
+             ({"backend": "cloud", "provider": "Bad Name", "base_url": "http://h/v1"}, 400, "provider"),
+             ({"backend": "cloud", "provider": "user", "base_url": "http://h/v1"}, 400, "provider"),
+             ({"backend": "cloud", "provider": "x", "base_url": "ftp://h"}, 400, "base_url"),
+             ({"backend": "cloud", "provider": "x", "base_url": "http://h/v1", "auth_header_name": "a b"}, 400,
+              "auth_header_name")]
+    for body, status, field in cases:
+        resp = http.post("/v1/install", json=body)
+        assert resp.status_code == status and field in resp.json()["error"]["message"], (body, resp.text)
+    assert http.post("/v1/cloud/auth", json={"provider": "nope", "api_key": "k"}).status_code == 404
+    assert http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": ""}).status_code == 400
+    assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "nope"}).status_code == 404
+    assert http.delete("/v1/cloud/auth/nope").status_code == 404
+
+
+def test_provider_down_is_a_502_and_local_models_still_answer(http, oai, cloud, server):
+    cloud["proc"].kill()
+    cloud["proc"].wait(10)
+    with pytest.raises(openai.APIStatusError) as err:
+        oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4)
+    assert err.value.status_code == 502 and "'loopback'" in err.value.message
+    stream = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": f"loopback.{CLOUD_MODEL}", "messages": CHAT, "max_tokens": 4, "stream": True})
+    assert stream.status_code == 200 and "cloud_provider_unreachable" in stream.text  # the SSE error event
+    assert oai.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=4).choices
+
+
+def test_clear_key_and_uninstall(http, server):
+    cleared = http.delete("/v1/cloud/auth/loopback").json()
+    assert cleared == {"provider": "loopback", "cleared_runtime_key": True,
+                       "auth_state": {"env_var_set": False, "runtime_key_set": False}}
+    ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
+    assert f"loopback.{CLOUD_MODEL}" not in ids  # no key left: its models are withdrawn
+    gone = http.post("/v1/uninstall", json={"backend": "cloud", "provider": "loopback"})
+    assert gone.json() == {"status": "success", "backend": "cloud", "provider": "loopback", "models_evicted": 0}
+    assert json.loads((server.cache / "config.json").read_text())["cloud_providers"] == []
+    assert "cloud" not in http.get("/v1/system-info").json()
+    missing = http.post("/v1/chat/completions", json={"model": f"loopback.{CLOUD_MODEL}", "messages": CHAT})
+    assert missing.status_code == 404
+    assert_no_key(server.log_path.read_text(errors="replace"))
