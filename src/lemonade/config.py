@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "llamacpp": {"backend": "cpu", "args": "", "prefer_system": False},
     "whispercpp": {"backend": "cpu", "args": ""},
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
+    "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
 }
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
@@ -279,6 +280,11 @@ class Config:
                 raise ConfigError(f"Unknown config key '{dotted}'")
             node = node[part]
         return copy.deepcopy(node) if isinstance(node, (dict, list)) else node
+
+    def user_set(self, dotted: str) -> bool:
+        """Did the user give this key (config file, env var or flag), as opposed to the built-in default?
+        Auto-tune profiles fill in only what the user left at its default."""
+        return dotted in _flatten(self._file) or dotted in _flatten(self._overrides)
 
     def overridden_keys(self) -> list[str]:
         """Keys whose file value is shadowed by an env var or flag (reported by `config set`)."""

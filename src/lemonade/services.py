@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.engine import Engine
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
@@ -52,6 +53,8 @@ class Services:
         self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
+        self.autotune = AutoTune(self.cache_dir, config)  # the archetype is detected once, here
+        self.options.tuning = self.autotune.values
         self.stats = Stats()
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)

@@ -135,6 +135,9 @@ class Engine(ABC):
     options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
     args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
     backend_option: ClassVar[str | None] = None  # the option naming the backend to use
+    # Performance parameters `lemonade bench` varies and auto-tune profiles set, each as the flag of
+    # the engine's `args_option` that carries it (e.g. {"threads": "-t"}); empty: nothing to tune.
+    tuning_flags: ClassVar[dict[str, str]] = {}
     process: ClassVar[str] = "engine"  # label of its processes in logs
     # Our endpoint -> the engine's path for it (a mode's requests are forwarded there).
     endpoints: ClassVar[dict[str, str]] = {}

@@ -154,6 +154,7 @@ class LlamaCppEngine(Engine):
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"
+    tuning_flags = {"threads": "-t", "batch": "-b", "ubatch": "-ub", "parallel": "-np"}
     process = "llama-server"
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
                  "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",

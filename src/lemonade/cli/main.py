@@ -73,6 +73,7 @@ def _register_commands() -> None:
         alias_cmd,
         backends_cmd,
         background,
+        bench_cmd,
         chat,
         config_cmd,
         info,
@@ -83,7 +84,7 @@ def _register_commands() -> None:
     )
 
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd):
+                   speech_cmd, bench_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -1,0 +1,93 @@
+"""Auto-tune at load time: the archetype detected once at startup, the profiles that match it, and
+the options they give a model (auto-tune.md, phase 2).
+
+The fallback chain: the first profile along the archetype's lookup chain (exact id, family, then
+the CPU archetype's) that has options for the recipe and backend gives them, with its overlay for
+the model on top; with none, the recipe's defaults stand. `runtime/options.py` puts the result
+below everything the user set (request, saved options, config file, env, flags); the config key
+`auto_tune` (default true) turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from lemonade.autotune.archetype import Archetype, MachineFacts, detect, local_facts
+from lemonade.autotune.profiles import Profile, load_all
+from lemonade.config import Config
+
+log = logging.getLogger("lemonade.autotune")
+MODEL_PREFIXES = ("builtin.", "extra.", "user.")  # canonical-id namespaces a profile may leave out
+
+
+def model_keys(model_name: str) -> tuple[str, ...]:
+    """The names a profile's model overlay may use for a model: its canonical id, or the id without
+    its namespace (`extra.gemma-3-270m-q4_k_m` -> `gemma-3-270m-q4_k_m`)."""
+    keys = [model_name]
+    for prefix in MODEL_PREFIXES:
+        if model_name.startswith(prefix):
+            keys.append(model_name[len(prefix):])
+    return tuple(keys)
+
+
+class AutoTune:
+    """One server's auto-tune state. `facts` is for tests and tools that describe another machine."""
+
+    def __init__(self, cache_dir: Path, config: Config, facts: MachineFacts | None = None) -> None:
+        self.config = config
+        self.local_dir = Path(cache_dir) / "autotune" / "profiles"
+        try:
+            self.archetype: Archetype | None = detect(facts or local_facts())
+        except Exception as exc:  # detection must never keep the server from starting
+            log.error("Auto-tune: could not detect the hardware archetype: %s", exc)
+            self.archetype = None
+        self.profiles, self.errors = load_all(self.local_dir)
+        if self.archetype is not None:
+            found = [p.archetype for p in self.matching()]
+            log.info("Auto-tune: archetype %s; profiles %s", self.archetype.id, ", ".join(found) or "none")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.config.get("auto_tune"))
+
+    def matching(self) -> list[Profile]:
+        """Profiles along the archetype's lookup chain, most specific first."""
+        if self.archetype is None:
+            return []
+        return [self.profiles[i] for i in self.archetype.lookup if i in self.profiles]
+
+    def choose(self, model_name: str, recipe: str, backend: str | None) -> tuple[Profile | None, dict[str, Any],
+                                                                                   bool]:
+        """(profile, options, model overlay applied?) for a model on a backend (None: any backend)."""
+        if not self.enabled:
+            return None, {}, False
+        for profile in self.matching():
+            values, overlay = profile.block(recipe, backend, model_keys(model_name))
+            if values:
+                return profile, values, overlay
+        return None, {}, False
+
+    def values(self, model_name: str, recipe: str, backend: str | None) -> dict[str, Any]:
+        """The options auto-tune gives (what `RecipeOptions.resolve` layers in)."""
+        return self.choose(model_name, recipe, backend)[1]
+
+    def describe(self) -> dict[str, Any]:
+        """`auto_tune` of `/v1/health`: on or off, the archetype, the profiles that match, bad files."""
+        return {"enabled": self.enabled,
+                "archetype": self.archetype.to_dict() if self.archetype else None,
+                "profiles": [p.archetype for p in self.matching()],
+                "errors": list(self.errors)}
+
+    def for_loaded(self, model_name: str, recipe: str, backend: str | None,
+                   effective: dict[str, Any]) -> dict[str, Any] | None:
+        """A loaded model's `auto_tune`: the profile used and the overrides still in force in its
+        options (the ones the user's own options did not replace)."""
+        from lemonade.runtime.options import tuned_in_force
+
+        profile, values, overlay = self.choose(model_name, recipe, backend)
+        if profile is None:
+            return None
+        return {"profile": profile.archetype, "model_overlay": overlay,
+                "overrides": tuned_in_force(values, effective)}
