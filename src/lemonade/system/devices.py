@@ -181,7 +181,7 @@ _VK_TYPES: dict[str, VulkanType] = {"DISCRETE_GPU": "discrete", "INTEGRATED_GPU"
 def parse_vulkaninfo_summary(text: str) -> list[VulkanDevice]:
     """The `Devices:` section of `vulkaninfo --summary` (Vulkan-Tools 1.2.1xx and later)."""
     devices: list[VulkanDevice] = []
-    section = text.split("\nDevices:", 1)
+    section = re.split(r"^Devices:\s*$", text, maxsplit=1, flags=re.M)
     if len(section) < 2:
         return devices
     current: dict[str, str] = {}
@@ -225,19 +225,34 @@ NVIDIA_SMI_QUERY = "index,name,uuid,pci.bus_id,compute_cap,driver_version,memory
 
 
 def parse_nvidia_smi_csv(text: str) -> list[tuple[Gpu, GpuUsage]]:
-    """`nvidia-smi --query-gpu=<NVIDIA_SMI_QUERY> --format=csv,noheader,nounits` (memory in MiB).
-    A field the GPU does not report reads `[N/A]` / `[Not Supported]` and becomes None."""
+    """`nvidia-smi --query-gpu=<fields> --format=csv[,nounits]`, read by its header line, so any
+    subset of NVIDIA_SMI_QUERY's fields in any order works. Memory is in MiB; a field the GPU does not
+    report (`[N/A]`, `[Not Supported]`) becomes None."""
+    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+    if not rows:
+        return []
+    header = [re.sub(r"\s*\[.*\]$", "", h.strip()).lower() for h in rows[0]]
+    header = [{"gpu_name": "name", "gpu_bus_id": "pci.bus_id", "gpu_uuid": "uuid"}.get(h, h) for h in header]
     result = []
-    for row in csv.reader(io.StringIO(text), skipinitialspace=True):
-        if len(row) < 9 or not row[0].strip().isdigit():
+    for n, row in enumerate(rows[1:]):
+        if len(row) != len(header):
             continue
-        index, name, _uuid, bus, cap, driver, total, used, util = (c.strip() for c in row[:9])
-        gpu = Gpu(kind="nvidia_gpu", name=name, index=int(index), vram_bytes=_mib(total),
-                  integrated=False, family=_sm(cap), driver=driver or None, pci_slot=_pci(bus),
-                  source="nvidia-smi")
-        used_bytes = _mib(used)
-        result.append((gpu, GpuUsage(gpu_percent=_float(util), vram_used_bytes=used_bytes)))
+        f = {h: _unit_free(v) for h, v in zip(header, row, strict=True)}
+        index = _int(f.get("index"))
+        gpu = Gpu(kind="nvidia_gpu", name=f.get("name") or "NVIDIA GPU", index=n if index is None else index,
+                  vram_bytes=_mib(f.get("memory.total")), integrated=False, family=_sm(f.get("compute_cap") or ""),
+                  driver=f.get("driver_version"), pci_slot=_pci(f.get("pci.bus_id")), source="nvidia-smi")
+        result.append((gpu, GpuUsage(gpu_percent=_float(f.get("utilization.gpu")),
+                                     vram_used_bytes=_mib(f.get("memory.used")))))
     return result
+
+
+def _unit_free(value: str) -> str | None:
+    """A CSV cell without its unit (" MiB", " %" when `nounits` was not given); None for N/A."""
+    value = value.strip()
+    if not value or value.startswith("[") or value in ("N/A", "Not Supported"):
+        return None
+    return re.sub(r"\s+(MiB|%|W|MHz)$", "", value)
 
 
 def _nvml() -> list[tuple[Gpu, GpuUsage]] | None:
@@ -283,7 +298,7 @@ def nvidia_gpus() -> list[tuple[Gpu, GpuUsage]]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
-    out = _run([exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"])
+    out = _run([exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,nounits"])
     return parse_nvidia_smi_csv(out or "")
 
 
@@ -420,6 +435,7 @@ def parse_system_profiler_displays(text: str, memory_bytes: int) -> list[Gpu]:
     gpus = []
     for i, item in enumerate(items):
         name = item.get("sppci_model") or item.get("_name") or "Apple GPU"
+        name = re.sub(r"^kHW_Apple(\w+)Item$", r"Apple \1", name)  # how M1-era macOS names it
         metal = item.get("spdisplays_mtlgpufamilysupport") or item.get("spdisplays_metalfamily") or ""
         if not metal and "Apple" not in name:
             continue
@@ -558,7 +574,7 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-def _mib(text: str) -> int | None:
+def _mib(text: str | None) -> int | None:
     value = _float(text)
     return None if value is None else int(value * 2**20)
 
