@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    "llamacpp": {"backend": "cpu", "args": "", "prefer_system": False},
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False},
     "whispercpp": {"backend": "cpu", "args": ""},
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
 MODEL_SOURCES = ("huggingface", "modelscope")
 MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
-LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")
+LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal", "cuda", "auto")  # auto: the best for the devices
 
 
 class ConfigError(ValueError):

@@ -162,8 +162,9 @@ class Engine(ABC):
     @abstractmethod
     def state(self, backend: str) -> BackendState: ...
 
-    def check_request(self, backend: str) -> None:
-        """Refuse unknown or unsupported backends before any work starts (InstallError)."""
+    def check_request(self, backend: str, force: bool = False) -> None:
+        """Refuse unknown or unsupported backends before any work starts (InstallError). `force`
+        (`/v1/install`'s): engines that filter backends by the machine's devices skip that filter."""
         if backend not in self.backends:
             raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
                                code="unknown_backend")
@@ -263,7 +264,7 @@ class UnavailableEngine(Engine):
         return BackendState(self.recipe, backend, "unsupported",
                             message=f"The {self.recipe} engine is not available in this build of Lemonade.")
 
-    def check_request(self, backend: str) -> None:
+    def check_request(self, backend: str, force: bool = False) -> None:
         raise InstallError(f"The {self.recipe} engine is not available in this build of Lemonade.",
                            code="unsupported_backend")
 

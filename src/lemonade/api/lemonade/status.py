@@ -55,7 +55,7 @@ async def stats(request: Request) -> dict[str, Any]:
 
 @router.get("/system-stats")
 async def get_system_stats() -> dict[str, Any]:
-    return system_stats()
+    return await asyncio.to_thread(system_stats)  # GPU counters may come from nvidia-smi
 
 
 @router.get("/system-info")
@@ -65,7 +65,7 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
     `model_storage.path` as it is; otherwise non-admins see it with placeholders (`~`, `<cache>`)."""
     svc = services(request)
     recipes = await asyncio.to_thread(svc.engines.system_info)
-    info = system_info(svc.catalog.hub_cache(), recipes)
+    info = await asyncio.to_thread(system_info, svc.catalog.hub_cache(), recipes)  # device tools run once
     if include_paths:
         info["cache_dir"] = str(svc.cache_dir)
     elif isinstance(info.get("model_storage"), dict) and info["model_storage"].get("path"):
