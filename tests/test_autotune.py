@@ -26,6 +26,7 @@ from lemonade.config import Config
 from lemonade.runtime.options import RecipeOptions
 from tests.conftest import GEMMA_ID, GEMMA_NAME
 
+DEVICE_FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 AVX2 = frozenset("fpu sse sse2 avx fma avx2 f16c".split())
 AVX512 = AVX2 | frozenset("avx512f avx512bw avx512vl avx512dq".split())
 
@@ -75,6 +76,44 @@ def test_archetype_of_recorded_machines(machine: str) -> None:
     assert arch.memory == memory
     assert arch.lookup[0] == expected
     assert arch.lookup[-1].startswith("cpu-")  # backends a GPU profile leaves out fall back to the CPU's
+
+
+def recorded(*, gpus: list[Any] = (), vulkan: str | None = None, arch: str = "x86_64", cores: int = 8,
+             isa: tuple[str, ...] = ("avx2", "fma"), memory_gb: int = 32) -> MachineFacts:
+    """Facts as this server builds them (system/devices.py report -> system-info devices) from the
+    recorded tool outputs of real machines in tests/fixtures/devices."""
+    from lemonade.autotune.archetype import facts_from_devices
+    from lemonade.system.devices import CpuFacts, DeviceReport, parse_vulkaninfo_summary
+    from lemonade.system.info import devices
+
+    vk = parse_vulkaninfo_summary((DEVICE_FIXTURES / vulkan).read_text()) if vulkan else []
+    cpu = CpuFacts(name="recorded", arch=arch, cores=cores, threads=cores * 2, isa=isa, memory_bytes=memory_gb * 2**30)
+    return facts_from_devices(devices(DeviceReport(cpu=cpu, gpus=tuple(gpus), vulkan=tuple(vk))))
+
+
+def test_archetype_from_recorded_tool_outputs() -> None:
+    from lemonade.system.devices import parse_nvidia_smi_csv, parse_rocm_smi_json, parse_system_profiler_displays
+
+    [m3] = parse_system_profiler_displays((DEVICE_FIXTURES / "system_profiler_m3_pro.json").read_text(), 36 * 2**30)
+    arch = detect(recorded(gpus=[m3], arch="arm64", cores=11, isa=("asimd", "asimddp"), memory_gb=36))
+    assert (arch.id, arch.memory, arch.cpu_id) == ("apple-m3-48gb", "unified", "cpu-aarch64-neon-dotprod-16c-48gb")
+    a100s = [g for g, _ in parse_nvidia_smi_csv((DEVICE_FIXTURES / "nvidia_smi_2x_a100.csv").read_text())]
+    arch = detect(recorded(gpus=a100s, memory_gb=256))
+    # nvidia-smi's recording names the A100 board and reports no memory: the family alone
+    assert (arch.id, arch.memory, arch.memory_gb) == ("nvidia-pg509-210", "discrete", None)
+    assert arch.lookup == ("nvidia-pg509-210", "cpu-x86_64-avx2-8c-256gb", "cpu-x86_64-avx2-8c", "cpu-x86_64-avx2")
+    rocm = parse_rocm_smi_json((DEVICE_FIXTURES / "rocm_smi_rx7900xt.json").read_text())
+    assert rocm  # the RX 7900 XT as the hardware tests build it from sysfs + rocm-smi
+    from lemonade.system.devices import Gpu
+
+    rx = Gpu(kind="amd_gpu", name="Radeon RX 7900 XT", index=0, vram_bytes=21458059264, integrated=False,
+             family="gfx1100")
+    assert detect(recorded(gpus=[rx])).id == "amd-rx-7900-xt-24gb"
+    # lavapipe (Mesa's software Vulkan) is no GPU: the CPU archetype stands
+    arch = detect(recorded(vulkan="vulkaninfo_lavapipe_debian12.txt", cores=2, isa=("avx2", "fma", "avx512f",
+                                                                                     "avx512bw", "avx512vl"),
+                           memory_gb=23))
+    assert (arch.id, arch.device) == ("cpu-x86_64-avx512-2c-24gb", "cpu")
 
 
 def test_gpu_archetypes_fall_back_to_family_then_cpu() -> None:

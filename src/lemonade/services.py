@@ -53,7 +53,7 @@ class Services:
         self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
-        self.autotune = AutoTune(self.cache_dir, config)  # the archetype is detected once, here
+        self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)  # the archetype is detected once, here
         self.options.tuning = self.autotune.values
         self.stats = Stats()
         self.metrics = Metrics()

@@ -51,7 +51,7 @@ class Archetype:
     family: str          # e.g. "strix-halo", "apple-m3", "cpu-x86_64-avx512"
     device: str          # "gpu" or "cpu": what the archetype's memory and family describe
     memory: str          # "unified", "discrete" or "system" (CPU only)
-    memory_gb: int       # the bucket (VRAM of a discrete GPU, else system RAM)
+    memory_gb: int | None  # the bucket (VRAM of a discrete GPU, else system RAM); None: not reported
     gpu: str | None      # the GPU's name, when the archetype is a GPU's
     cpu_id: str          # the CPU archetype (used for backends a GPU profile does not cover)
     cpu_isa: str
@@ -105,7 +105,7 @@ def _gpus(devices: dict[str, Any]) -> list[dict[str, Any]]:
     """Available GPUs as (vendor, entry) dicts, whatever key the device data lists them under."""
     found = []
     for key, value in devices.items():
-        if key == "cpu" or "npu" in key:
+        if key in ("cpu", "vulkan") or "npu" in key:  # `vulkan` lists the same GPUs (and software renderers)
             continue
         for entry in value if isinstance(value, list) else [value]:
             if isinstance(entry, dict) and entry.get("available", True) and entry.get("name"):
@@ -113,8 +113,9 @@ def _gpus(devices: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _classify(gpu: dict[str, Any], memory_gb: float) -> tuple[str, str, float] | None:
-    """(family, memory kind, memory in GB) of one GPU, or None when it cannot carry a model."""
+def _classify(gpu: dict[str, Any], memory_gb: float) -> tuple[str, str, float | None] | None:
+    """(family, memory kind, memory in GB or None when no source reported it) of one GPU, or None
+    when it cannot carry a model."""
     name = str(gpu.get("name", ""))
     lowered = name.lower()
     gfx = str(gpu.get("family") or gpu.get("arch") or "").lower()
@@ -125,11 +126,11 @@ def _classify(gpu: dict[str, Any], memory_gb: float) -> tuple[str, str, float] |
     for family, targets, words in UNIFIED_FAMILIES:
         if gfx in targets or any(w in lowered for w in words):
             return family, "unified", memory_gb
-    vram = float(gpu.get("vram_gb") or 0)
+    vram = float(gpu["vram_gb"]) if isinstance(gpu.get("vram_gb"), (int, float)) else None
     integrated = bool(gpu.get("integrated")) or gpu.get("type") == "integrated"
     if integrated:
         return (f"{slug(gpu['_vendor'].split('_')[0])}-{gfx or slug(name)}-igpu", "unified", memory_gb)
-    if vram < 2:
+    if vram is not None and vram < 2:
         return None  # a display adapter with a sliver of VRAM: not a place for a model
     vendor = gpu["_vendor"].split("_")[0]
     short = re.sub(r"^(nvidia|amd|intel)\s+|\b(geforce|radeon|graphics|\(tm\)|\(r\))\b", " ", lowered)
@@ -146,12 +147,13 @@ def detect(facts: MachineFacts) -> Archetype:
             candidates.append((kind, gpu))
     if candidates:
         # The discrete GPU with the most VRAM, else the unified one (it holds as much as RAM allows).
-        (family, memory, gb), gpu = max(candidates, key=lambda c: (c[0][1] == "discrete", c[0][2]))
-        mem_bucket = bucket(gb, MEMORY_BUCKETS_GB)
-        exact = f"{family}-{mem_bucket}gb"
+        (family, memory, gb), gpu = max(candidates, key=lambda c: (c[0][1] == "discrete", c[0][2] or 0))
+        mem_bucket = bucket(gb, MEMORY_BUCKETS_GB) if gb else None
+        exact = f"{family}-{mem_bucket}gb" if mem_bucket else family  # VRAM unknown: the family alone
+        chain = (exact, family) if exact != family else (family,)
         return Archetype(id=exact, family=family, device="gpu", memory=memory, memory_gb=mem_bucket,
                          gpu=str(gpu.get("name")), cpu_id=cpu_id, cpu_isa=isa, cpu_cores=cores,
-                         lookup=(exact, family, *cpu_chain))
+                         lookup=(*chain, *cpu_chain))
     return Archetype(id=cpu_id, family=cpu_chain[-1], device="cpu", memory="system", memory_gb=ram_bucket,
                      gpu=None, cpu_id=cpu_id, cpu_isa=isa, cpu_cores=cores, lookup=cpu_chain)
 
@@ -169,11 +171,24 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def local_facts() -> MachineFacts:
-    """This machine's facts, from the same device data `/v1/system-info` reports."""
-    import psutil
+def facts_from_devices(devices: dict[str, Any]) -> MachineFacts:
+    """MachineFacts from a `/v1/system-info` `devices` object alone (its `cpu` carries the ISA flags,
+    architecture and RAM), e.g. one a user attached to a bug report or a bench contribution."""
+    cpu = devices.get("cpu") or {}
+    return MachineFacts(devices=devices, memory_gb=float(cpu.get("memory_gb") or 0),
+                        cpu_arch=str(cpu.get("family") or "x86_64"), cpu_flags=frozenset(cpu.get("isa") or ()))
 
+
+def local_facts() -> MachineFacts:
+    """This machine's facts, from the same device report `/v1/system-info` shows (system/devices.py)."""
     from lemonade.system.info import devices
 
-    return MachineFacts(devices=devices(), memory_gb=psutil.virtual_memory().total / 2**30,
-                        cpu_arch=platform.machine() or os.uname().machine, cpu_flags=cpu_flags())
+    facts = facts_from_devices(devices())
+    if not facts.memory_gb or not facts.cpu_flags:  # a report without them: read the machine directly
+        import psutil
+
+        facts = MachineFacts(devices=facts.devices,
+                             memory_gb=facts.memory_gb or psutil.virtual_memory().total / 2**30,
+                             cpu_arch=platform.machine() or os.uname().machine,
+                             cpu_flags=facts.cpu_flags or cpu_flags())
+    return facts

@@ -207,8 +207,10 @@ class Bench:
                 "memory_mb": self.memory_mb(entry.get("pid")), "launch_command": entry.get("launch_command"),
                 "auto_tune": entry.get("auto_tune"), **figures}
 
-    def run(self, cells: list[Cell]) -> list[dict[str, Any]]:
-        results = []
+    def run(self, cells: list[Cell], on_result: Callable[[list[dict[str, Any]]], None] | None = None
+            ) -> list[dict[str, Any]]:
+        """Every cell in order; `on_result` sees the list after each (so a long run keeps what it has)."""
+        results: list[dict[str, Any]] = []
         for cell in cells:
             try:
                 results.append(self.run_cell(cell))
@@ -216,6 +218,8 @@ class Bench:
                 self.progress(f"{cell.label()}: FAILED: {exc}")
                 results.append({"backend": cell.backend, "params": cell.params, "stock": cell.stock,
                                 "error": str(exc)})
+            if on_result is not None:
+                on_result(results)
         return results
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from lemonade.autotune.archetype import Archetype, MachineFacts, detect, local_facts
 from lemonade.autotune.profiles import Profile, load_all
+from lemonade.backends.registry import Engines
 from lemonade.config import Config
 
 log = logging.getLogger("lemonade.autotune")
@@ -35,8 +36,10 @@ def model_keys(model_name: str) -> tuple[str, ...]:
 class AutoTune:
     """One server's auto-tune state. `facts` is for tests and tools that describe another machine."""
 
-    def __init__(self, cache_dir: Path, config: Config, facts: MachineFacts | None = None) -> None:
+    def __init__(self, cache_dir: Path, config: Config, facts: MachineFacts | None = None,
+                 engines: Engines | None = None) -> None:
         self.config = config
+        self.engines = engines  # turns a backend setting such as "auto" into the backend a load uses
         self.local_dir = Path(cache_dir) / "autotune" / "profiles"
         try:
             self.archetype: Archetype | None = detect(facts or local_facts())
@@ -63,6 +66,9 @@ class AutoTune:
         """(profile, options, model overlay applied?) for a model on a backend (None: any backend)."""
         if not self.enabled:
             return None, {}, False
+        engine = self.engines.get(recipe) if self.engines is not None else None
+        if backend is not None and engine is not None and engine.backend_option:
+            backend = engine.requested_backend({engine.backend_option: backend})
         for profile in self.matching():
             values, overlay = profile.block(recipe, backend, model_keys(model_name))
             if values:

@@ -111,6 +111,9 @@ def bench(
                                                                     "devices")},
                               "settings": settings.__dict__, "models": []}
     headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
+    stamp = started.replace(":", "").replace("-", "")
+    name = _slug("-".join(dict.fromkeys(models)))
+    path = output or Path(f"lemonade-bench-{name}-{stamp}.json")
     for model in dict.fromkeys(models):
         meta = c.get(f"/v1/models/{model}")
         recipe = meta.get("recipe", "")
@@ -129,16 +132,15 @@ def bench(
                   highlight=False)
         runner = Bench(c.url, model, recipe, settings, headers,
                        progress=lambda msg: err.print(f"  {msg}", highlight=False))
-        model_started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        results = runner.run(cells)
+        entry = {"model": model, "checkpoint": meta.get("checkpoint"), "recipe": recipe,
+                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": []}
+        report["models"].append(entry)
+        # The file is rewritten after each setting, so an interrupted run keeps what it measured.
+        results = runner.run(cells, on_result=lambda done, e=entry: (e.update(results=list(done)),
+                                                                    _write(path, report)))
         c.post("/v1/unload", {"model_name": model})
-        report["models"].append({"model": model, "checkpoint": meta.get("checkpoint"), "recipe": recipe,
-                                 "timestamp": model_started, "results": results})
         if not as_json:
             out.print(results_table(model, results, streams))
-    stamp = started.replace(":", "").replace("-", "")
-    name = _slug("-".join(dict.fromkeys(models)))
-    path = output or Path(f"lemonade-bench-{name}-{stamp}.json")
     _write(path, report)
     if as_json:
         out.print_json(json.dumps(report))
