@@ -22,6 +22,7 @@ import pytest
 from lemonade.autotune.archetype import MachineFacts, detect, local_facts
 from lemonade.autotune.profiles import ProfileError, load_all, load_file, validate
 from lemonade.autotune.tuner import AutoTune
+from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.runtime.options import RecipeOptions
 from tests.conftest import GEMMA_ID, GEMMA_NAME
@@ -197,7 +198,7 @@ def tuned_options(tmp_path: Path, recipes: dict[str, Any], config: dict[str, Any
     if config:
         (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = Config(tmp_path, environ=environ or {})
-    tune = AutoTune(tmp_path, cfg, facts=VM)
+    tune = AutoTune(tmp_path, cfg, facts=VM, engines=Engines(tmp_path, cfg))  # `auto` -> the best backend here
     opts = RecipeOptions(tmp_path, cfg)
     opts.tuning = tune.values
     return opts, tune, cfg
