@@ -10,7 +10,7 @@ both alike: 1 stream, then 8 concurrent streams. For each phase it reports how m
 processes took (`LoadLog`); a busy phase's figures are shown but marked unreliable. It never
 asserts. Results: docs/performance.md.
 
-    .venv/bin/python benchmarks/bench_autotune.py [--rounds N] [--tokens N] [--json FILE]
+    .venv/bin/python benchmarks/bench_autotune.py [--rounds N] [--tokens N] [--engine-args ARGS] [--json FILE]
 
 Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
 """
@@ -119,9 +119,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return {"archetype": archetype, "overrides": applied, "compared": False}
 
         sides = []
+        extra = args.engine_args.split()
         for name, argv in (("tuned", tuned_argv), ("stock", stock_argv)):
             p = free_port()
-            cmd = on_port(argv, p)
+            cmd = on_port(argv, p) + extra
             print(f"{name}: {' '.join(cmd[1:])}")
             proc = procs.start(cmd, log=root / f"{name}.log", death_sig=signal.SIGKILL)
             wait_ok(f"http://127.0.0.1:{p}/health", proc, timeout=300, interval=0.1)
@@ -132,6 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figures = {name: {k: summarize(side, k) for k in ("stream1", "stream8")} | {"rss_mb": rss_mb(proc.pid)[0]}
                    for name, side, proc in (("tuned", tuned, tuned_proc), ("stock", stock, stock_proc))}
         result = {"started": started, "archetype": archetype, "overrides": applied, "rounds": args.rounds,
+                  "engine_args_both": args.engine_args,
                   "tokens": args.tokens, "figures": figures, "machine_load": loads.phases,
                   "tuned_argv": tuned_argv[1:], "stock_argv": stock_argv[1:]}
         print()
@@ -167,6 +169,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="paired rounds per phase (default 6)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream (default 64)")
+    parser.add_argument("--engine-args", default="",
+                        help="llama-server arguments added to both sides (e.g. '-t 1' on a machine whose other "
+                             "tenants leave too little CPU for the default thread count)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) at the end")
     args = parser.parse_args()

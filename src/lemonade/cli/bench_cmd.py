@@ -110,6 +110,12 @@ def bench(
                               "machine": {k: info.get(k) for k in ("OS Version", "Processor", "Physical Memory",
                                                                     "devices")},
                               "settings": settings.__dict__, "models": []}
+    tune = health.get("auto_tune") or {}
+    if tune.get("enabled") and tune.get("profiles"):
+        err.print(f"[yellow]Auto-tune is on (profiles {', '.join(tune['profiles'])}): every row, the stock one "
+                  "included, also gets the profile's settings the grid does not set (each row's launch_command "
+                  "in the JSON shows what ran). For the engine's own defaults: lemonade config set "
+                  "auto_tune=false[/yellow]", highlight=False)
     headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
     stamp = started.replace(":", "").replace("-", "")
     name = _slug("-".join(dict.fromkeys(models)))
