@@ -5,6 +5,7 @@ No module keeps global state; tests can build several of these side by side.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +54,7 @@ class Services:
         self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
-        self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)  # the archetype is detected once, here
+        self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
         self.stats = Stats()
         self.metrics = Metrics()
@@ -84,8 +85,10 @@ class Services:
         return check
 
     async def start(self) -> None:
-        """Startup work that needs the event loop: download jobs and the update check."""
+        """Startup work that needs the event loop: download jobs, the update check, and auto-tune's
+        archetype detection (in a thread: the device tools take a moment)."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
+        self._detecting = asyncio.get_running_loop().run_in_executor(None, lambda: self.autotune.archetype)
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:

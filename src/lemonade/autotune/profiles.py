@@ -72,13 +72,6 @@ class Profile:
             out.update(_stack(out, layer))
         return out, overlay is not None
 
-    def covers(self, recipe: str, backend: str | None) -> bool:
-        """Has this profile anything for the recipe on that backend (or for any backend)?"""
-        spec = self.recipes.get(recipe) or {}
-        keys = {ANY_BACKEND, backend}
-        return any(keys & set(section) for section in
-                   [spec.get("defaults", {}), *spec.get("models", {}).values()])
-
 
 def _stack(below: dict[str, Any], above: dict[str, Any]) -> dict[str, Any]:
     """`above` over `below`; `*_args` are merged flag by flag (an overlay's `-np 8` keeps the

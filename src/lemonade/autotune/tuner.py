@@ -11,6 +11,7 @@ below everything the user set (request, saved options, config file, env, flags);
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,30 @@ class AutoTune:
         self.config = config
         self.engines = engines  # turns a backend setting such as "auto" into the backend a load uses
         self.local_dir = Path(cache_dir) / "autotune" / "profiles"
-        try:
-            self.archetype: Archetype | None = detect(facts or local_facts())
-        except Exception as exc:  # detection must never keep the server from starting
-            log.error("Auto-tune: could not detect the hardware archetype: %s", exc)
-            self.archetype = None
+        self._facts = facts
+        self._archetype: Archetype | None = None
+        self._detected = False
+        self._lock = threading.Lock()
         self.profiles, self.errors = load_all(self.local_dir)
-        if self.archetype is not None:
-            found = [p.archetype for p in self.matching()]
-            log.info("Auto-tune: archetype %s; profiles %s", self.archetype.id, ", ".join(found) or "none")
+
+    @property
+    def archetype(self) -> Archetype | None:
+        """Detected once and cached. The server starts detection in a thread right after startup
+        (`Services.start`), so the device tools never delay `/live`; a load that comes first waits."""
+        with self._lock:
+            if not self._detected:
+                try:
+                    self._archetype = detect(self._facts or local_facts())
+                except Exception as exc:  # detection must never keep a model from loading
+                    log.error("Auto-tune: could not detect the hardware archetype: %s", exc)
+                self._detected = True
+                if self._archetype is not None:
+                    found = [p.archetype for p in self._chain(self._archetype)]
+                    log.info("Auto-tune: archetype %s; profiles %s", self._archetype.id, ", ".join(found) or "none")
+            return self._archetype
+
+    def _chain(self, archetype: Archetype) -> list[Profile]:
+        return [self.profiles[i] for i in archetype.lookup if i in self.profiles]
 
     @property
     def enabled(self) -> bool:
@@ -57,9 +73,8 @@ class AutoTune:
 
     def matching(self) -> list[Profile]:
         """Profiles along the archetype's lookup chain, most specific first."""
-        if self.archetype is None:
-            return []
-        return [self.profiles[i] for i in self.archetype.lookup if i in self.profiles]
+        archetype = self.archetype
+        return self._chain(archetype) if archetype is not None else []
 
     def choose(self, model_name: str, recipe: str, backend: str | None) -> tuple[Profile | None, dict[str, Any],
                                                                                    bool]:
@@ -81,8 +96,12 @@ class AutoTune:
 
     def describe(self) -> dict[str, Any]:
         """`auto_tune` of `/v1/health`: on or off, the archetype, the profiles that match, bad files."""
+        if not self._detected:  # never wait for the device tools here (health is polled)
+            return {"enabled": self.enabled, "archetype": None, "detecting": True, "profiles": [],
+                    "errors": list(self.errors)}
+        archetype = self.archetype
         return {"enabled": self.enabled,
-                "archetype": self.archetype.to_dict() if self.archetype else None,
+                "archetype": archetype.to_dict() if archetype else None,
                 "profiles": [p.archetype for p in self.matching()],
                 "errors": list(self.errors)}
 
