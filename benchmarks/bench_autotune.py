@@ -48,9 +48,11 @@ from benchmarks.bench_serving import (  # noqa: E402  (the measuring tools of th
     load_avg,
     measure_streams,
     new_cache,
+    paired_ratios,
     pct,
     rss_mb,
     serve_argv,
+    spread,
     table,
     wait_ok,
 )
@@ -77,10 +79,11 @@ def on_port(argv: list[str], port: int) -> list[str]:
     return out
 
 
-def summarize(side: Side, key: str) -> dict[str, float]:
+def summarize(side: Side, key: str) -> dict[str, Any]:
     rounds = side.rounds[key]
     return {"tps": statistics.median(r["tps"] for r in rounds),
-            "ttft_ms": pct([t for r in rounds for t in r["ttfts"]], 50)}
+            "ttft_ms": pct([t for r in rounds for t in r["ttfts"]], 50),
+            "rounds": [{"tps": r["tps"], "ttft_ms": pct(r["ttfts"], 50)} for r in rounds]}
 
 
 async def traffic(tuned: Side, stock: Side, args: argparse.Namespace, loads: LoadLog) -> None:
@@ -156,13 +159,16 @@ def report(result: dict[str, Any], loads: LoadLog) -> str:
     rows = []
     for key, label in (("stream1", "1 stream"), ("stream8", "8 streams")):
         t, s = f["tuned"][key], f["stock"][key]
-        rows.append((f"tokens/s, {label}", f"{s['tps']:.1f}", f"{t['tps']:.1f}", f"{t['tps'] / s['tps']:.3f}",
-                     loads.describe(key)))
+        tps = paired_ratios(s["rounds"], t["rounds"], "tps")
+        ttft = paired_ratios(s["rounds"], t["rounds"], "ttft_ms")
+        rows.append((f"tokens/s, {label}", f"{s['tps']:.1f}", f"{t['tps']:.1f}", f"{statistics.median(tps):.3f}",
+                     spread(tps), loads.describe(key)))
         rows.append((f"TTFT p50 ms, {label}", f"{s['ttft_ms']:.0f}", f"{t['ttft_ms']:.0f}",
-                     f"{t['ttft_ms'] / s['ttft_ms']:.3f}", ""))
+                     f"{statistics.median(ttft):.3f}", spread(ttft), ""))
     rows.append(("engine RSS MB", f"{f['stock']['rss_mb']:.0f}", f"{f['tuned']['rss_mb']:.0f}",
-                 f"{f['tuned']['rss_mb'] / f['stock']['rss_mb']:.3f}", ""))
-    return table(("figure", "stock", "auto-tuned", "ratio", "machine during the phase"), rows)
+                 f"{f['tuned']['rss_mb'] / f['stock']['rss_mb']:.3f}", "", ""))
+    return table(("figure", "stock", "auto-tuned", "ratio (median of pairs)", "paired min/p25/med/p75/max",
+                  "machine during the phase"), rows)
 
 
 def main() -> None:
