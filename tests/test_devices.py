@@ -265,8 +265,8 @@ def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_se
             assert resp.status_code == 400 and "force" in resp.json()["error"]["message"], resp.text
         resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "metal", "force": True})
         assert resp.status_code == 400 and "Requires macOS" in resp.json()["error"]["message"]
-        if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        if shutil.which("hipcc") is None and not os.path.exists("/opt/rocm/bin/hipcc"):
             # forced past the hardware filter, the source build stops before any work, naming what is missing
-            resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cuda", "force": True})
-            assert resp.status_code == 500 and "nvcc" in resp.json()["error"]["message"], resp.text
-            assert not (server.cache / "backends" / "llamacpp" / "cuda").exists()
+            resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "rocm", "force": True})
+            assert resp.status_code == 500 and "hipcc" in resp.json()["error"]["message"], resp.text
+            assert not (server.cache / "backends" / "llamacpp" / "rocm").exists()

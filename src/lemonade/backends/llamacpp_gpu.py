@@ -231,6 +231,7 @@ def cmake_flags(backend: str, report: DeviceReport | None = None) -> tuple[str, 
         nvcc = _first("nvcc", "/usr/local/cuda/bin/nvcc")
         if nvcc:
             flags.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
-        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs) if archs else 'native'}")
+        # No NVIDIA GPU seen (a forced install): PTX for Turing, which the driver compiles for any newer GPU.
+        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs) if archs else '75-virtual'}")
         return tuple(flags)
     return ()
