@@ -237,7 +237,7 @@ class LlamaCppEngine(Engine):
                                        backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
-        resolved = dict(options)
+        resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
         env = None
