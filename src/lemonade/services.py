@@ -5,6 +5,7 @@ No module keeps global state; tests can build several of these side by side.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
+from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -83,6 +85,8 @@ class Services:
     async def start(self) -> None:
         """Startup work that needs the event loop: download jobs and the update check."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
+        # Read the hardware once in a thread (vulkaninfo, nvidia-smi), so no request waits for it.
+        asyncio.get_running_loop().run_in_executor(None, detect_devices)
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:
