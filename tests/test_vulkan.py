@@ -9,13 +9,15 @@ test runs without `force` and the model's health `device` is "gpu".
 Opt-in (LEMONADE_TEST_VULKAN=1): the cold build takes about 25 minutes on 2 shared cores (the
 Vulkan shaders and ggml-vulkan alone are most of it; docs/performance.md has the measurement); the
 build is kept in the test cache, so later runs take seconds. Needs the Debian packages
-mesa-vulkan-drivers libvulkan-dev glslc spirv-headers vulkan-tools.
+mesa-vulkan-drivers libvulkan-dev glslc spirv-headers vulkan-tools; where the system's Vulkan headers
+are too old for the pinned llama.cpp (Debian 12), newer ones come from Debian 13 (vulkan_sdk.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ from lemonade.backends.install import BackendInstaller
 from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
 from lemonade.system.devices import detect_devices
 from tests.conftest import GEMMA_NAME, TEST_CACHE, Server, ServerFactory
+from tests.vulkan_sdk import debian_vulkan_headers
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("LEMONADE_TEST_VULKAN") != "1",
@@ -44,12 +47,19 @@ def vulkan_backend() -> Path:
         pytest.skip("no Vulkan device here: apt-get install mesa-vulkan-drivers vulkan-tools")
     installer = BackendInstaller(TEST_CACHE)
     if installer.state("llamacpp", "vulkan").state != "installed":
-        missing = missing_toolkit("vulkan")
-        assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
-        started = time.monotonic()
-        installer.install("llamacpp", "vulkan", force=not backend_devices("vulkan", report),
-                          progress=lambda e: print(e.get("message", ""), file=sys.stderr))
-        print(f"llamacpp:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        sdk = os.environ.get("VULKAN_SDK")
+        if not sdk and any("Vulkan headers" in m for m in missing_toolkit("vulkan")) and shutil.which("apt-get"):
+            os.environ["VULKAN_SDK"] = str(debian_vulkan_headers(TEST_CACHE))  # Debian 12: too old (vulkan_sdk.py)
+        try:
+            missing = missing_toolkit("vulkan")
+            assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
+            started = time.monotonic()
+            installer.install("llamacpp", "vulkan", force=not backend_devices("vulkan", report),
+                              progress=lambda e: print(e.get("message", ""), file=sys.stderr))
+            print(f"llamacpp:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        finally:
+            if sdk is None:
+                os.environ.pop("VULKAN_SDK", None)
     return TEST_CACHE / "backends" / "llamacpp" / "vulkan"
 
 
