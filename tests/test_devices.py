@@ -40,7 +40,7 @@ from lemonade.system.devices import (
     read_drm_cards,
     sysfs_gpus,
 )
-from tests.conftest import TEST_CACHE
+from tests.conftest import GEMMA_NAME, TEST_CACHE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 CPU = CpuFacts(name="test", arch="x86_64", cores=8, threads=16, isa=("avx2",), memory_bytes=32 * 2**30)
@@ -241,10 +241,13 @@ def test_real_detection_here():
         assert report.gpus == ()  # nothing to find: no GPU is made up
 
 
-def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_server):
-    server = make_server(env={"LEMONADE_LLAMACPP_NO_RELEASE": "1"}, engines=("llamacpp",))
+def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_server, gemma_dir):
+    server = make_server(env={"LEMONADE_LLAMACPP_NO_RELEASE": "1", "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
+                         engines=("llamacpp",))
     report = detect_devices()
     with server.client() as c:
+        bad = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_device": "--device /dev/x"})
+        assert bad.status_code == 400 and "llamacpp_device" in bad.json()["error"]["message"], bad.text
         info = c.get("/v1/system-info").json()
         devices = info["devices"]
         assert devices["cpu"]["cores"] == report.cpu.cores and devices["cpu"]["isa"] == list(report.cpu.isa)
