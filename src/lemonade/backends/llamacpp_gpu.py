@@ -56,7 +56,7 @@ def backend_devices(backend: str, report: DeviceReport, system: str | None = Non
     """The device kinds (`/v1/system-info` names) of this machine that `backend` can run on."""
     osname = _os(system)
     if backend == "cpu":
-        return [] if osname == "macos" else ["cpu"]
+        return ["cpu"]
     if backend == "metal":
         return ["metal"] if osname == "macos" and report.gpus_of("metal") else []
     if osname == "macos":
