@@ -32,6 +32,7 @@ from lemonade.system.devices import (
     amd_npus,
     detect_devices,
     kfd_gfx_targets,
+    parse_amd_smi_static,
     parse_cpuinfo,
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
@@ -120,6 +121,16 @@ def test_amd_gpu_from_sysfs_rocm_smi_and_kfd(tmp_path):
     # without rocm-smi: named after the Vulkan device, family from the kfd topology
     [(plain, _)] = sysfs_gpus(cards, kfd_gfx_targets(sys_root), {}, [])
     assert plain.family == "gfx1100" and plain.source == "sysfs" and "744c" in plain.name
+
+
+def test_amd_gpu_named_by_amd_smi(tmp_path):
+    """The MI350X of the amd-smi fixture: sysfs has no name for it, amd-smi does (matched by PCI address)."""
+    sys_root = tmp_path / "sys"
+    drm_card(sys_root, "card1", "0000:05:00.0", {"vendor": "0x1002", "device": "0x75a0"}, "amdgpu")
+    static = parse_amd_smi_static(fixture("amd_smi_static_mi350x.txt"))
+    assert static["0000:05:00.0"]["MARKET_NAME"] == "AMD Instinct MI350X"
+    [(gpu, _)] = sysfs_gpus(read_drm_cards(sys_root), {}, {}, [], static)
+    assert (gpu.name, gpu.family, gpu.source) == ("AMD Instinct MI350X", "gfx950", "amd-smi")
 
 
 def test_intel_igpu_from_sysfs_named_by_vulkan(tmp_path):
