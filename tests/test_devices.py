@@ -32,6 +32,7 @@ from lemonade.system.devices import (
     amd_npus,
     detect_devices,
     kfd_gfx_targets,
+    parse_amd_smi_static,
     parse_cpuinfo,
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
@@ -40,7 +41,7 @@ from lemonade.system.devices import (
     read_drm_cards,
     sysfs_gpus,
 )
-from tests.conftest import TEST_CACHE
+from tests.conftest import GEMMA_NAME, TEST_CACHE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 CPU = CpuFacts(name="test", arch="x86_64", cores=8, threads=16, isa=("avx2",), memory_bytes=32 * 2**30)
@@ -120,6 +121,16 @@ def test_amd_gpu_from_sysfs_rocm_smi_and_kfd(tmp_path):
     # without rocm-smi: named after the Vulkan device, family from the kfd topology
     [(plain, _)] = sysfs_gpus(cards, kfd_gfx_targets(sys_root), {}, [])
     assert plain.family == "gfx1100" and plain.source == "sysfs" and "744c" in plain.name
+
+
+def test_amd_gpu_named_by_amd_smi(tmp_path):
+    """The MI350X of the amd-smi fixture: sysfs has no name for it, amd-smi does (matched by PCI address)."""
+    sys_root = tmp_path / "sys"
+    drm_card(sys_root, "card1", "0000:05:00.0", {"vendor": "0x1002", "device": "0x75a0"}, "amdgpu")
+    static = parse_amd_smi_static(fixture("amd_smi_static_mi350x.txt"))
+    assert static["0000:05:00.0"]["MARKET_NAME"] == "AMD Instinct MI350X"
+    [(gpu, _)] = sysfs_gpus(read_drm_cards(sys_root), {}, {}, [], static)
+    assert (gpu.name, gpu.family, gpu.source) == ("AMD Instinct MI350X", "gfx950", "amd-smi")
 
 
 def test_intel_igpu_from_sysfs_named_by_vulkan(tmp_path):
@@ -241,10 +252,13 @@ def test_real_detection_here():
         assert report.gpus == ()  # nothing to find: no GPU is made up
 
 
-def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_server):
-    server = make_server(env={"LEMONADE_LLAMACPP_NO_RELEASE": "1"}, engines=("llamacpp",))
+def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_server, gemma_dir):
+    server = make_server(env={"LEMONADE_LLAMACPP_NO_RELEASE": "1", "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
+                         engines=("llamacpp",))
     report = detect_devices()
     with server.client() as c:
+        bad = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_device": "--device /dev/x"})
+        assert bad.status_code == 400 and "llamacpp_device" in bad.json()["error"]["message"], bad.text
         info = c.get("/v1/system-info").json()
         devices = info["devices"]
         assert devices["cpu"]["cores"] == report.cpu.cores and devices["cpu"]["isa"] == list(report.cpu.isa)
@@ -265,8 +279,8 @@ def test_server_reports_devices_and_refuses_gpu_backends_without_devices(make_se
             assert resp.status_code == 400 and "force" in resp.json()["error"]["message"], resp.text
         resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "metal", "force": True})
         assert resp.status_code == 400 and "Requires macOS" in resp.json()["error"]["message"]
-        if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        if shutil.which("hipcc") is None and not os.path.exists("/opt/rocm/bin/hipcc"):
             # forced past the hardware filter, the source build stops before any work, naming what is missing
-            resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cuda", "force": True})
-            assert resp.status_code == 500 and "nvcc" in resp.json()["error"]["message"], resp.text
-            assert not (server.cache / "backends" / "llamacpp" / "cuda").exists()
+            resp = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "rocm", "force": True})
+            assert resp.status_code == 500 and "hipcc" in resp.json()["error"]["message"], resp.text
+            assert not (server.cache / "backends" / "llamacpp" / "rocm").exists()

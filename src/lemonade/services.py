@@ -29,6 +29,7 @@ from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
+from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -88,7 +89,10 @@ class Services:
         """Startup work that needs the event loop: download jobs, the update check, and auto-tune's
         archetype detection (in a thread: the device tools take a moment)."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
-        self._detecting = asyncio.get_running_loop().run_in_executor(None, lambda: self.autotune.archetype)
+        # Read the hardware once in a thread (vulkaninfo, nvidia-smi), so no request waits for it; auto-tune's
+        # archetype comes from that report.
+        self._detecting = asyncio.get_running_loop().run_in_executor(
+            None, lambda: (detect_devices(), self.autotune.archetype))
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:

@@ -137,6 +137,18 @@ def _check_backend(value: str) -> str | None:
     return None
 
 
+_DEVICE_RE = re.compile(r"(none|[A-Za-z][A-Za-z_-]*\d*)(,[A-Za-z][A-Za-z_-]*\d*)*")
+
+
+def _check_device(value: str) -> str | None:
+    """llama.cpp device names (`Vulkan0`, `CUDA1`, `ROCm0`, `MTL0`; a comma list; `none`), as
+    `llama-server --list-devices` prints them: anything else would only fail at start."""
+    if value and not _DEVICE_RE.fullmatch(value):
+        return (f"Option 'llamacpp_device' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 "
+                f"(see llama-server --list-devices), or empty for the default; got '{value}'")
+    return None
+
+
 def _check_args(value: str) -> str | None:
     try:
         check_llamacpp_args(value)
@@ -153,7 +165,7 @@ class LlamaCppEngine(Engine):
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
-        "llamacpp_device": Option(str, None, default=""),
+        "llamacpp_device": Option(str, None, default="", check=_check_device),
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"
@@ -238,7 +250,7 @@ class LlamaCppEngine(Engine):
                                        backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
-        resolved = dict(options)
+        resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
         env = None

@@ -17,6 +17,7 @@ for any other Vulkan GPU, Metal on macOS, else the CPU.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ def backend_devices(backend: str, report: DeviceReport, system: str | None = Non
     """The device kinds (`/v1/system-info` names) of this machine that `backend` can run on."""
     osname = _os(system)
     if backend == "cpu":
-        return [] if osname == "macos" else ["cpu"]
+        return ["cpu"]
     if backend == "metal":
         return ["metal"] if osname == "macos" and report.gpus_of("metal") else []
     if osname == "macos":
@@ -161,12 +162,32 @@ def _first(*candidates: str | None) -> str | None:
     return None
 
 
-def _vulkan_headers() -> bool:
+def vulkan_header_dir() -> Path | None:
+    """Where CMake's FindVulkan takes the headers from: `$VULKAN_SDK/include` (the LunarG SDK's
+    convention, searched first), else the system's."""
     import os
 
     roots = [Path(os.environ["VULKAN_SDK"]) / "include"] if os.environ.get("VULKAN_SDK") else []
     roots += [Path("/usr/include"), Path("/usr/local/include")]
-    return any((r / "vulkan" / "vulkan.h").is_file() for r in roots)
+    return next((r for r in roots if (r / "vulkan" / "vulkan.h").is_file()), None)
+
+
+def _vulkan_headers_missing() -> str | None:
+    """The pinned llama.cpp's ggml-vulkan uses VK_EXT_layer_settings (`vk::LayerSettingEXT`), which
+    older headers lack (Debian 12's 1.3.239 does): say so before a long build fails on it."""
+    root = vulkan_header_dir()
+    if root is None:
+        return "the Vulkan headers (Debian: libvulkan-dev; or the LunarG Vulkan SDK with VULKAN_SDK set)"
+    core = root / "vulkan" / "vulkan_core.h"
+    text = core.read_text(errors="replace") if core.is_file() else ""
+    if "VK_EXT_layer_settings" not in text:
+        m = re.search(r"VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION\(0, (\d+), (\d+), VK_HEADER_VERSION\)", text)
+        n = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+        found = f"version {m.group(1)}.{m.group(2)}.{n.group(1)}" if m and n else "an unknown version"
+        return (f"newer Vulkan headers: {root} has {found}, without VK_EXT_layer_settings, which the pinned llama.cpp "
+                "uses (libvulkan-dev of Debian 13 or Ubuntu 24.04, or the LunarG Vulkan SDK with VULKAN_SDK "
+                "pointing at it)")
+    return None
 
 
 def _spirv_headers() -> bool:
@@ -189,8 +210,11 @@ def missing_toolkit(backend: str) -> list[str]:
         missing = []
         if not _first("glslc"):
             missing.append("the glslc shader compiler (Debian: glslc; or the Vulkan SDK)")
-        if not _vulkan_headers() or not _libvulkan():
-            missing.append("the Vulkan headers and loader (Debian: libvulkan-dev)")
+        headers = _vulkan_headers_missing()
+        if headers:
+            missing.append(headers)
+        if not _libvulkan():
+            missing.append("the Vulkan loader library (Debian: libvulkan1 and libvulkan-dev)")
         if not _spirv_headers():
             missing.append("SPIRV-Headers (Debian: spirv-headers)")
         return missing
@@ -231,6 +255,7 @@ def cmake_flags(backend: str, report: DeviceReport | None = None) -> tuple[str, 
         nvcc = _first("nvcc", "/usr/local/cuda/bin/nvcc")
         if nvcc:
             flags.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
-        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs) if archs else 'native'}")
+        # No NVIDIA GPU seen (a forced install): PTX for Turing, which the driver compiles for any newer GPU.
+        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs) if archs else '75-virtual'}")
         return tuple(flags)
     return ()

@@ -382,9 +382,28 @@ def parse_rocm_smi_json(text: str) -> dict[str, dict[str, str]]:
     return {k: v for k, v in data.items() if isinstance(v, dict) and k.startswith("card")}
 
 
+def parse_amd_smi_static(text: str) -> dict[str, dict[str, str]]:
+    """`amd-smi static --asic --bus` (rocm-smi's successor, plain text): PCI address →
+    {"MARKET_NAME", "TARGET_GRAPHICS_VERSION", "DEVICE_ID", ...}, to name AMD cards sysfs leaves unnamed."""
+    gpus: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in text.splitlines():
+        if re.match(r"^GPU:\s*\d+", line):
+            current = {}
+            continue
+        key, sep, value = line.strip().partition(":")
+        if current is None or not sep or not value.strip():
+            continue
+        current[key.strip()] = value.strip()
+        if key.strip() == "BDF" and _pci(value.strip()):
+            gpus[_pci(value.strip()) or ""] = current
+    return gpus
+
+
 def sysfs_gpus(cards: list[SysfsCard], gfx: dict[int, str], rocm: dict[str, dict[str, str]],
-               vulkan: list[VulkanDevice]) -> list[tuple[Gpu, GpuUsage]]:
-    """AMD and Intel GPUs from sysfs cards, named by rocm-smi or Vulkan where sysfs has no name."""
+               vulkan: list[VulkanDevice], amd_smi: dict[str, dict[str, str]] | None = None
+               ) -> list[tuple[Gpu, GpuUsage]]:
+    """AMD and Intel GPUs from sysfs cards, named by rocm-smi, amd-smi or Vulkan where sysfs has no name."""
     out: list[tuple[Gpu, GpuUsage]] = []
     per_kind: dict[str, int] = {}
     for card in cards:
@@ -392,11 +411,12 @@ def sysfs_gpus(cards: list[SysfsCard], gfx: dict[int, str], rocm: dict[str, dict
         if kind is None or kind == "nvidia_gpu":  # NVIDIA comes from NVML / nvidia-smi
             continue
         smi = rocm.get(card.card, {})
+        amd = (amd_smi or {}).get(card.pci_slot or "", {})
         vk = next((v for v in vulkan if v.vendor_id == card.vendor and v.device_id == card.device_id and v.is_gpu),
                   None)
-        name = (smi.get("Card Series") or card.product_name or (vk.name if vk else None)
+        name = (smi.get("Card Series") or amd.get("MARKET_NAME") or card.product_name or (vk.name if vk else None)
                 or f"{'AMD' if kind == 'amd_gpu' else 'Intel'} GPU 0x{card.device_id:04x}")
-        family = smi.get("GFX Version") or gfx.get(card.device_id)
+        family = smi.get("GFX Version") or amd.get("TARGET_GRAPHICS_VERSION") or gfx.get(card.device_id)
         integrated = None
         if vk is not None:
             integrated = vk.type == "integrated"
@@ -410,9 +430,14 @@ def sysfs_gpus(cards: list[SysfsCard], gfx: dict[int, str], rocm: dict[str, dict
         gpu = Gpu(kind=kind, name=name, index=index, vram_bytes=vram, shared_bytes=card.gtt_total,
                   integrated=integrated, family=family, driver=card.driver, pci_slot=card.pci_slot,
                   device_id=card.device_id, vulkan_index=vk.index if vk else None,
-                  source="rocm-smi" if smi else "sysfs")
+                  source="rocm-smi" if smi else "amd-smi" if amd else "sysfs")
         out.append((gpu, GpuUsage(gpu_percent=busy, vram_used_bytes=used)))
     return out
+
+
+def _amd_smi() -> dict[str, dict[str, str]]:
+    exe = shutil.which("amd-smi")
+    return parse_amd_smi_static(_run([exe, "static", "--asic", "--bus"]) or "") if exe else {}
 
 
 def _rocm_smi() -> dict[str, dict[str, str]]:
@@ -501,7 +526,9 @@ def _detect() -> tuple[DeviceReport, GpuUsage]:
         found += [(g, GpuUsage()) for g in parse_system_profiler_displays(profile, cpu.memory_bytes)]
     else:
         found += _with_vulkan(nvidia_gpus(), vulkan)
-        found += sysfs_gpus(read_drm_cards(), kfd_gfx_targets(), _rocm_smi(), vulkan)
+        cards = read_drm_cards()
+        amd = any(c.vendor == AMD_VENDOR for c in cards)  # the AMD tools only where there is an AMD card
+        found += sysfs_gpus(cards, kfd_gfx_targets(), _rocm_smi() if amd else {}, vulkan, _amd_smi() if amd else {})
     npus = amd_npus(cpu_name=cpu.name) if sys.platform.startswith("linux") else []
     report = DeviceReport(cpu=cpu, gpus=tuple(g for g, _ in found), vulkan=tuple(vulkan), npus=tuple(npus),
                           errors=tuple(errors))
