@@ -71,7 +71,7 @@ def _slug(text: str) -> str:
 def bench(
     models: Annotated[list[str], typer.Argument(metavar="MODEL_NAME...", help="Model(s) to benchmark")],
     backend: Annotated[list[str] | None, typer.Option(help="Backend to test (repeat for several); "
-                                                      "default: the model's default backend")] = None,
+                                                      "default: every installed backend of the model's recipe")] = None,
     threads: GridOpt = None, batch: GridOpt = None, ubatch: GridOpt = None, parallel: GridOpt = None,
     ctx_size: GridOpt = None,
     runs: Annotated[int, typer.Option(min=1, help="Single-stream requests measured per setting")] = 3,
@@ -133,7 +133,9 @@ def bench(
                 raise fail(f"--{name.replace('_', '-')}: model {model} (recipe {recipe}) has no such tuning "
                            f"parameter; it has: {', '.join(known) or 'none'}", EXIT_USAGE)
             values[name] = parsed
-        cells = grid(list(backend or [None]), values)
+        installed = [b for b, st in ((info.get("recipes") or {}).get(recipe, {}).get("backends") or {}).items()
+                     if isinstance(st, dict) and st.get("state") == "installed"]
+        cells = grid(list(backend or installed or [None]), values)  # default: every installed backend
         err.print(f"Benchmarking {model}: {len(cells)} setting(s), {runs} run(s) + {streams} streams each",
                   highlight=False)
         runner = Bench(c.url, model, recipe, settings, headers,
