@@ -190,6 +190,9 @@ class ServerFactory:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
         full_env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"),
                          "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"})
+        # Auto-tune off: what a test expects must not depend on the archetype of the machine it runs
+        # on (test_autotune turns it back on with LEMONADE_AUTO_TUNE="").
+        full_env["LEMONADE_AUTO_TUNE"] = "false"
         full_env.update(env or {})
         server = Server(cache, port or free_port(), full_env, args or [])
         self.servers.append(server)

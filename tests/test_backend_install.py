@@ -28,8 +28,10 @@ from lemonade.backends.install import (
     BackendInstaller,
     InstallError,
 )
+from lemonade.backends.llamacpp_gpu import backend_devices, best_backend
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
+from lemonade.system.devices import detect_devices
 
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE") or Path.home() / ".cache" / "lemonade-test")
 STATES = {"installed", "installable", "update_required", "unsupported"}
@@ -107,8 +109,9 @@ def engines(cache: Path, tmp_path: Path) -> Engines:
 def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
     info = engines(installed.cache_dir, tmp_path).system_info()
     llama = info["llamacpp"]
-    assert llama["default_backend"] == "cpu"
-    assert set(llama["backends"]) == {"cpu", "system", "vulkan", "rocm", "metal"}
+    report = detect_devices()
+    assert llama["default_backend"] == (best_backend(report) or "cpu")
+    assert set(llama["backends"]) == {"cpu", "system", "vulkan", "rocm", "cuda", "metal"}
     for name, b in llama["backends"].items():
         assert b["state"] in STATES, name
         assert isinstance(b["devices"], list) and isinstance(b["action"], str)
@@ -116,9 +119,13 @@ def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
         assert (b["message"] == "") == (b["state"] == "installed"), name
     assert llama["backends"]["cpu"]["state"] == "installed"
     assert llama["backends"]["cpu"]["version"] == PINNED_VERSION
-    for name in ("vulkan", "rocm", "metal"):
-        assert llama["backends"][name]["state"] == "unsupported"
-        assert llama["backends"][name]["devices"] == []
+    for name in ("vulkan", "rocm", "cuda", "metal"):  # GPU backends: by this machine's devices (test_devices.py)
+        devices = backend_devices(name, report)
+        assert llama["backends"][name]["devices"] == devices
+        if installed.llama_server_path(name) is not None:  # e.g. the forced vulkan build of test_vulkan.py
+            assert llama["backends"][name]["state"] in ("installed", "update_required")
+        else:
+            assert llama["backends"][name]["state"] == ("installable" if devices else "unsupported")
     for recipe in ("sd-cpp", "flm", "ryzenai-llm"):
         assert "default_backend" not in info[recipe], "all of its backends are unsupported"
         for b in info[recipe]["backends"].values():

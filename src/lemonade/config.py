@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    "llamacpp": {"backend": "cpu", "args": "", "prefer_system": False},
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False},
     "whispercpp": {"backend": "cpu", "args": ""},
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
@@ -47,12 +47,13 @@ DEFAULTS: dict[str, Any] = {
                   "otlp": {"endpoint": "http://localhost:4318/v1/traces", "protocol": "http/protobuf", "headers": {},
                            "semantics": ["openinference", "otel_genai"], "send_batch_size": 100,
                            "batch_timeout_s": 1.0}},
+    "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
 }
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
 MODEL_SOURCES = ("huggingface", "modelscope")
 MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
-LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")
+LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal", "cuda", "auto")  # auto: the best for the devices
 
 
 class ConfigError(ValueError):
@@ -322,6 +323,11 @@ class Config:
                 raise ConfigError(f"Unknown config key '{dotted}'")
             node = node[part]
         return copy.deepcopy(node) if isinstance(node, (dict, list)) else node
+
+    def user_set(self, dotted: str) -> bool:
+        """Did the user give this key (config file, env var or flag), as opposed to the built-in default?
+        Auto-tune profiles fill in only what the user left at its default."""
+        return dotted in _flatten(self._file) or dotted in _flatten(self._overrides)
 
     def overridden_keys(self) -> list[str]:
         """Keys whose file value is shadowed by an env var or flag (reported by `config set`)."""

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.cloud_providers import CloudProviders
 from lemonade.backends.engine import Engine
@@ -31,6 +32,7 @@ from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress, request_trace
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
+from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -56,6 +58,8 @@ class Services:
         self.engines = Engines(self.cache_dir, config)
         self.options = RecipeOptions(self.cache_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
+        self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
+        self.options.tuning = self.autotune.values
         self.stats = Stats()
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
@@ -89,9 +93,14 @@ class Services:
         return check
 
     async def start(self) -> None:
-        """Startup work that needs the event loop: download jobs and the update check."""
+        """Startup work that needs the event loop: download jobs, the update check, and auto-tune's
+        archetype detection (in a thread: the device tools take a moment)."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
         self.cloud.start(self.http)
+        # Read the hardware once in a thread (vulkaninfo, nvidia-smi), so no request waits for it; auto-tune's
+        # archetype comes from that report.
+        self._detecting = asyncio.get_running_loop().run_in_executor(
+            None, lambda: (detect_devices(), self.autotune.archetype))
 
     def _config_changed(self, changed: dict[str, Any]) -> None:
         if "extra_models_dir" in changed or "models_dir" in changed:

@@ -26,9 +26,9 @@ from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, status
+from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
-from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.llamacpp import routes as llamacpp_routes
 from lemonade.api.llamacpp import systemone as systemone_routes
 from lemonade.api.mcp import routes as mcp_routes

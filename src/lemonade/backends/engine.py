@@ -138,6 +138,9 @@ class Engine(ABC):
     options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
     args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
     backend_option: ClassVar[str | None] = None  # the option naming the backend to use
+    # Performance parameters `lemonade bench` varies and auto-tune profiles set, each as the flag of
+    # the engine's `args_option` that carries it (e.g. {"threads": "-t"}); empty: nothing to tune.
+    tuning_flags: ClassVar[dict[str, str]] = {}
     process: ClassVar[str] = "engine"  # label of its processes in logs
     # Our endpoint -> the engine's path for it (a mode's requests are forwarded there).
     endpoints: ClassVar[dict[str, str]] = {}
@@ -165,8 +168,9 @@ class Engine(ABC):
     @abstractmethod
     def state(self, backend: str) -> BackendState: ...
 
-    def check_request(self, backend: str) -> None:
-        """Refuse unknown or unsupported backends before any work starts (InstallError)."""
+    def check_request(self, backend: str, force: bool = False) -> None:
+        """Refuse unknown or unsupported backends before any work starts (InstallError). `force`
+        (`/v1/install`'s): engines that filter backends by the machine's devices skip that filter."""
         if backend not in self.backends:
             raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
                                code="unknown_backend")
@@ -281,7 +285,7 @@ class UnavailableEngine(Engine):
         return BackendState(self.recipe, backend, "unsupported",
                             message=f"The {self.recipe} engine is not available in this build of Lemonade.")
 
-    def check_request(self, backend: str) -> None:
+    def check_request(self, backend: str, force: bool = False) -> None:
         raise InstallError(f"The {self.recipe} engine is not available in this build of Lemonade.",
                            code="unsupported_backend")
 

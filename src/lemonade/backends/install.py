@@ -57,8 +57,17 @@ from lemonade.backends.llamacpp_build import (
     fetch_sdist,
     probe_version,
     release_asset_name,
+    release_url,
+)
+from lemonade.backends.llamacpp_gpu import (
+    GPU_BACKENDS,
+    backend_devices,
+    missing_toolkit,
+    release_assets,
+    unsupported_message,
 )
 from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed, with_tail
+from lemonade.system.devices import detect_devices
 
 __all__ = [
     "LLAMACPP_BACKENDS",
@@ -73,14 +82,22 @@ __all__ = [
 log = logging.getLogger("lemonade.install")
 
 PINNED_VERSION = LLAMA_CPP_VERSION
-LLAMACPP_BACKENDS = ("cpu", "system")  # the ones that can work on this machine
-LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal")  # what system-info lists
+PINNED_BACKENDS = ("cpu", *GPU_BACKENDS)  # the ones Lemonade installs (release archive or source build)
+LLAMACPP_BACKENDS = (*PINNED_BACKENDS, "system")
+LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "cuda", "metal")  # what system-info lists
 
 _EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 
 
 def _install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
+
+
+def _assets(backend: str) -> list[str]:
+    if backend == "cpu":
+        asset = release_asset_name()
+        return [asset] if asset else []
+    return release_assets(backend, PINNED_VERSION)
 
 
 class BackendInstaller(NativeInstall):
@@ -102,7 +119,7 @@ class BackendInstaller(NativeInstall):
         if backend == "system":
             found = shutil.which("llama-server")
             return Path(found) if found else None
-        if backend not in LLAMACPP_BACKENDS:
+        if backend not in PINNED_BACKENDS:
             return None
         exe = self.backend_dir(backend) / _EXE
         if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
@@ -161,51 +178,66 @@ class BackendInstaller(NativeInstall):
                     action="install llama.cpp and put llama-server on PATH",
                 )  # fmt: skip
             return BackendState(recipe, backend, "installed", version=self._system_version(exe), devices=["cpu"])
-        if backend == "cpu":
-            return self._cpu_state()
-        return BackendState(recipe, backend, "unsupported", message=_unsupported_message(backend))
+        if backend in PINNED_BACKENDS:
+            return self._pinned_state(backend)
+        return BackendState(recipe, backend, "unsupported", message=f"Unknown backend '{backend}'")
 
-    def _cpu_state(self) -> BackendState:
-        action = _install_action("llamacpp", "cpu")
-        exe = self.backend_dir("cpu") / _EXE
+    def _pinned_state(self, backend: str) -> BackendState:
+        """A backend Lemonade installs. A GPU backend with no device here is `unsupported` until it is
+        installed anyway (`force`); an installed one is reported as such, whatever the devices."""
+        action = _install_action("llamacpp", backend)
+        report = detect_devices()
+        devices = backend_devices(backend, report)
+        exe = self.backend_dir(backend) / _EXE
         if not exe.is_file():
-            how = (
-                "downloads the official llama.cpp release archive, or builds it from source "
-                "when that is unreachable (about 10 minutes on 2 cores)"
-                if release_asset_name()
-                else "builds llama.cpp from source (about 10 minutes on 2 cores)"
-            )
+            if not devices:
+                return BackendState("llamacpp", backend, "unsupported", message=unsupported_message(backend, report),
+                                    action="", devices=[])
             return BackendState(
-                "llamacpp", "cpu", "installable",
-                message=f"Backend is supported but not installed. Installing it {how}.",
-                action=action, version=PINNED_VERSION, devices=["cpu"],
+                "llamacpp", backend, "installable",
+                message=f"Backend is supported but not installed. Installing it {self._how(backend)}.",
+                action=action, version=PINNED_VERSION, devices=devices,
             )  # fmt: skip
-        info = self.read_install_info("cpu")
+        info = self.read_install_info(backend)
         if info is None:
             return BackendState(
-                "llamacpp", "cpu", "update_required",
+                "llamacpp", backend, "update_required",
                 message="The installed backend has no readable install.json; reinstall it.",
-                action=action, devices=["cpu"],
+                action=action, devices=devices,
             )  # fmt: skip
         version = info.get("version")
         if version != PINNED_VERSION or info.get("llama_cpp_python") != LLAMA_CPP_PYTHON_VERSION:
             return BackendState(
-                "llamacpp", "cpu", "update_required",
+                "llamacpp", backend, "update_required",
                 message=f"Backend update is required before use (installed {version}, "
                 f"this Lemonade uses {PINNED_VERSION}).",
-                action=action, version=version, devices=["cpu"],
+                action=action, version=version, devices=devices,
             )  # fmt: skip
-        if info.get("source") == "source-build" and info.get("cmake_flags") != build_flags():
+        if info.get("source") == "source-build" and info.get("cmake_flags") != build_flags(backend):
             return BackendState(
-                "llamacpp", "cpu", "update_required",
+                "llamacpp", backend, "update_required",
                 message="The installed llama.cpp was built with other options than this Lemonade uses for this "
-                "CPU (e.g. with AMX kernels, which crashed); rebuild it.",
-                action=action, version=version, devices=["cpu"],
+                "machine (e.g. with AMX kernels, which crashed, or for another GPU); rebuild it.",
+                action=action, version=version, devices=devices,
             )  # fmt: skip
-        return BackendState("llamacpp", "cpu", "installed", version=version, devices=["cpu"])
+        return BackendState("llamacpp", backend, "installed", version=version, devices=devices)
+
+    @staticmethod
+    def _how(backend: str) -> str:
+        if not _assets(backend):
+            return "builds llama.cpp from source (about 10 minutes on 2 cores; longer for GPU backends)"
+        return ("downloads the official llama.cpp release archive, or builds it from source "
+                "when that is unreachable (about 10 minutes on 2 cores; longer for GPU backends)")
 
     def default_backend(self) -> str:
-        """`cpu`, unless only a system llama-server is ready (then no build is needed to serve)."""
+        """The best backend for this machine's devices (llamacpp_gpu.best_backend: CUDA, ROCm, Vulkan
+        or Metal where there is such a GPU); else `cpu`, unless only a system llama-server is ready
+        (then no build is needed to serve)."""
+        from lemonade.backends.llamacpp_gpu import best_backend
+
+        gpu = best_backend(detect_devices())
+        if gpu is not None:
+            return gpu
         cpu = self.state("llamacpp", "cpu").state
         if cpu != "installed" and self.state("llamacpp", "system").state == "installed":
             return "system"
@@ -213,8 +245,10 @@ class BackendInstaller(NativeInstall):
 
     # --- install / uninstall -------------------------------------------------------------------
 
-    def check_request(self, recipe: str, backend: str) -> None:
-        """Refuse unknown or unsupported recipe/backend pairs before any work starts."""
+    def check_request(self, recipe: str, backend: str, force: bool = False) -> None:
+        """Refuse unknown or unsupported recipe/backend pairs before any work starts. `force`
+        bypasses the hardware filter (a GPU backend with no device here), never the OS: a Metal
+        build cannot run on Linux."""
         if recipe != "llamacpp":
             raise InstallError(f"Unknown recipe '{recipe}'.", code="unknown_recipe")
         if backend not in LLAMACPP_ALL_BACKENDS:
@@ -222,11 +256,16 @@ class BackendInstaller(NativeInstall):
                 f"Unknown llamacpp backend '{backend}' (known: {', '.join(LLAMACPP_ALL_BACKENDS)}).",
                 code="unknown_backend",
             )
-        if backend not in LLAMACPP_BACKENDS:
-            raise InstallError(
-                f"llamacpp:{backend} cannot be installed: {_unsupported_message(backend)}",
-                code="unsupported_backend",
-            )
+        if backend in GPU_BACKENDS and not _assets(backend) and "macOS" in missing_toolkit(backend):
+            raise InstallError(f"llamacpp:{backend} cannot be installed: Requires macOS", code="unsupported_backend")
+        if backend in PINNED_BACKENDS and not force:
+            st = self.state(recipe, backend)
+            if st.state == "unsupported":
+                raise InstallError(
+                    f"llamacpp:{backend} cannot be installed: {st.message}. Install it anyway with force "
+                    f"(`lemonade backends install llamacpp:{backend} --force`, or \"force\": true).",
+                    code="unsupported_backend",
+                )
 
     def install(
         self,
@@ -239,7 +278,7 @@ class BackendInstaller(NativeInstall):
 
         Returns {"status": "success", "recipe", "backend", "version"}; raises InstallError.
         """
-        self.check_request(recipe, backend)
+        self.check_request(recipe, backend, force)
         result = {"status": "success", "recipe": recipe, "backend": backend}
         if backend == "system":
             st = self.state(recipe, backend)
@@ -278,13 +317,12 @@ class BackendInstaller(NativeInstall):
     ) -> dict:
         """Fill `staging` with the binaries; return the install.json fields known so far."""
         release_error: str | None = None
-        if release_allowed(ENV_SDIST, ENV_NO_RELEASE, release_asset_name()):
+        assets = _assets(backend)
+        if release_allowed(ENV_SDIST, ENV_NO_RELEASE, assets[0] if assets else None):
             try:
-                folder = fetch_release(self.downloads_dir, work, blog, progress)
-                copy_tree_contents(folder, staging)
-                blog.write(f"== release archive unpacked from {folder}")
+                self._unpack_releases(backend, assets, staging, work, blog, progress)
                 src = self.source_dir()
-                return {"source": "release", "source_dir": str(src) if src else None}
+                return {"source": "release", "assets": assets, "source_dir": str(src) if src else None}
             except InstallError:
                 raise
             except Exception as exc:  # any failure here means: build from source
@@ -295,6 +333,10 @@ class BackendInstaller(NativeInstall):
 
         try:
             tools = check_toolchain()
+            missing = missing_toolkit(backend) if backend in GPU_BACKENDS else []
+            if missing:
+                raise InstallError(f"Cannot build the llama.cpp {backend} backend from source: {'; '.join(missing)} "
+                                   "not found. Install it and try again.", code="toolchain_missing")
         except InstallError as exc:
             if release_error:
                 raise InstallError(
@@ -305,13 +347,26 @@ class BackendInstaller(NativeInstall):
         blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
         sdist = fetch_sdist(self.downloads_dir, blog, progress)
         src = extract_llama_cpp(sdist, self.src_root, blog, progress)
-        bin_dir = cmake_build(src, self.build_dir(backend), tools, blog, progress)
+        flags = build_flags(backend)
+        bin_dir = cmake_build(src, self.build_dir(backend), tools, blog, progress, flags=flags)
         emit(progress, "install", f"Copying binaries into {self.backend_dir(backend)}", None)
         for name in ("llama-server", "llama-gguf-split"):
             if (bin_dir / name).is_file():
                 shutil.copy2(bin_dir / name, staging / name)
         return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend)),
-                "cmake_flags": build_flags()}
+                "cmake_flags": flags}
+
+    def _unpack_releases(self, backend: str, assets: list[str], staging: Path, work: Path, blog: BuildLog,
+                         progress: Callable[[dict], None] | None) -> None:
+        """The main archive (with llama-server), then any runtime archive (CUDA's libraries) next to it."""
+        for i, asset in enumerate(assets):
+            exe = _EXE if i == 0 else ("cudart64_*.dll" if sys.platform == "win32" else "libcudart.so*")
+            folder = fetch_release(self.downloads_dir, work / f"a{i}", blog, progress, url=release_url(asset),
+                                   exe=exe)
+            for item in folder.iterdir():
+                if not (staging / item.name).exists():
+                    copy_tree_contents(item.parent, staging, only=item.name)
+            blog.write(f"== release archive {asset} unpacked from {folder}")
 
     def uninstall(self, recipe: str, backend: str) -> dict:
         """Remove an installed backend (binaries and its build folder).
@@ -329,14 +384,3 @@ class BackendInstaller(NativeInstall):
         return self.remove(backend)
 
 
-# --- helpers -----------------------------------------------------------------------------------
-
-
-def _unsupported_message(backend: str) -> str:
-    if backend == "metal" and sys.platform != "darwin":
-        return "Requires macOS"
-    names = {"vulkan": "Vulkan", "rocm": "ROCm", "metal": "Metal"}
-    return (
-        f"The {names.get(backend, backend)} backend is not available in this build of Lemonade; "
-        "use llamacpp:cpu or llamacpp:system."
-    )

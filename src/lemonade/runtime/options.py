@@ -1,7 +1,8 @@
 """Recipe options and their priority chain (lemonade.md, "Setting Priority").
 
 1. values in the load request, 2. the model's entry in `recipe_options.json`, 3. server config
-(file, env, flags), 4. built-in defaults. A request value of `null` skips layer 2 for that key.
+(file, env, flags), 4. the auto-tune profile of this machine's archetype (`autotune/`; only keys
+the user left at their default), 5. built-in defaults. A request value of `null` skips layer 2 for that key.
 This module is the only place that knows the chain; `/v1/load`, `/v1/models/{id}/options` and
 backend argument building all go through `resolve()`.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from lemonade.backends.engine import Option, is_number
 from lemonade.backends.registry import all_option_names, args_options, recipe_modes, recipe_options
+from lemonade.backends.tuning import backend_option
 from lemonade.config import Config
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -74,6 +76,22 @@ def merge_args(global_args: str, model_args: str) -> str:
     return shlex.join([t for g in kept + model_groups for t in g])
 
 
+def tuned_in_force(tuned: dict[str, Any], effective: dict[str, Any]) -> dict[str, Any]:
+    """Of auto-tune's options, those the effective options still hold (for `*_args`: the profile's
+    flags that kept their value)."""
+    out: dict[str, Any] = {}
+    args_keys = args_options()
+    for key, value in tuned.items():
+        if key in args_keys:
+            have = {tuple(g) for g in _flag_groups(shlex.split(str(effective.get(key) or "")))}
+            kept = [t for g in _flag_groups(shlex.split(value)) if tuple(g) in have for t in g]
+            if kept:
+                out[key] = shlex.join(kept)
+        elif effective.get(key) == value:
+            out[key] = value
+    return out
+
+
 _TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false"}
 
 
@@ -106,6 +124,8 @@ class RecipeOptions:
         self._lock = threading.Lock()
         raw = read_json(self.path, {})
         self._saved: dict[str, dict[str, Any]] = raw if isinstance(raw, dict) else {}
+        # Auto-tune's layer: (model name, recipe, backend or None) -> options; None = no auto-tune.
+        self.tuning: Callable[[str, str, str | None], dict[str, Any]] | None = None
 
     def migrate_keys(self, canonical_key: Callable[[str], str | None]) -> int:
         """Rewrite keys written under an older naming to the model's canonical id, in one atomic write
@@ -159,22 +179,56 @@ class RecipeOptions:
 
     def resolve(self, model_name: str, recipe: str, request: dict[str, Any] | None = None,
                 saved: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The effective options: request > saved > config > defaults, args merged per merge_args."""
+        """The effective options: request > saved > config > auto-tune > defaults, args merged per
+        merge_args. Auto-tune fills only what the user left alone: a key given in the request or the
+        saved options, or set in the config (file, env, flags), keeps the user's value; for `*_args`
+        the profile's flags go under the server-wide ones, flag by flag."""
         request = request or {}
         saved = self._usable(model_name, recipe, self.saved(model_name) if saved is None else saved)
         effective = self.defaults(recipe)
+        user: dict[str, Any] = {}
         for key in effective:
             if key in request and request[key] is not None:
-                effective[key] = request[key]
+                user[key] = request[key]
             elif key in saved and request.get(key, UNSET) is UNSET:
-                effective[key] = saved[key]
-        for args_key, config_key in args_options().items():
-            if args_key in effective and effective["merge_args"]:
-                model_args = effective[args_key]
-                global_args = self.config.get(config_key)
-                if model_args != global_args:
-                    effective[args_key] = merge_args(global_args, model_args)
+                user[key] = saved[key]
+        tuned = self._tuned(model_name, recipe, effective, user)
+        specs = options_for(recipe)
+        args_keys = args_options()
+        for key, value in tuned.items():
+            spec = specs.get(key)
+            if key in args_keys or spec is None or (spec.config_key and self.config.user_set(spec.config_key)):
+                continue
+            effective[key] = value
+        effective.update(user)
+        for args_key, config_key in args_keys.items():
+            if args_key not in effective:
+                continue
+            global_args = self.config.get(config_key)
+            if tuned.get(args_key):
+                global_args = merge_args(tuned[args_key], global_args)  # the server-wide flags win
+            if args_key not in user:
+                effective[args_key] = global_args
+            elif effective["merge_args"] and user[args_key] != global_args:
+                effective[args_key] = merge_args(global_args, user[args_key])
         return effective
+
+    def _tuned(self, model_name: str, recipe: str, effective: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+        """The auto-tune layer for this load: the profile's options for the backend the load will use
+        (the user's choice, else the profile's, else the configured default)."""
+        if self.tuning is None:
+            return {}
+        chooser = backend_option(recipe)
+        backend = None
+        if chooser and chooser in effective:
+            spec = options_for(recipe)[chooser]
+            if chooser in user:
+                backend = user[chooser]
+            elif spec.config_key and self.config.user_set(spec.config_key):
+                backend = effective[chooser]
+            else:
+                backend = self.tuning(model_name, recipe, None).get(chooser) or effective[chooser]
+        return self.tuning(model_name, recipe, backend)
 
     @staticmethod
     def _usable(model_name: str, recipe: str, saved: dict[str, Any]) -> dict[str, Any]:

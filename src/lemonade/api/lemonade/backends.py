@@ -61,7 +61,7 @@ def _engine(svc: Services, body: UninstallRequest) -> Engine:
         known = ", ".join(e.recipe for e in svc.engines)
         raise APIError(400, f"Unknown recipe '{recipe}'. Known recipes: {known}", code="unsupported_backend")
     try:
-        engine.check_request(backend)
+        engine.check_request(backend, getattr(body, "force", False))  # force: past the hardware filter
     except InstallError as exc:
         raise APIError(400, str(exc), code="unsupported_backend") from None
     return engine

@@ -25,6 +25,10 @@ async def health(request: Request) -> dict[str, Any]:
     view = text_view(request.scope, svc)
     last = svc.router.last_used_name
     loaded = [{**m, "launch_command": [view(arg) for arg in m["launch_command"]]} for m in svc.router.describe()]
+    for entry in loaded:  # the auto-tune profile and overrides each loaded model runs with
+        lm = next((lm for lm in svc.router.loaded.values() if lm.model.public == entry["model_name"]), None)
+        if lm is not None:
+            entry["auto_tune"] = svc.autotune.for_loaded(lm.name, lm.model.recipe, lm.backend, lm.options)
     body: dict[str, Any] = {
         "status": "ok",
         "version": __version__,
@@ -37,6 +41,7 @@ async def health(request: Request) -> dict[str, Any]:
         "update_check_done": svc.downloads.update_check_done,
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
+        "auto_tune": svc.autotune.describe(),
     }
     if svc.websocket_port is not None:  # only while the dedicated WebSocket server runs (lemonade.md)
         body["websocket_port"] = svc.websocket_port
@@ -50,7 +55,7 @@ async def stats(request: Request) -> dict[str, Any]:
 
 @router.get("/system-stats")
 async def get_system_stats() -> dict[str, Any]:
-    return system_stats()
+    return await asyncio.to_thread(system_stats)  # GPU counters may come from nvidia-smi
 
 
 @router.get("/system-info")
@@ -60,7 +65,7 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
     `model_storage.path` as it is; otherwise non-admins see it with placeholders (`~`, `<cache>`)."""
     svc = services(request)
     recipes = await asyncio.to_thread(svc.engines.system_info)
-    info = system_info(svc.catalog.hub_cache(), recipes)
+    info = await asyncio.to_thread(system_info, svc.catalog.hub_cache(), recipes)  # device tools run once
     providers = svc.cloud.describe()
     if providers:  # omitted when no provider is installed (api-lemonade.md)
         info["cloud"] = {"providers": providers}
