@@ -19,9 +19,11 @@ from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.config import Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
+from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
+from lemonade.routing.policies import Policies
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress
@@ -53,6 +55,7 @@ class Services:
         self.options = RecipeOptions(self.cache_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
         self.stats = Stats()
+        self.policies = Policies()  # parsed collection.router policies (api/openai/routing.py)
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
         # Upstream calls to engines on loopback: no read timeout (generation can be long).
@@ -115,6 +118,10 @@ class Services:
                     images: bool = False) -> ModelInfo:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has."""
+        if model.recipe == ROUTER_RECIPE:
+            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions "
+                           "and /completions requests to one of its members; call one of those endpoints, or a "
+                           "member directly: " + ", ".join(model.components or []), code="model_mode_mismatch")
         if model.is_collection:
             raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
                            + ", ".join(model.components or []), code="model_mode_mismatch")

@@ -131,12 +131,6 @@ class Policy:
     classifiers: Mapping[str, ClassifierDef]
     components: tuple[str, ...] = ()
 
-    def models(self) -> dict[str, str]:
-        """Every model the policy may call -> the role it plays (`candidate` or a classifier type)."""
-        out = {c: "candidate" for c in self.candidates}
-        for c in self.classifiers.values():
-            out.setdefault(c.model, c.type)
-        return out
 
 
 # ----- validation helpers ------------------------------------------------------------------------
@@ -475,6 +469,20 @@ def parse_policy(doc: Mapping[str, Any], *, check_components: bool = True) -> Po
             raise PolicyError(f"{path}.outputs must be an object")
         rules.append(Rule(rid, match, route_to, dict(outputs)))
     return Policy(tuple(candidates), default, tuple(rules), classifiers, declared)
+
+
+# The deployment modes (labels.py) a member may have, by what the policy uses it for.
+MEMBER_MODES = {"candidate": ("chat",), "classifier": ("classification", "chat"),
+                "semantic_similarity": ("embeddings",), "llm": ("chat",)}
+
+
+def member_modes(policy: Policy) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(field, model name, modes it may have) for every model the policy calls."""
+    out = [(f"routing.candidates[{i}]", c, MEMBER_MODES["candidate"]) for i, c in enumerate(policy.candidates)]
+    for i, clf in enumerate(policy.classifiers.values()):
+        where = "routing.router.model" if clf.id == ROUTER_CLASSIFIER else f"routing.classifiers[{i}].model"
+        out.append((where, clf.model, MEMBER_MODES[clf.type]))
+    return out
 
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
