@@ -96,6 +96,8 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
     if source not in SOURCES:
         raise RegistrationError(f"Model '{name}': 'source' must be 'huggingface' or 'modelscope', got '{source}'")
     components = definition.get("components")
+    if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
+        raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")
     if recipe in COLLECTION_RECIPES:
         if not isinstance(components, list) or not components or not all(isinstance(c, str) and c
                                                                           for c in components):
