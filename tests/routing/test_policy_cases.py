@@ -109,3 +109,20 @@ def test_reference_embeddings_are_kept_between_requests() -> None:
                                embeddings=cache))
         assert d.matched_rule == "coding"
     assert calls["q"] == 3 and calls["fix this bug"] == 1 and calls["how are you"] == 1
+
+
+def test_failures_the_caller_lists_end_the_request() -> None:
+    """A client that left is not a classifier failure: `propagate` lets it through, where any other
+    failure of a model applies on_error."""
+
+    class Gone(Exception):
+        pass
+
+    def classify(model: str, text: str) -> dict[str, float]:
+        raise Gone
+
+    doc = json.loads((CASES / "classifier" / "policy.json").read_text())
+    policy, ctx = parse_policy(doc), route_context({"prompt": "x"})
+    with pytest.raises(Gone):
+        asyncio.run(decide(policy, ctx, services=ClassifierServices(classify=classify, propagate=(Gone,))))
+    assert asyncio.run(decide(policy, ctx, services=ClassifierServices(classify=classify))).route_to == "big"

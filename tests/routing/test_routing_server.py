@@ -180,6 +180,7 @@ BAD = [
      "routing.candidates[2] 'all-MiniLM-L6-v2' is a model of mode 'embeddings'; it must be a model of mode 'chat'"),
     ({"components": [SMALL, BIG, EMBED, "nowhere"]}, "component 'nowhere' is not registered"),
     ({"version": "2"}, 'version must be "1"'),
+    ({"recipe": "collection.omni"}, "only 'collection.router' models take 'routing'"),
     ({"routing": {**policy()["routing"], "classifiers": [{"id": "topic", "type": "semantic_similarity",
                                                            "model": SMALL, "reference_phrases": {"code": ["y"]}}]}},
      "routing.classifiers[0].model 'route-small' is a model of mode 'chat'; it must be a model of mode 'embeddings'"),

@@ -3,8 +3,9 @@
 Model-backed conditions reach models only through `ClassifierServices`, three callables the
 caller binds (the server to its engines, tests to fixed answers); each may return a value or an
 awaitable. A classifier runs at most once per request, and only when a rule needs it (`any` and
-`all` stop at the first child that decides them). Nothing raises out of `decide`: a classifier
-that fails applies its `on_error`, and anything unexpected fails open to `default_model`.
+`all` stop at the first child that decides them). Nothing raises out of `decide` (but what the
+caller lists in `propagate`): a classifier that fails applies its `on_error`, and anything
+unexpected fails open to `default_model`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class ClassifierServices:
     classify: Classify | None = None
     embed: Embed | None = None
     chat: Chat | None = None
+    # Failures that end the request instead of counting as a classifier's failure (a client that left).
+    propagate: tuple[type[BaseException], ...] = ()
 
 
 @dataclass
@@ -237,6 +240,8 @@ class _Evaluation:
         if clf.id not in self.memo:
             try:
                 self.memo[clf.id] = await self._run(clf)
+            except self.services.propagate:
+                raise
             except Exception as exc:  # a model that failed: the band's on_error decides
                 log.warning("Routing classifier '%s' (%s) failed: %s", clf.id, clf.model, exc)
                 self.memo[clf.id] = Score({}, ok=False)
@@ -276,13 +281,16 @@ class _Evaluation:
 
 async def decide(policy: Policy, ctx: RouteContext, *, want_trace: bool = False,
                  services: ClassifierServices | None = None, embeddings: PolicyEmbeddings | None = None) -> Decision:
-    """The decision for one request. Never raises."""
-    run = _Evaluation(policy, ctx, services or ClassifierServices(), want_trace, embeddings or PolicyEmbeddings())
+    """The decision for one request. Raises nothing but `services.propagate`."""
+    services = services or ClassifierServices()
+    run = _Evaluation(policy, ctx, services, want_trace, embeddings or PolicyEmbeddings())
     trace = run.trace if want_trace else None
     try:
         for rule in policy.rules:
             if await run.match(rule.match):
                 return Decision(rule.route_to, rule.id, False, dict(rule.outputs), trace)
+    except services.propagate:
+        raise
     except Exception:
         log.exception("Routing policy evaluation failed; falling back to %s", policy.default_model)
     return Decision(policy.default_model, "", True, {}, trace)

@@ -25,6 +25,7 @@ from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.context import conversation_key, route_context
 from lemonade.routing.evaluate import ClassifierServices, Decision, decide
+from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.routing")
@@ -121,7 +122,7 @@ class Helpers:
         return await self._chat(self._model(name), system, user)
 
     def services(self) -> ClassifierServices:
-        return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat)
+        return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
 
 
 async def route(svc: Services, router_model: ModelInfo, payload: dict[str, Any]) -> Routed:
