@@ -100,7 +100,7 @@ def test_chat_routed_by_meaning_with_trace(oai: openai.OpenAI, http: httpx.Clien
                                                         temperature=0, extra_body={"route_trace": True})
     assert raw.headers["x-lemonade-route"] == "code-to-big"
     answer = raw.parse()
-    assert answer.choices[0].message.content  # Gemma answered
+    assert answer.choices[0].message.content and answer.model == BIG  # the member answered, under its name
     route = answer.model_extra["x_lemonade_route"]
     assert route["route_to"] == BIG and route["matched_rule"] == "code-to-big" and route["default_used"] is False
     metadata, keywords, topic = route["trace"]
