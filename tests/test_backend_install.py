@@ -119,7 +119,7 @@ def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
     for name in ("vulkan", "rocm", "metal"):
         assert llama["backends"][name]["state"] == "unsupported"
         assert llama["backends"][name]["devices"] == []
-    for recipe in ("sd-cpp", "flm", "ryzenai-llm", "onnxruntime"):
+    for recipe in ("sd-cpp", "flm", "ryzenai-llm"):
         assert "default_backend" not in info[recipe], "all of its backends are unsupported"
         for b in info[recipe]["backends"].values():
             assert b["state"] == "unsupported"

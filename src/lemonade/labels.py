@@ -73,6 +73,7 @@ def deployment_mode(model_name: str, recipe: str, labels: Iterable[str], embeddi
     """The one mode this model deploys in, or LabelError with the spec's message."""
     if recipe in COLLECTION_RECIPES:
         return "collection"
+    labels = list(labels)
     modes_by_recipe = recipe_modes()
     served = modes_by_recipe.get(recipe)
     if served is None:
@@ -83,11 +84,19 @@ def deployment_mode(model_name: str, recipe: str, labels: Iterable[str], embeddi
         raise LabelError(
             f"Model '{model_name}': a model deploys in exactly one mode, but these labels name two: "
             f"'{modes[0]}' and '{modes[1]}'. Register one model per mode.")
-    if modes and modes[0] not in served:
+    if modes and modes[0] not in served and not _served_with_label(recipe, modes[0], labels):
         raise LabelError(
             f"Model '{model_name}': recipe '{recipe}' cannot serve '{modes[0]}'. It serves {_quote(served)}. "
             f"Omit the label to deploy as '{served[0]}'.")
     return modes[0] if modes else served[0]
+
+
+def _served_with_label(recipe: str, mode: str, labels: Iterable[str]) -> bool:
+    """A mode the recipe serves only together with another label (e.g. `classification` with
+    `systemone` on llama.cpp: a decision model)."""
+    from lemonade.backends.registry import label_modes
+
+    return any(mode in modes for label, modes in label_modes(recipe).items() if label in labels)
 
 
 def model_type(mode: str) -> str:

@@ -25,7 +25,9 @@ from lemonade.api.anthropic import messages
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import backends, downloads, load, logs, models, status
+from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.llamacpp import routes as llamacpp_routes
+from lemonade.api.llamacpp import systemone as systemone_routes
 from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import BodySizeLimit
 from lemonade.api.ollama import routes as ollama_routes
@@ -53,7 +55,8 @@ def api_routers() -> list[APIRouter]:
     one and they take almost all the traffic."""
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
-            speech.router, realtime.router]
+            speech.router, realtime.router,
+            classify_routes.router, systemone_routes.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:

@@ -228,6 +228,27 @@ class Reranked(Doc):
     results: list[RerankResult]
 
 
+class ClassifiedText(Doc):
+    object: Literal["classification"]
+    index: int
+    labels: dict[str, Number]
+
+
+class Classified(Doc):
+    """`/classify`: one text's `labels` (label -> score in [0, 1], highest first), or a list's `data`."""
+
+    object: Literal["classification", "list"]
+    model: str
+    labels: dict[str, Number] | None = Field(None, description="The text's scores (a single `input`)")
+    data: list[ClassifiedText] | None = Field(None, description="One entry per text (a list `input`)")
+
+
+class SystemOneAnswers(Doc):
+    model: str
+    answers: dict[str, dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
 class Tokens(Doc):
     tokens: list[int | dict[str, Any]]
 
@@ -355,6 +376,8 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/reranking"): Reranked,
     ("post", "/reranker"): Reranked,
     ("post", "/tokenize"): Tokens,
+    ("post", "/classify"): Classified,
+    ("post", "/systemone"): SystemOneAnswers,
     ("get", "/slots"): {"application/json": {"type": "array", "items": {"type": "object"}}},
     ("post", "/slots/{slot_id}"): SlotAction,
     ("post", "/messages"): AnthropicMessage,

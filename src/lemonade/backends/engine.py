@@ -131,6 +131,9 @@ class Engine(ABC):
 
     recipe: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]  # deployment modes it serves, default first
+    # Modes it serves only for models that carry a label as well: label -> those modes (a llama.cpp
+    # decision model labelled `classification` + `systemone` answers /v1/systemone, llamacpp-newer.md).
+    label_modes: ClassVar[dict[str, tuple[str, ...]]] = {}
     backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists
     options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
     args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`

@@ -145,6 +145,7 @@ def _check_args(value: str) -> str | None:
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
     modes = ("chat", "embeddings", "reranking")
+    label_modes = {"systemone": ("classification",)}  # a decision model (llamacpp-newer.md /v1/systemone)
     backends = LLAMACPP_ALL_BACKENDS
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),

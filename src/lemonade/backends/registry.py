@@ -16,6 +16,7 @@ from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
+from lemonade.backends.onnxruntime import OnnxRuntimeEngine
 from lemonade.backends.piper import PiperEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
                                              PiperEngine)
+ENGINE_CLASSES += (OnnxRuntimeEngine,)
 
 
 def _positive(name: str) -> Any:
@@ -42,7 +44,6 @@ UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
     "vllm": (("chat",), ("rocm",), {}),
     "cloud": (("chat",), ("cloud",), {}),
-    "onnxruntime": (("classification",), ("cpu",), {}),
     "acestep": (("audio-generation",), ("default",), {}),
     "thinksound": (("audio-generation",), ("default",), {}),
     "trellis": (("3d",), ("default",), {}),
@@ -54,6 +55,11 @@ def recipe_modes() -> dict[str, tuple[str, ...]]:
     out = {cls.recipe: cls.modes for cls in ENGINE_CLASSES}
     out.update({recipe: spec[0] for recipe, spec in UNAVAILABLE.items() if recipe not in out})
     return out
+
+
+def label_modes(recipe: str) -> dict[str, tuple[str, ...]]:
+    """The modes a recipe's engine serves only with a label as well (`Engine.label_modes`)."""
+    return next((dict(cls.label_modes) for cls in ENGINE_CLASSES if cls.recipe == recipe), {})
 
 
 class Engines:
