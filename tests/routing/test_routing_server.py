@@ -5,7 +5,10 @@ The members are the real Gemma 3 270M GGUF under two names (`route-small`, `rout
 two models, both kept loaded), so which one answered is visible in `/v1/health` and in the
 answer's `model`. The `semantic_similarity` condition runs on a real embedding model
 (all-MiniLM-L6-v2 converted to GGUF, tests/models.py): its scores carry meaning, so the test
-checks that a coding question is routed to the big member and small talk is not.
+checks that a coding question is routed to the big member and small talk is not. The `classifier`
+condition runs on a real encoder: MiniLM with a topic head trained by tests/classifier_models.py,
+served by the onnxruntime engine (`/v1/classify`'s service), so a cooking sentence it has not seen
+is routed by its label.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import httpx
 import openai
 import pytest
 
+from tests.classifier_models import HELD_OUT_TOPICS, TOPICS, classifier_models
 from tests.conftest import Server, ServerFactory
 from tests.models import minilm_gguf
+from tests.test_classify import REPOS, onnx_backend, publish  # noqa: F401 - onnx_backend is a fixture
 from tests.test_downloads import run_cli
 
 SMALL, BIG, EMBED = "route-small", "route-big", "all-MiniLM-L6-v2"
@@ -57,9 +62,12 @@ def extra_dir(tmp_path_factory: pytest.TempPathFactory, gemma_dir: Path) -> Path
 
 
 @pytest.fixture(scope="module")
-def server(module_servers: ServerFactory, extra_dir: Path) -> Server:
+def server(module_servers: ServerFactory, extra_dir: Path, hub_server: Any, request: pytest.FixtureRequest) -> Server:
+    request.getfixturevalue("onnx_backend")  # the onnxruntime engine, installed once into the test cache
     # Two chat slots: both members stay loaded, so routing back and forth never swaps models.
-    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(extra_dir)}, config={"max_loaded_models": 2})
+    publish(hub_server, classifier_models())  # the topic classifier (tests/classifier_models.py), pulled below
+    return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra_dir)},
+                          config={"max_loaded_models": 2}, engines=("llamacpp", "onnxruntime"))
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +228,35 @@ def test_export_import_round_trip(server: Server, http: httpx.Client, router: st
     resp = http.post("/v1/chat/completions", json={"model": "user.Router-Copy", "messages": ask("a stack trace"),
                                                     "max_tokens": 2})
     assert resp.status_code == 200 and resp.headers["x-lemonade-route"] == "code-to-big"
+
+
+def test_classifier_condition_on_a_real_encoder(oai: openai.OpenAI, http: httpx.Client) -> None:
+    resp = http.post("/v1/pull", json={"model_name": "user.Topic", "checkpoint": REPOS["Topic"],
+                                       "recipe": "onnxruntime", "labels": ["classification"]})
+    assert resp.status_code == 200, resp.text
+    body = {"model_name": "user.Topic-Router", "recipe": "collection.router", "version": "1",
+            "components": [SMALL, BIG, "user.Topic"],
+            "routing": {"candidates": [SMALL, BIG], "default_model": SMALL,
+                        "classifiers": [{"id": "topic", "type": "classifier", "model": "user.Topic",
+                                         "labels": list(TOPICS)}],
+                        "rules": [{"id": "cooking-to-big", "route_to": BIG,
+                                   "match": {"classifier": "topic", "label": "cooking", "min_score": 0.5}}]}}
+    resp = http.post("/v1/pull", json=body)
+    assert resp.status_code == 200, resp.text
+    cooking = next(t for t, topic in HELD_OUT_TOPICS.items() if topic == "cooking")
+    weather = next(t for t, topic in HELD_OUT_TOPICS.items() if topic == "weather")
+    for text, rule, member in ((cooking, "cooking-to-big", BIG), (weather, "default", SMALL)):
+        raw = oai.chat.completions.with_raw_response.create(model="user.Topic-Router", messages=ask(text),
+                                                            max_tokens=2, extra_body={"route_trace": True})
+        assert raw.headers["x-lemonade-route"] == rule, text
+        route = raw.parse().model_extra["x_lemonade_route"]
+        (band,) = route["trace"]
+        assert route["route_to"] == member and band["condition"] == "classifier:topic" and band["label"] == "cooking"
+        assert (band["score"] > 0.5) == (member == BIG), band
+    # The policy's helper model is checked at registration: a chat model cannot be a `semantic_similarity` one,
+    # and a classifier must be a classification (or chat) model.
+    body["routing"]["classifiers"][0]["model"] = EMBED
+    body["components"] = [SMALL, BIG, EMBED]
+    resp = http.post("/v1/pull", json={**body, "model_name": "user.Bad-Topic-Router"})
+    assert resp.status_code == 400
+    assert "routing.classifiers[0].model 'all-MiniLM-L6-v2' is a model of mode 'embeddings'" in resp.json()["error"]

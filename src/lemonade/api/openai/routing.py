@@ -5,8 +5,8 @@ The decision is reported as the `x-lemonade-route` header (the rule id, or `defa
 answer, errors of the member included; with `"route_trace": true` the body also carries it as
 `x_lemonade_route` (a stream: in its first event, the rest of the stream relayed untouched).
 Model-backed conditions call the policy's helper models through the same router and proxy as any
-request: `classifier` a classification model's engine (`classify` endpoint), or a chat model asked
-for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
+request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
+chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
+from lemonade.classification import classifier, classify_with
 from lemonade.errors import APIError, bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
@@ -103,10 +104,8 @@ class Helpers:
         model = self._model(name)
         if model.mode == "chat":  # an LLM as classifier
             scores = _json_object(await self._chat(model, LLM_CLASSIFY_PROMPT, text))
-        else:
-            data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "classify"),
-                                                  {"model": model.public, "input": text}, "classify")
-            scores = data.get("labels", data) if isinstance(data, dict) else data
+        else:  # an encoder classifier: the service /v1/classify uses
+            scores = (await classify_with(self.svc, classifier(self.svc, model.name), [text]))[0]
         if not isinstance(scores, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                    for v in scores.values()):
             raise ValueError(f"{name} did not answer label scores: {str(scores)[:200]}")
