@@ -24,7 +24,8 @@ MODE_ALIASES = {
     "3d": "3d",
 }
 
-COLLECTION_RECIPES = ("collection.omni",)
+ROUTER_RECIPE = "collection.router"  # a policy that sends each request to one of its members (routing/)
+COLLECTION_RECIPES = ("collection.omni", ROUTER_RECIPE)
 
 
 def recipe_modes() -> dict[str, tuple[str, ...]]:

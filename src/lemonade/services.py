@@ -23,10 +23,12 @@ from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.config import Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
+from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
+from lemonade.routing.policies import Policies
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress, request_trace
@@ -61,6 +63,7 @@ class Services:
         self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
         self.stats = Stats()
+        self.policies = Policies()  # parsed collection.router policies (api/openai/routing.py)
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
         # Upstream calls to engines on loopback: no read timeout (generation can be long).
@@ -143,6 +146,10 @@ class Services:
                     images: bool = False) -> ModelInfo:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has."""
+        if model.recipe == ROUTER_RECIPE:
+            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions "
+                           "and /completions requests to one of its members; call one of those endpoints, or a "
+                           "member directly: " + ", ".join(model.components or []), code="model_mode_mismatch")
         if model.is_collection:
             raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
                            + ", ".join(model.components or []), code="model_mode_mismatch")

@@ -21,8 +21,9 @@ from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
-from lemonade.labels import COLLECTION_RECIPES, LabelError, deployment_mode
+from lemonade.labels import COLLECTION_RECIPES, ROUTER_RECIPE, LabelError, deployment_mode
 from lemonade.model_info import ModelInfo
+from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
 
 log = logging.getLogger("lemonade.catalog")
@@ -95,12 +96,19 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
     if source not in SOURCES:
         raise RegistrationError(f"Model '{name}': 'source' must be 'huggingface' or 'modelscope', got '{source}'")
     components = definition.get("components")
+    if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
+        raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")
     if recipe in COLLECTION_RECIPES:
         if not isinstance(components, list) or not components or not all(isinstance(c, str) and c
                                                                           for c in components):
             raise RegistrationError(f"Model '{name}': a collection needs 'components', a non-empty array of "
                                     "model names")
         checkpoints: dict[str, str] = {}
+        if recipe == ROUTER_RECIPE:
+            try:
+                parse_policy(definition)
+            except PolicyError as exc:
+                raise RegistrationError(f"Model '{name}': {exc}") from None
     else:
         if components is not None:
             raise RegistrationError(f"Model '{name}': only collection recipes take 'components'")
@@ -289,7 +297,8 @@ class Catalog:
         if any(c in name for c in "/\\") or name.strip() != name:
             raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
         keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
-                "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested")
+                "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested",
+                "version", "routing")
         definition = {k: body[k] for k in keys if k in body and body[k] is not None}
         return build_model(name, definition, "user")
 
@@ -328,6 +337,8 @@ class Catalog:
             model.components = [c if self.find(c) or c not in by_name or c.startswith(USER_PREFIX)
                                 else USER_PREFIX + c for c in model.components or []]
             model.definition["components"] = model.components
+        if model.recipe == ROUTER_RECIPE:
+            self._check_router_members(model, new_components)
         with self._lock:
             user = dict(self._user)
             user.update(new_components)
@@ -336,6 +347,18 @@ class Catalog:
             self._user = user
             self._reindex()
         return model
+
+    def _check_router_members(self, model: ModelInfo, new: dict[str, ModelInfo]) -> None:
+        """Each model a routing policy calls must serve what it is called for: candidates answer chat
+        requests, classifiers their kind (routing/policy.py `member_modes`)."""
+        for field_path, name, modes in member_modes(parse_policy(model.definition)):
+            member = self.find(name) or new.get(name) or new.get(USER_PREFIX + name)
+            if member is None:
+                raise RegistrationError(f"Model '{model.name}': {field_path} '{name}' is not a registered model")
+            if member.is_collection or member.mode not in modes:
+                kind = "collection" if member.is_collection else f"model of mode '{member.mode}'"
+                raise RegistrationError(f"Model '{model.name}': {field_path} '{name}' is a {kind}; it must be a "
+                                        f"model of mode {' or '.join(repr(m) for m in modes)}")
 
     def unregister(self, name: str) -> None:
         with self._lock:

@@ -3,7 +3,8 @@
 
 The file is a `/v1/pull` body, as `lemonade export` writes it: `model_name` (or `id`), `recipe`,
 `checkpoint` or `checkpoints`, optional labels, recipe options, image defaults, size, and for a
-collection its `components` and embedded `models`. The name gets `user.` when it lacks it; when both
+collection its `components` and embedded `models` (a `collection.router` also its `version` and `routing`
+policy). The name gets `user.` when it lacks it; when both
 `checkpoint` and `checkpoints` are given only `checkpoints` is used; unrecognised fields are dropped
 (and named). Without JSON_FILE the recipes of `lemonade-sdk/recipes` are browsed interactively, or
 one is taken non-interactively with `--directory` and `--recipe-file` (`--yes`/`--skip-prompt`).
@@ -30,7 +31,7 @@ RAW_URL = f"https://raw.githubusercontent.com/{RECIPES_REPO}/main"
 LISTING_URL = f"https://api.github.com/repos/{RECIPES_REPO}/contents"
 FIELDS = ("model_name", "recipe", "checkpoint", "checkpoints", "labels", "recipe_options", "image_defaults", "size",
           "components", "models", "source", "registry_source", "mmproj", "reasoning", "vision", "embedding",
-          "reranking")
+          "reranking", "version", "routing")
 
 
 def import_body(raw: Any, where: str) -> tuple[dict[str, Any], list[str]]:

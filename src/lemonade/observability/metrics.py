@@ -48,6 +48,10 @@ class Metrics:
                                     ["model", "kind"], registry=r)
         self.model_loads = Counter("lemonade_model_loads", "Model loads, by outcome.", ["model", "outcome"],
                                    registry=r)
+        self.routing_decisions = Counter("lemonade_routing_decisions",
+                                         "Cumulative collection.router routing decisions.", registry=r)
+        self.routing_switches = Counter("lemonade_routing_switches", "Cumulative routing decisions that changed "
+                                        "a conversation's routed model.", registry=r)
         # The router's queue and residency counters (`queue` in /v1/health), copied at scrape time.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.queue = Gauge("lemonade_router", "Requests waiting for a model slot (depth) and the router's running "
@@ -82,6 +86,11 @@ class Metrics:
             self._child(self.model_tokens, model, "input").inc(input_tokens)
         if output_tokens:
             self._child(self.model_tokens, model, "output").inc(output_tokens)
+
+    def record_route(self, switched: bool) -> None:
+        self.routing_decisions.inc()
+        if switched:
+            self.routing_switches.inc()
 
     def set_loaded(self, loaded: Iterable[dict[str, Any]]) -> None:
         """Refresh the residency gauges from the router's view (called at scrape time)."""

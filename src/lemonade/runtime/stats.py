@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
+ROUTE_CONVERSATIONS_KEPT = 1024  # conversations whose last routed member is remembered (least recent dropped)
 _TOTALS = ("request_count_total", "input_tokens_total", "output_tokens_total", "prompt_tokens_total",
            "cache_tokens_total", "routing_decisions_total", "routing_switches_total")
 
@@ -15,6 +17,7 @@ class Stats:
         self.last: dict[str, Any] = {"time_to_first_token": None, "tokens_per_second": None, "input_tokens": None,
                                      "output_tokens": None, "prompt_tokens": None, "cache_tokens": None}
         self.totals = dict.fromkeys(_TOTALS, 0)
+        self._routes: OrderedDict[str, str] = OrderedDict()  # conversation key -> member it was last routed to
 
     def record(self, *, ttft: float | None, tps: float | None, input_tokens: int | None,
                output_tokens: int | None, cache_tokens: int | None) -> None:
@@ -46,6 +49,20 @@ class Stats:
             self.record(ttft=None, tps=None, input_tokens=prompt_n, output_tokens=out, cache_tokens=None)
             return prompt_n, out
         return None, None
+
+    def record_route(self, conversation: str, member: str) -> bool:
+        """Count a `collection.router` decision; True when it sent this conversation somewhere else
+        than its previous turn (`routing_switches_total`, a measure of route ping-pong)."""
+        with self._lock:
+            self.totals["routing_decisions_total"] += 1
+            previous = self._routes.pop(conversation, None)
+            self._routes[conversation] = member
+            if len(self._routes) > ROUTE_CONVERSATIONS_KEPT:
+                self._routes.popitem(last=False)
+            switched = previous is not None and previous != member
+            if switched:
+                self.totals["routing_switches_total"] += 1
+            return switched
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -30,7 +30,7 @@ from lemonade.services import Services
 
 router = APIRouter(tags=["downloads"])
 
-REGISTRATION_KEYS = ("checkpoint", "checkpoints", "recipe", "components", "models", "mmproj")
+REGISTRATION_KEYS = ("checkpoint", "checkpoints", "recipe", "components", "models", "mmproj", "routing")
 PROGRESS_EVENT_FIELDS = ("file", "file_index", "total_files", "bytes_downloaded", "bytes_total", "percent",
                          "total_download_size", "bytes_previously_downloaded")
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.errors import APIError
+from lemonade.api.openai import routing
 from lemonade.api.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,8 +50,21 @@ def has_image_parts(body: ChatCompletionRequest) -> bool:
 @router.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/chat/completions", images=has_image_parts(body))
     payload = body.model_dump(exclude_unset=True)
+    target = svc.resolve(body.model)
+    if routing.is_router(target):  # a collection.router model: its policy picks the member that answers
+        routed = await routing.route(svc, target, payload)
+        try:
+            return routed.attach(await chat_completions_of(request, routed.member, body, payload))
+        except APIError as exc:
+            raise routed.on_error(exc) from None
+    return await chat_completions_of(request, target, body, payload)
+
+
+async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCompletionRequest,
+                              payload: dict[str, Any]) -> Response:
+    svc: Services = request.app.state.services
+    model = svc.check_model(target, "chat", "/chat/completions", images=has_image_parts(body))
     if "max_completion_tokens" in payload:
         payload["max_tokens"] = payload.pop("max_completion_tokens")
     return await relay(request, model, "/v1/chat/completions", payload, body.stream, "chat/completions")
@@ -59,10 +73,23 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 @router.post("/completions")
 async def completions(request: Request, body: CompletionRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/completions")
+    payload = body.model_dump(exclude_unset=True)
+    target = svc.resolve(body.model)
+    if routing.is_router(target):
+        routed = await routing.route(svc, target, payload)
+        try:
+            return routed.attach(await completions_of(request, routed.member, body, payload))
+        except APIError as exc:
+            raise routed.on_error(exc) from None
+    return await completions_of(request, target, body, payload)
+
+
+async def completions_of(request: Request, target: ModelInfo, body: CompletionRequest,
+                         payload: dict[str, Any]) -> Response:
+    svc: Services = request.app.state.services
+    model = svc.check_model(target, "chat", "/completions")
     if body.stream and body.logprobs:
         raise APIError(400, "'logprobs' is only available with stream=false", code="invalid_argument")
-    payload = body.model_dump(exclude_unset=True)
     if payload.pop("echo", False) and not body.stream:
         # llama-server does not echo; the prompt is put in front of each choice's text here.
         data = await proxy(request).post_json(model, "/v1/completions", payload, "completions")

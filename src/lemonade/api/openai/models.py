@@ -58,6 +58,9 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
         obj["image_defaults"] = dict(model.image_defaults)
     if model.is_collection:
         obj["components"] = list(model.components or [])
+        for key in ("version", "routing"):  # a collection.router's policy, as registered (and exported)
+            if key in model.definition:
+                obj[key] = model.definition[key]
         if with_components:
             comps = [svc.catalog.find(c) for c in model.components or []]
             obj["models"] = [model_object(svc, c) for c in comps if c is not None]

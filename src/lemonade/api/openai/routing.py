@@ -1,0 +1,188 @@
+"""The HTTP edge of routing: a chat or text completion naming a `collection.router` model is sent to
+the member its policy picks (routing/), then runs like a request naming that member.
+
+The decision is reported as the `x-lemonade-route` header (the rule id, or `default`) on every
+answer, errors of the member included; with `"route_trace": true` the body also carries it as
+`x_lemonade_route` (a stream: in its first event, the rest of the stream relayed untouched).
+Model-backed conditions call the policy's helper models through the same router and proxy as any
+request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
+chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+
+from lemonade.classification import classifier, classify_with
+from lemonade.errors import APIError, bad_request
+from lemonade.labels import ROUTER_RECIPE
+from lemonade.model_info import ModelInfo
+from lemonade.routing.context import conversation_key, route_context
+from lemonade.routing.evaluate import ClassifierServices, Decision, decide
+from lemonade.runtime.request_context import ClientGone
+from lemonade.services import Services
+
+log = logging.getLogger("lemonade.routing")
+ROUTE_HEADER = "x-lemonade-route"
+TRACE_FIELD = "x_lemonade_route"
+HELPER_MAX_TOKENS = 256    # a helper's reply is one small JSON object
+LLM_CLASSIFY_PROMPT = ("Classify the user input. Reply with only a JSON object mapping each label name to a score "
+                       "from 0 to 1, and no other text.")
+
+
+@dataclass
+class Routed:
+    """A routed request: the member that answers it and why."""
+
+    member: ModelInfo
+    decision: Decision
+    want_trace: bool
+
+    def attach(self, response: Response) -> Response:
+        """The member's answer with the decision on it."""
+        response.headers[ROUTE_HEADER] = self.decision.header
+        if not self.want_trace:
+            return response
+        route = self.decision.to_json()
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = attach_to_first_event(response.body_iterator, route)
+            return response
+        try:
+            data = json.loads(response.body)
+        except ValueError:
+            return response
+        if isinstance(data, dict):
+            data[TRACE_FIELD] = route
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        return Response(json.dumps(data), status_code=response.status_code, headers=headers,
+                        media_type="application/json")
+
+    def on_error(self, exc: APIError) -> APIError:
+        """A member's error keeps the route header, so the client sees which rule sent it there."""
+        exc.headers = {**(exc.headers or {}), ROUTE_HEADER: self.decision.header}
+        return exc
+
+
+def is_router(model: ModelInfo) -> bool:
+    return model.recipe == ROUTER_RECIPE
+
+
+def _json_object(text: str) -> Any:
+    """The JSON object in a model's reply (a ``` fence around it is tolerated)."""
+    text = text.strip()
+    fenced = re.fullmatch(r"```[a-zA-Z]*\n(.*)\n```", text, re.DOTALL)
+    return json.loads(fenced.group(1) if fenced else text)
+
+
+class Helpers:
+    """The classifier services of one request, bound to this server's engines."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+
+    def _model(self, name: str) -> ModelInfo:
+        model = self.svc.resolve(name)
+        if model.is_collection:
+            raise ValueError(f"{name} is a collection")
+        return model
+
+    async def _chat(self, model: ModelInfo, system: str, user: str) -> str:
+        body = {"model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
+                                              "chat/completions")
+        return str(data["choices"][0]["message"].get("content") or "")
+
+    async def classify(self, name: str, text: str) -> Mapping[str, float]:
+        model = self._model(name)
+        if model.mode == "chat":  # an LLM as classifier
+            scores = _json_object(await self._chat(model, LLM_CLASSIFY_PROMPT, text))
+        else:  # an encoder classifier: the service /v1/classify uses
+            scores = (await classify_with(self.svc, classifier(self.svc, model.name), [text]))[0]
+        if not isinstance(scores, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in scores.values()):
+            raise ValueError(f"{name} did not answer label scores: {str(scores)[:200]}")
+        return scores
+
+    async def embed(self, name: str, text: str) -> list[float]:
+        model = self._model(name)
+        data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "embeddings"),
+                                              {"model": model.public, "input": text}, "embeddings")
+        return list(data["data"][0]["embedding"])
+
+    async def chat(self, name: str, system: str, user: str) -> str:
+        return await self._chat(self._model(name), system, user)
+
+    def services(self) -> ClassifierServices:
+        return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
+
+
+async def route(svc: Services, router_model: ModelInfo, payload: dict[str, Any]) -> Routed:
+    """Decide where a request for `router_model` goes; `payload` (the body to forward) is re-aimed
+    at the member and loses `route_trace`, which is ours."""
+    want_trace = payload.pop("route_trace", False)
+    if not isinstance(want_trace, bool):
+        raise bad_request("'route_trace' must be true or false")
+    policy, embeddings = svc.policies.get(router_model.name, router_model.definition)
+    decision = await decide(policy, route_context(payload), want_trace=want_trace,
+                            services=Helpers(svc).services(), embeddings=embeddings)
+    member = svc.catalog.find(decision.route_to)
+    if member is None:
+        raise APIError(404, f"Router model {router_model.public} chose '{decision.route_to}' (rule "
+                            f"{decision.header}), which is no longer a registered model. Register it again, or "
+                            "change the policy.", type="not_found", code="model_not_found",
+                       headers={ROUTE_HEADER: decision.header})
+    switched = svc.stats.record_route(conversation_key(payload), member.name)
+    svc.metrics.record_route(switched)
+    log.info("Routed a request for %s to %s (%s)", router_model.public, member.public,
+             f"rule {decision.matched_rule}" if decision.matched_rule else "default")
+    payload["model"] = member.public
+    return Routed(member, decision, want_trace)
+
+
+async def attach_to_first_event(chunks: AsyncIterator[bytes], route: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The SSE stream with `x_lemonade_route` added to its first JSON event; only that event is held
+    back until complete, everything after it is relayed chunk by chunk as it comes."""
+    buffer = b""
+    attached = False
+    async for chunk in chunks:
+        if attached:
+            yield chunk
+            continue
+        buffer += chunk
+        while not attached:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, buffer = buffer[:end + 2], buffer[end + 2:]
+            event, attached = _with_route(event, route)
+            yield event
+        if attached and buffer:
+            yield buffer
+            buffer = b""
+    if buffer:
+        yield buffer if attached else _with_route(buffer, route)[0]
+
+
+def _with_route(event: bytes, route: dict[str, Any]) -> tuple[bytes, bool]:
+    lines = event.split(b"\n")
+    data_lines = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
+    if len(data_lines) != 1:
+        return event, False
+    i = data_lines[0]
+    try:
+        data = json.loads(lines[i][5:].strip())
+    except ValueError:  # [DONE] or not JSON
+        return event, False
+    if not isinstance(data, dict):
+        return event, False
+    data[TRACE_FIELD] = route
+    lines[i] = b"data: " + json.dumps(data, separators=(",", ":")).encode()
+    return b"\n".join(lines), True
