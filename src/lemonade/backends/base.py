@@ -26,6 +26,7 @@ from lemonade.observability.logs import log_buffer
 
 _PR_SET_PDEATHSIG = 1
 ENGINE_TAG_PREFIX = "engine."  # engine output: kept in the log buffer, shown on the console only at debug
+OUTPUT_GATHER_S = 0.05  # how long engine output lines may gather before they are read (see _pump_output)
 
 
 def _die_with_parent() -> None:
@@ -110,6 +111,7 @@ class WrappedServer:
                                 + "\n".join(self.tail))
 
     async def _pump_output(self) -> None:
+        """Engine output into the log ring buffer (and `tail`), in chunks of lines."""
         assert self.proc and self.proc.stdout
         tag = self.output_log.name.split(".", 1)[1]
         buffer = log_buffer()
@@ -129,6 +131,10 @@ class WrappedServer:
                     self.output_log.info("%s", text)  # debugging: through logging, to the console too
             elif texts:
                 buffer.add_many(tag, "Info", texts)
+            # An engine writes its lines one by one (llama-server about eight per request); a wake-up
+            # per line cost more than storing them. Letting them gather for a moment reads them in one
+            # chunk; the pipe and the reader's buffer hold far more than an engine writes meanwhile.
+            await asyncio.sleep(OUTPUT_GATHER_S)
         code = await self.proc.wait()
         if not self._stopping:
             self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,
