@@ -149,7 +149,7 @@ def test_wrong_types_and_missing_fields_name_the_field(server):
 BAD_BODIES = [b"", b"{not json", b"\x99\xcd binary", b"[1, 2]", b'"text"', b'{"model": 5}',
               b'{"messages": [{"role": "user", "content": "hi"}]}', b'{"model": "no-such-model", "messages": []}',
               b'{"model": "x", "messages": "hello"}', b'{"model": "x", "prompt": "hi", "max_tokens": "many"}',
-              b'{"model": "x", "input": ["a", 3]}']
+              b'{"model": "x", "input": ["a", 3]}', b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/v0/completions", "/v1/embeddings", "/v1/responses",

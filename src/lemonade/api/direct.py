@@ -65,7 +65,7 @@ class DirectRoute:
         except json.JSONDecodeError as exc:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                            "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from None
-        except ValueError:  # bytes that are not UTF-8/16/32 text: FastAPI's answer for them
+        except (ValueError, RecursionError):  # not UTF-8/16/32 text, or nested too deeply: FastAPI's answer
             raise HTTPException(400, "There was an error parsing the body") from None
         value, errors = self.body_field.validate(data, {}, loc=("body",))
         if errors:
