@@ -328,6 +328,28 @@ class OllamaStatus(Doc):
     status: str
 
 
+class Flushed(Doc):
+    status: Literal["flushed"]
+
+
+# ----- cloud providers ---------------------------------------------------------------------------
+class AuthState(Doc):
+    env_var_set: bool
+    runtime_key_set: bool
+
+
+class CloudKeySet(Doc):
+    provider: str
+    auth_state: AuthState
+    models_discovered: int
+
+
+class CloudKeyCleared(Doc):
+    provider: str
+    cleared_runtime_key: bool
+    auth_state: AuthState
+
+
 # ----- MCP ---------------------------------------------------------------------------------------
 class JsonRpcReply(Doc):
     jsonrpc: Literal["2.0"]
@@ -394,6 +416,9 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/internal/aliases"): Alias,
     ("delete", "/internal/aliases/{alias}"): Alias,
     ("post", "/mcp"): JsonRpcReply,
+    ("post", "/internal/telemetry/flush"): Flushed,
+    ("post", "/cloud/auth"): CloudKeySet,
+    ("delete", "/cloud/auth/{provider}"): CloudKeyCleared,
 }
 SUCCESS.update(JOB_ANSWERS)  # the Job Engine's (api/lemonade/job_protocol.py)
 # The Ollama API (`/api/...`), whose paths after `/api` overlap the others' (`/pull`, `/embeddings`).
