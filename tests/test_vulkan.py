@@ -76,6 +76,13 @@ def vulkan_server(module_servers: ServerFactory, gemma_dir: Path, vulkan_backend
                           env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
 
 
+def complete(client: OpenAI) -> str:
+    reply = client.completions.create(model=GEMMA_NAME, prompt="The capital of France is the city of",
+                                      max_tokens=8, temperature=0)
+    assert reply.usage.completion_tokens > 0 and reply.choices[0].text, reply
+    return reply.choices[0].text
+
+
 def test_gemma_served_through_vulkan_with_layers_offloaded(vulkan_server: Server):
     report = detect_devices()
     with vulkan_server.client() as c:
@@ -86,15 +93,20 @@ def test_gemma_served_through_vulkan_with_layers_offloaded(vulkan_server: Server
         assert resp.status_code == 200, resp.text
 
         client = OpenAI(base_url=vulkan_server.url + "/v1", api_key="unused")
-        reply = client.completions.create(model=GEMMA_NAME, prompt="The capital of France is", max_tokens=8,
-                                          temperature=0)
-        assert reply.choices[0].text.strip(), reply
+        on_vulkan = complete(client)
 
         [loaded] = c.get("/v1/health").json()["all_models_loaded"]
         assert loaded["recipe_options"]["llamacpp_backend"] == "vulkan"
         argv = loaded["launch_command"]
         assert argv[argv.index("-ngl") + 1] == "99"
         assert loaded["device"] == ("gpu" if report.vulkan_gpus else "cpu")  # lavapipe is the CPU
+
+        # the same greedy completion on the CPU backend: the Vulkan device computed the same thing
+        assert c.post("/v1/unload", json={"model_name": GEMMA_NAME}).status_code == 200
+        resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "cpu", "ctx_size": 1024})
+        assert resp.status_code == 200, resp.text
+        on_cpu = complete(client)
+        assert on_vulkan.split()[:2] == on_cpu.split()[:2], (on_vulkan, on_cpu)
 
     log = vulkan_server.log_path.read_text(errors="replace")
     offloaded = re.search(r"offloaded (\d+)/(\d+) layers to GPU", log)
