@@ -27,10 +27,12 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
 from lemonade.api.body import json_object
 from lemonade.api.errors import APIError
+from lemonade.api.openapi import json_body
 from lemonade.backends.image_engine import ImageEngine
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone
@@ -51,6 +53,33 @@ VARIATION_PROMPT = "a variation of this image"
 # OpenAI fields accepted and not passed on (openai.md, /images/edits and /variations).
 IGNORED_FIELDS = ("user", "background", "quality", "input_fidelity", "output_compression", "style", "moderation",
                   "output_format", "partial_images", "stream")
+
+
+class GenerationRequest(BaseModel):
+    """`/images/generations` as documented (the route checks the body itself, naming the field)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str
+    size: str | None = Field(None, description="WIDTHxHEIGHT, multiples of 64 from 64 to 2048 (default 512x512)")
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    response_format: str | None = Field(None, description="Only b64_json")
+    steps: int | None = Field(None, ge=MIN_STEPS, le=MAX_STEPS)
+    cfg_scale: float | None = Field(None, ge=0)
+    seed: int | None = None
+
+
+class UpscaleRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    image: str = Field(..., description="A base64-encoded PNG")
+    model: str = Field(..., description="A Real-ESRGAN model, e.g. RealESRGAN-x4plus")
+
+
+def _multipart(required: tuple[str, ...], fields: tuple[str, ...]) -> dict[str, Any]:
+    props: dict[str, Any] = {f: {"type": "string"} for f in fields}
+    props.update({f: {"type": "string", "format": "binary"} for f in ("image", "image[]", "mask") if f in fields})
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": list(required), "properties": props}}}}}
 
 
 # ----- checks ------------------------------------------------------------------------------------------
@@ -247,7 +276,7 @@ def _default_size(svc: Services, model: ModelInfo) -> tuple[int, int]:
 
 
 # ----- routes ------------------------------------------------------------------------------------------
-@router.post("/images/generations")
+@router.post("/images/generations", openapi_extra=json_body(GenerationRequest))
 async def generations(request: Request) -> dict[str, Any]:
     svc: Services = request.app.state.services
     body = await json_object(request)
@@ -283,7 +312,9 @@ async def _images(form: Any, names: tuple[str, ...]) -> list[bytes]:
     return [check_image_bytes(await u.read(), names[0]) for u in uploads]
 
 
-@router.post("/images/edits")
+@router.post("/images/edits", openapi_extra=_multipart(
+    ("model", "image", "prompt"), ("model", "image", "image[]", "mask", "prompt", "size", "n", "response_format",
+                                   "steps", "cfg_scale", "seed")))
 async def edits(request: Request) -> dict[str, Any]:
     svc: Services = request.app.state.services
     form = await _form(request, "/images/edits")
@@ -301,7 +332,8 @@ async def edits(request: Request) -> dict[str, Any]:
                              seed=seed)
 
 
-@router.post("/images/variations")
+@router.post("/images/variations", openapi_extra=_multipart(
+    ("model", "image"), ("model", "image", "size", "n", "response_format", "steps", "cfg_scale", "seed")))
 async def variations(request: Request) -> dict[str, Any]:
     svc: Services = request.app.state.services
     form = await _form(request, "/images/variations")
@@ -358,7 +390,7 @@ async def upscale_image(svc: Services, model: ModelInfo, engine: ImageEngine, pn
     return {"created": int(time.time()), "data": [{"b64_json": base64.b64encode(out).decode()}]}
 
 
-@router.post("/images/upscale")
+@router.post("/images/upscale", openapi_extra=json_body(UpscaleRequest))
 async def upscale(request: Request) -> dict[str, Any]:
     svc: Services = request.app.state.services
     body = await json_object(request)
