@@ -45,7 +45,7 @@ FAST = {"steps": 1, "cfg_scale": 1.0}
 @pytest.fixture(scope="session")
 def sdcpp_backend() -> Path:
     """The sd-cpp cpu backend (sd-server + sd-cli built from the stable-diffusion-cpp-python sdist's
-    sources), installed once per machine into the test cache: a cold build takes 10-25 minutes."""
+    sources), installed once per machine into the test cache: a cold build takes 10-30 minutes."""
     from lemonade.backends.registry import Engines
     from lemonade.config import Config
 

@@ -222,7 +222,7 @@ class SdCppEngine(ImageEngine):
         how = ("downloads the official stable-diffusion.cpp release archive, or builds it from source when that is "
                "unreachable" if release_asset_name() else "builds stable-diffusion.cpp from source")
         return BackendState(self.recipe, "cpu", "installable",
-                            message=f"Backend is supported but not installed. Installing it {how} (10 to 25 minutes "
+                            message=f"Backend is supported but not installed. Installing it {how} (10 to 30 minutes "
                                     "on 2 cores; needs cmake and a C++ compiler).",
                             action=action, version=SDCPP_VERSION, devices=["cpu"])
 
@@ -304,8 +304,14 @@ class SdCppEngine(ImageEngine):
         """`sd-cli -M upscale` on the picture, in a private temp folder removed afterwards; killed if the
         client leaves. Its output lines go to the log stream."""
         cli = self.cli_path()
-        if cli is None:
-            await asyncio.to_thread(self.install, "cpu")
+        if cli is None:  # first use, as a load would: install the backend (progress in the log)
+            try:
+                await asyncio.to_thread(self.install, "cpu", lambda e: log.info("Installing sd-cpp:cpu: %s",
+                                                                                 e.get("message", "")))
+            except InstallError as exc:
+                raise APIError(500, f"Installing the sd-cpp:cpu backend failed: {exc}\nRetry with: "
+                               f"{install_action(self.recipe, 'cpu')}", type="server_error",
+                               code="backend_install_failed") from None
             cli = self.cli_path()
         model_file = (files.get("main") or [None])[0]
         if cli is None or model_file is None:

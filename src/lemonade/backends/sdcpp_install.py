@@ -9,8 +9,9 @@ both through `native_build.py` / `native_install.py` like llama.cpp and whisper.
 - the official release archive (`sd-master-<commit>-bin-<platform>.zip`), where upstream publishes
   one for this platform and GitHub is reachable (tried first, failing within seconds offline);
 - a static CMake build of the sdist's sources, targets `sd-server` and `sd-cli` (WebP/WebM and the
-  web frontend left out: nothing of ours uses them). Cold: about 12 minutes on 2 shared cores;
-  with a warm ccache (`CMAKE_<LANG>_COMPILER_LAUNCHER=ccache`) under a minute.
+  web frontend left out: nothing of ours uses them). Cold: 28 minutes measured on 2 cores shared
+  with other builds (load average 15-20); expect 10-15 on an idle 2-core machine. With a warm
+  ccache (`CMAKE_<LANG>_COMPILER_LAUNCHER=ccache`) a rebuild is a few minutes.
 
 Environment knobs, as whisper.cpp's: `LEMONADE_SDCPP_SDIST=<path>` (a local sdist; skips the
 release archive), `LEMONADE_SDCPP_RELEASE_BASE_URL=<url>` (a mirror of `.../releases/download`),
