@@ -28,7 +28,7 @@ import psutil
 import pytest
 from PIL import Image
 
-from lemonade.backends.sdcpp import edit_body, extra_args, generation_settings
+from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
 from tests.conftest import GEMMA_NAME, TEST_CACHE
@@ -133,6 +133,15 @@ def test_catalog_image_defaults_apply_unless_the_model_has_its_own_options():
     server = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}
     assert generation_settings(turbo, dict(server), server)["steps"] == 4
     assert generation_settings(turbo, {**server, "steps": 8}, server)["steps"] == 8
+
+
+def test_multi_file_checkpoints_become_diffusion_model_llm_and_vae():
+    flux = ModelInfo(name="builtin.Flux-2-Klein-4B", recipe="sd-cpp", mode="image")
+    files = {"main": [Path("/m/flux.safetensors")], "text_encoder": [Path("/m/qwen.safetensors")],
+             "vae": [Path("/m/vae.safetensors")]}
+    assert checkpoint_args(flux, files) == ["--diffusion-model", "/m/flux.safetensors", "--llm",
+                                            "/m/qwen.safetensors", "--vae", "/m/vae.safetensors"]
+    assert checkpoint_args(flux, {"main": [Path("/m/sd.safetensors")]}) == ["-m", "/m/sd.safetensors"]
 
 
 # ----- the engine ----------------------------------------------------------------------------------------
