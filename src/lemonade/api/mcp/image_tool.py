@@ -70,8 +70,8 @@ async def generate(svc: Services, args: dict[str, Any], output_path: Path | None
     try:
         model, engine = image_model(svc, pick_image_model(svc, args.get("model")).public, "lemonade_generate_image")
         n = parse_n(args.get("n"))
-        size = parse_size(args.get("size"), (int((model.image_defaults or {}).get("width", 512)),
-                                             int((model.image_defaults or {}).get("height", 512))))
+        defaults = model.image_defaults or {}
+        size = parse_size(args.get("size"), (int(defaults.get("width", 512)), int(defaults.get("height", 512))))
         answer = await generate_images(svc, model, engine, str(args["prompt"]), size=size, n=n,
                                        steps=parse_steps(args.get("steps")),
                                        cfg_scale=parse_cfg_scale(args.get("cfg_scale")),

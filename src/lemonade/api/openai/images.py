@@ -234,6 +234,7 @@ async def generate_images(svc: Services, model: ModelInfo, engine: ImageEngine, 
                           n: int = 1, steps: int | None = None, cfg_scale: float | None = None,
                           seed: int | None = None) -> dict[str, Any]:
     """`{"created", "data": [{"b64_json"}]}` for n pictures of `prompt`."""
+    prompt = check_prompt(prompt)  # also for the callers that are not the route (Ollama, MCP)
     path = svc.engine_path(model, "images/generations")
     first = engine.resolve_seed(seed)
     started = time.monotonic()
@@ -257,18 +258,18 @@ async def edit_images(svc: Services, model: ModelInfo, engine: ImageEngine, prom
     data = []
     for i in range(n):
         body, content_type = engine.edit_body(prompt, images, mask, size[0], size[1], steps, cfg_scale, first + i)
-        raw = svc.proxy.post_raw(model, path, body, content_type)
-        answer = await _ask(svc, model, endpoint, _json(raw))
+        answer = await _ask(svc, model, endpoint, _json(svc.proxy.post_raw(model, path, body, content_type)))
         data.append({"b64_json": _png(answer, model)})
     svc.metrics.record_inference(model.public, endpoint, None, None)
     return {"created": int(time.time()), "data": data}
 
 
-async def _json(raw: Any) -> dict[str, Any]:
-    return json.loads(await raw)
+async def _json(answer: Any) -> dict[str, Any]:
+    """The engine's raw answer (an awaitable of bytes) as JSON."""
+    return json.loads(await answer)
 
 
-def _default_size(svc: Services, model: ModelInfo) -> tuple[int, int]:
+def _default_size(model: ModelInfo) -> tuple[int, int]:
     """The spec's 512x512 unless the model's catalog entry says otherwise."""
     defaults = model.image_defaults or {}
     return int(defaults.get("width", 512)), int(defaults.get("height", 512))
@@ -285,7 +286,7 @@ async def generations(request: Request) -> dict[str, Any]:
     steps, cfg, seed = parse_steps(body.get("steps")), parse_cfg_scale(body.get("cfg_scale")), \
         parse_seed(body.get("seed"))
     model, engine = image_model(svc, body.get("model"), "/images/generations")
-    size = parse_size(body.get("size"), _default_size(svc, model))
+    size = parse_size(body.get("size"), _default_size(model))
     return await generate_images(svc, model, engine, prompt, size=size, n=n, steps=steps, cfg_scale=cfg, seed=seed)
 
 
@@ -326,7 +327,7 @@ async def edits(request: Request) -> dict[str, Any]:
     steps, cfg, seed = parse_steps(_field(form, "steps")), parse_cfg_scale(_field(form, "cfg_scale")), \
         parse_seed(_field(form, "seed"))
     model, engine = image_model(svc, _field(form, "model"), "/images/edits")
-    size = parse_size(_field(form, "size"), _default_size(svc, model))
+    size = parse_size(_field(form, "size"), _default_size(model))
     return await edit_images(svc, model, engine, prompt, images, mask, size=size, n=n, steps=steps, cfg_scale=cfg,
                              seed=seed)
 
@@ -342,7 +343,7 @@ async def variations(request: Request) -> dict[str, Any]:
     steps, cfg, seed = parse_steps(_field(form, "steps")), parse_cfg_scale(_field(form, "cfg_scale")), \
         parse_seed(_field(form, "seed"))
     model, engine = image_model(svc, _field(form, "model"), "/images/variations")
-    size = parse_size(_field(form, "size"), _default_size(svc, model))
+    size = parse_size(_field(form, "size"), _default_size(model))
     return await edit_images(svc, model, engine, VARIATION_PROMPT, images[:1], None, size=size, n=n, steps=steps,
                              cfg_scale=cfg, seed=seed, endpoint="images/variations")
 
