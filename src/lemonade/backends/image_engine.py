@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from lemonade.runtime.router import Router
 
 MAX_SEED = 2**31 - 1
+# What every image engine of this build takes (stable-diffusion.cpp: steps clamped to 1..100 by its
+# server; sizes in multiples of 64 because the latent is 1/8 of the picture and the UNet halves it
+# three times; 2048 per side as the practical ceiling). The API checks requests against these.
+MIN_STEPS, MAX_STEPS = 1, 100
+SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
 
 
 class ImageEngine(Engine):

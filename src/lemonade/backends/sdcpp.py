@@ -47,7 +47,7 @@ from lemonade.backends.engine import (
     Progress,
     install_action,
 )
-from lemonade.backends.image_engine import ImageEngine
+from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
@@ -64,15 +64,7 @@ BACKENDS = ("cpu", "vulkan", "rocm")  # as upstream Lemonade lists them; cpu is 
 GENERATIONS_PATH = "/v1/images/generations"
 EDITS_PATH = "/v1/images/edits"
 UPSCALE_LABEL = "upscaling"
-# sd-server's own bounds (examples/common: steps clamped to 1..100); sizes are ours: multiples of 64
-# (the latent is 1/8 of the picture and the UNet halves it three times) up to 2048 per side.
-MIN_STEPS, MAX_STEPS = 1, 100
-SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
 DEFAULTS = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}  # lemonade.md's load option defaults
-
-
-def _positive(name: str) -> Any:
-    return lambda v: None if v >= 1 else f"Option '{name}' must be a positive integer, got {v}"
 
 
 def _check_steps(v: int) -> str | None:

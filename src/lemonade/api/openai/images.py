@@ -10,7 +10,7 @@ reproducible on its own.
 The engine (described by `backends/`) serves `images/generations` (JSON) and `images/edits`
 (multipart); a variation is an edit of the image with a neutral prompt, as upstream Lemonade does.
 A client that hangs up while its picture is made stops the engine's work (the engine description
-says how: `Engine.cancel_running`). The engine's progress lines (steps) go to the log stream.
+says how: `ImageEngine.cancel_running`). The engine's progress lines (steps) go to the log stream.
 
 `generate_images` is the one path the HTTP route, Ollama's `/api/generate` and the MCP tool use.
 """
@@ -33,7 +33,7 @@ from starlette.datastructures import UploadFile
 from lemonade.api.body import json_object
 from lemonade.api.errors import APIError
 from lemonade.api.openapi import json_body
-from lemonade.backends.image_engine import ImageEngine
+from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
@@ -42,9 +42,7 @@ log = logging.getLogger("lemonade.images")
 router = APIRouter(tags=["openai"])
 
 SIZE_RE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
-SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
 MAX_N = 10
-MIN_STEPS, MAX_STEPS = 1, 100
 MAX_SEED = 2**63 - 1
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
 MAX_FIELD_BYTES = 1024 * 1024
