@@ -140,6 +140,9 @@ class SdCppInstall(NativeInstall):
             try:
                 folder = fetch_release(release_url(asset), SERVER_EXE, self.downloads_dir, work, blog, progress)
                 copy_tree_contents(folder, staging)
+                for exe in (SERVER_EXE, CLI_EXE):  # a zip archive keeps no Unix modes
+                    if (staging / exe).is_file():
+                        (staging / exe).chmod(0o755)
                 blog.write(f"== release archive unpacked from {folder}")
                 return {"source": "release"}
             except InstallError:
@@ -170,8 +173,10 @@ class SdCppInstall(NativeInstall):
         emit(progress, "install", "Checking the new sd-server and sd-cli", None)
         for exe, needle in ((SERVER_EXE, "--listen-port"), (CLI_EXE, "--upscale-model")):
             try:
+                # A release archive's binaries load libstable-diffusion.so from their own folder.
+                env = {**os.environ, "LD_LIBRARY_PATH": str(staging)}
                 proc = subprocess.run([str(staging / exe), "--help"], capture_output=True, text=True, timeout=30,
-                                      stdin=subprocess.DEVNULL)
+                                      stdin=subprocess.DEVNULL, env=env)
                 out = proc.stdout + proc.stderr
                 ok, raw = needle in out, out[-2000:]
             except (OSError, subprocess.TimeoutExpired) as exc:
