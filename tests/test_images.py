@@ -317,3 +317,34 @@ def test_a_client_that_leaves_stops_the_generation(http, server):
         time.sleep(0.2)
     assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
     assert MODEL not in loaded(http)
+
+
+def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
+    """The release path: a local mirror laid out like GitHub's downloads holds a zip packed as upstream's
+    CI packs it (`zip -j` of the binaries: no Unix modes kept), made from our own build."""
+    import functools
+    import http.server
+    import threading
+    import zipfile
+
+    from lemonade.backends.sdcpp_install import SdCppInstall, release_asset_name
+
+    asset = release_asset_name()
+    if asset is None:
+        pytest.skip("upstream publishes no CPU archive for this platform")
+    folder = tmp_path / "mirror" / SDCPP_VERSION
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / asset, "w") as zf:
+        for exe in ("sd-server", "sd-cli"):
+            zf.write(sdcpp_backend / exe, exe)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("LEMONADE_SDCPP_RELEASE_BASE_URL", f"http://127.0.0.1:{httpd.server_address[1]}")
+        inst = SdCppInstall(tmp_path / "cache")
+        assert inst.install_pinned("cpu")["version"] == SDCPP_VERSION
+    finally:
+        httpd.shutdown()
+    assert inst.read_install_info("cpu")["source"] == "release" and inst.is_installed("cpu")
+    assert os.access(inst.backend_dir("cpu") / "sd-cli", os.X_OK)
