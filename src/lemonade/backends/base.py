@@ -121,10 +121,12 @@ class WrappedServer:
             chunk = await self.proc.stdout.read(65536)
             if not chunk:
                 break
-            *lines, pending = (pending + chunk).split(b"\n")
+            # A carriage return ends a line too: progress bars (sd.cpp's steps) redraw with "\r".
+            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
             if len(pending) > 65536:
                 lines, pending = lines + [pending], b""
-            texts = [text for text in (line.decode("utf-8", errors="replace").rstrip() for line in lines) if text]
+            decoded = (line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip() for line in lines)
+            texts = [text for text in decoded if text]
             self.tail.extend(texts)
             if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
                 for text in texts:

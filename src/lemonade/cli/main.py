@@ -79,6 +79,7 @@ def _register_commands() -> None:
         chat,
         cloud_cmd,
         config_cmd,
+        image_cmd,
         info,
         launch_cmd,
         open_cmd,
@@ -88,7 +89,7 @@ def _register_commands() -> None:
     )
 
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd, cloud_cmd, launch_cmd, bench_cmd):
+                   speech_cmd, cloud_cmd, launch_cmd, bench_cmd, image_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)
