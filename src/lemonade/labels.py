@@ -25,6 +25,8 @@ MODE_ALIASES = {
 }
 
 COLLECTION_RECIPES = ("collection.omni",)
+# A collection's own `system_prompt` is a template: the omni loop fills these in (omni/toolset.py).
+OMNI_PLACEHOLDERS = ("{tool_list}", "{tool_guidance}")
 
 
 def recipe_modes() -> dict[str, tuple[str, ...]]:

@@ -21,7 +21,7 @@ from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
-from lemonade.labels import COLLECTION_RECIPES, LabelError, deployment_mode
+from lemonade.labels import COLLECTION_RECIPES, OMNI_PLACEHOLDERS, LabelError, deployment_mode
 from lemonade.model_info import ModelInfo
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -101,6 +101,10 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
             raise RegistrationError(f"Model '{name}': a collection needs 'components', a non-empty array of "
                                     "model names")
         checkpoints: dict[str, str] = {}
+        prompt = definition.get("system_prompt")
+        if prompt is not None and (not isinstance(prompt, str) or not all(p in prompt for p in OMNI_PLACEHOLDERS)):
+            raise RegistrationError(f"Model '{name}': 'system_prompt' must be a string containing both "
+                                    + " and ".join(OMNI_PLACEHOLDERS) + " (the server fills in the tools there)")
     else:
         if components is not None:
             raise RegistrationError(f"Model '{name}': only collection recipes take 'components'")
@@ -268,7 +272,7 @@ class Catalog:
         if any(c in name for c in "/\\") or name.strip() != name:
             raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
         keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
-                "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested")
+                "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested", "system_prompt")
         definition = {k: body[k] for k in keys if k in body and body[k] is not None}
         return build_model(name, definition, "user")
 

@@ -53,6 +53,8 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
         obj["image_defaults"] = dict(model.image_defaults)
     if model.is_collection:
         obj["components"] = list(model.components or [])
+        if model.definition.get("system_prompt"):
+            obj["system_prompt"] = model.definition["system_prompt"]
         if with_components:
             comps = [svc.catalog.find(c) for c in model.components or []]
             obj["models"] = [model_object(svc, c) for c in comps if c is not None]
