@@ -24,6 +24,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.omni import loop, toolset
 from lemonade.runtime.proxy import error_event
+from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.omni")
@@ -89,6 +90,9 @@ async def _stream(collection: ModelInfo, events: AsyncIterator[loop.Media | loop
                 yield b"data: " + json.dumps({"id": chunk_id, "object": "chat.completion.chunk", "created": created,
                                               "model": collection.public, "choices": [],
                                               "usage": event.usage}).encode() + b"\n\n"
+    except ClientGone:
+        log.info("omni %s: the client went away; the loop stopped", collection.public)
+        return
     except APIError as exc:
         log.warning("omni %s: %s", collection.public, exc.message)
         yield error_event(exc)
