@@ -111,7 +111,6 @@ def test_speech_tool_non_streamed(client, tmp_path):
     assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
     assert_speech(choice.message.content, tmp_path)
     assert resp.usage.completion_tokens > 0
-    assert "<audio>" not in choice.message.content.split("<audio>", 1)[0]  # the text comes first, then the media
 
 
 def test_speech_tool_streamed(client, tmp_path):
@@ -168,6 +167,17 @@ def test_echoed_media_is_not_sent_to_the_llm(client, server):
                                           temperature=0)
     assert resp.choices[0].finish_reason in ("stop", "length")
     assert resp.usage.prompt_tokens < 2000
+
+
+def test_echoed_media_placeholders():
+    """Pure function: each media form our answers carry becomes a short placeholder, other text stays."""
+    from lemonade.omni.loop import strip_media
+
+    png, mp3 = base64.b64encode(b"\x89PNG" * 50).decode(), base64.b64encode(b"ID3" * 50).decode()
+    text = (f"Here.\n\n![generated image](data:image/png;base64,{png})\n\n<audio>data:audio/mpeg;base64,{mp3}</audio>"
+            f" and data:image/jpeg;base64,{png} end")
+    assert strip_media(text) == "Here.\n\n[generated image]\n\n[generated audio] and [image] end"
+    assert strip_media("no media: data:text/plain,hello") == "no media: data:text/plain,hello"
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [

@@ -5,7 +5,9 @@ any request). Calls to our tools run here, one after the other (`media.run_tool`
 yielded the moment it exists, so a stream can send it at once; their result text goes back to the
 LLM as `tool` messages and the next round starts. A round that calls client tools ends the loop
 with `finish_reason: "tool_calls"` (the client runs them and resumes); a round without tool calls
-is the answer. At most `MAX_ROUNDS` LLM calls are made.
+is the answer. A call repeated with the same arguments is not run again, and a round of nothing
+but such repeats ends the loop (small models repeat a call instead of answering). At most
+`MAX_ROUNDS` LLM calls are made.
 
 Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
 short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
@@ -15,6 +17,7 @@ named tool); later rounds are `auto`, else a forced call would repeat until the 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -154,7 +157,7 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
     first_tools, first_choice = forced_choice(toolset, choice)
     turn = Turn(artifacts=[])
     usage: dict[str, int] = {}
-    done_images: set[str] = set()
+    done: set[str] = set()  # the calls that made a medium in this turn (name + arguments)
     answer = Answer(text="", finish_reason="stop", id=f"chatcmpl-omni-{uuid.uuid4().hex[:24]}",
                     created=int(time.time()))
     for round_no in range(MAX_ROUNDS):
@@ -179,24 +182,30 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
         ours = [c for c in calls if toolset.is_server_tool((c.get("function") or {}).get("name"))]
         theirs = [c for c in calls if c not in ours]
         messages.append({"role": "assistant", "content": text or "", "tool_calls": calls})
+        repeated = 0
         for call in ours:
             name = call["function"]["name"]
             args = _arguments(call)
             component = toolset.runs_on[name]
-            key = f"{name}:{sorted(args.items()) if args else args}"
+            key = name + ":" + json.dumps(args, sort_keys=True)
             if args is None:
                 result = "Error: the arguments are not a JSON object; call the tool again with valid JSON"
-            elif name == "generate_image" and key in done_images:
-                result = "Skipped: this exact image was already generated in this turn."
+            elif key in done:
+                repeated += 1
+                result = "Skipped: this exact call already ran in this turn; its result was shown to the user."
             else:
                 log.info("omni %s: %s on %s", toolset.collection.public, name, component.public)
                 result, artifact = await run_tool(svc, name, component, args, turn)
                 if artifact is not None:
-                    done_images.add(key)
+                    done.add(key)
                     yield Media(artifact)
             messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
         if theirs:
             answer.text, answer.finish_reason, answer.tool_calls = text, "tool_calls", theirs
+            break
+        if repeated == len(calls):  # it only asks again for what it has: asking it once more would not help
+            log.info("omni %s: the LLM repeated its tool calls; the loop ends", toolset.collection.public)
+            answer.text = text
             break
     else:
         log.warning("omni %s: the LLM still called tools after %d rounds; stopped", toolset.collection.public,
