@@ -1,8 +1,8 @@
 """The built-in omni system prompt and tool definitions (openai.md "Server-side tools").
 
 One place for them, so the chat endpoint and MCP `lemonade_omni` offer the collection's LLM the same
-tools. Each tool names the component role it needs (`role`): a tool is offered only when the
-collection has a component for it (`toolset.py`). The prompt is a template: `{tool_list}` becomes
+tools. A tool is offered only when the collection has a component that can run it (`toolset.py`,
+`media.RUNNERS`). The prompt is a template: `{tool_list}` becomes
 one line per offered tool, `{tool_guidance}` the guidance of the offered tools only, so the LLM is
 never told about a tool it does not have. A collection may carry its own `system_prompt` template
 with both placeholders (custom-models.md).
@@ -36,10 +36,9 @@ _IMAGE_OPTIONS: dict[str, Any] = {
     "seed": {"type": "integer", "description": "Random seed, for a reproducible image when the user gives one."},
 }
 
-# role: the component a tool runs on -- "image" and "tts" are deployment modes, "edit" a label.
+# `guidance`: a line for the system prompt, included only when the tool is offered.
 OMNI_TOOLS: list[dict[str, Any]] = [
     {
-        "role": "image",
         "function": {
             "name": "generate_image",
             "description": "Create a new image from a text description (not for changing an existing image).",
@@ -51,7 +50,6 @@ OMNI_TOOLS: list[dict[str, Any]] = [
         },
     },
     {
-        "role": "edit",
         "guidance": "To change an image that is already in the conversation, call edit_image (it edits the most "
                     "recent image); generate_image is for new images only.",
         "function": {
@@ -65,7 +63,6 @@ OMNI_TOOLS: list[dict[str, Any]] = [
         },
     },
     {
-        "role": "tts",
         "function": {
             "name": "text_to_speech",
             "description": "Speak text aloud as audio. Use it when the user asks you to say, speak or read "

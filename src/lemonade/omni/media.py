@@ -121,16 +121,31 @@ async def text_to_speech(svc: Services, model: ModelInfo, args: dict[str, Any], 
     return "The speech was generated and played to the user." + note, Artifact("audio", CONTENT_TYPES[fmt], audio)
 
 
-Executor = Callable[[Services, ModelInfo, dict[str, Any], Turn], Awaitable[tuple[str, Artifact]]]
-# The tools this server can run; a built-in tool without an executor here is never offered.
-EXECUTORS: dict[str, Executor] = {"generate_image": generate_image, "text_to_speech": text_to_speech}
+def _serves(svc: Services, model: ModelInfo, mode: str, endpoint: str) -> bool:
+    engine = svc.engines.get(model.recipe)
+    return (model.mode == mode and engine is not None and engine.available and endpoint in engine.endpoints)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How the server runs one built-in tool: `run` it, on a component that `serves` it."""
+
+    run: Callable[[Services, ModelInfo, dict[str, Any], Turn], Awaitable[tuple[str, Artifact]]]
+    serves: Callable[[Services, ModelInfo], bool]
+
+
+# The tools this server can run; a built-in tool without a runner here is never offered.
+RUNNERS: dict[str, Runner] = {
+    "generate_image": Runner(generate_image, lambda svc, m: _serves(svc, m, "image", "images/generations")),
+    "text_to_speech": Runner(text_to_speech, lambda svc, m: _serves(svc, m, "tts", "audio/speech")),
+}
 
 
 async def run_tool(svc: Services, name: str, model: ModelInfo, args: dict[str, Any],
                    turn: Turn) -> tuple[str, Artifact | None]:
     """Run tool `name` on `model`: the result text for the LLM, and the medium it made (None on failure)."""
     try:
-        text, artifact = await EXECUTORS[name](svc, model, args, turn)
+        text, artifact = await RUNNERS[name].run(svc, model, args, turn)
     except ToolFailure as exc:
         return f"Error: {exc}", None
     except APIError as exc:

@@ -1,11 +1,10 @@
 """Which tools one omni collection offers, and on which of its components each runs.
 
 The collection's LLM is its first component that deploys as `chat`. A built-in tool is offered only
-when a component can run it (openai.md "Server-side tools", custom-models.md's role table): an
-`image` model for `generate_image`, a model labelled `edit` for `edit_image`, a `tts` model for
-`text_to_speech`, each with an engine this server has and a runner in `media.EXECUTORS`. The
-client's own tools are added after ours; a client tool named like one of ours is dropped (ours run
-on the server, theirs never would).
+when a component can run it (openai.md "Server-side tools", custom-models.md's role table; the
+tool's runner in `media.RUNNERS` decides): an `image` model for `generate_image`, a `tts` model for
+`text_to_speech`, each with an engine this server has. The client's own tools are added after
+ours; a client tool named like one of ours is dropped (ours run on the server, theirs never would).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.omni.definitions import OMNI_TOOLS, PLACEHOLDERS, SYSTEM_PROMPT
-from lemonade.omni.media import EXECUTORS
+from lemonade.omni.media import RUNNERS
 from lemonade.services import Services
 
 
@@ -31,10 +30,6 @@ class Toolset:
 
     def is_server_tool(self, name: str) -> bool:
         return name in self.runs_on
-
-
-def _serves(model: ModelInfo, role: str) -> bool:
-    return "edit" in model.labels if role == "edit" else model.mode == role
 
 
 def components(svc: Services, collection: ModelInfo) -> list[ModelInfo]:
@@ -59,11 +54,10 @@ def build(svc: Services, collection: ModelInfo, client_tools: list[dict[str, Any
     lines: list[str] = []
     guidance: list[str] = []
     for definition in OMNI_TOOLS:
-        if definition["function"]["name"] not in EXECUTORS:
-            continue  # not runnable in this server (edit_image: no image-edit service yet)
-        component = next((m for m in parts if _serves(m, definition["role"]) and svc.engine_available(m)), None)
+        runner = RUNNERS.get(definition["function"]["name"])
+        component = next((m for m in parts if runner.serves(svc, m)), None) if runner is not None else None
         if component is None:
-            continue
+            continue  # no component can run it (or this server cannot run the tool at all)
         function = copy.deepcopy(definition["function"])
         tools.append({"type": "function", "function": function})
         runs_on[function["name"]] = component
