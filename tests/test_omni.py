@@ -170,14 +170,19 @@ def test_echoed_media_is_not_sent_to_the_llm(client, server):
 
 
 def test_echoed_media_placeholders():
-    """Pure function: each media form our answers carry becomes a short placeholder, other text stays."""
-    from lemonade.omni.loop import strip_media
+    """Pure functions: each media form our answers carry becomes a short placeholder, other text stays;
+    the conversation's last image (what edit_image starts from) is found in text or image parts."""
+    from lemonade.omni.loop import last_image, strip_media
 
     png, mp3 = base64.b64encode(b"\x89PNG" * 50).decode(), base64.b64encode(b"ID3" * 50).decode()
     text = (f"Here.\n\n![generated image](data:image/png;base64,{png})\n\n<audio>data:audio/mpeg;base64,{mp3}</audio>"
             f" and data:image/jpeg;base64,{png} end")
     assert strip_media(text) == "Here.\n\n[generated image]\n\n[generated audio] and [image] end"
     assert strip_media("no media: data:text/plain,hello") == "no media: data:text/plain,hello"
+    upload = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"up").decode()}}
+    assert last_image([{"role": "assistant", "content": text}]) == b"\x89PNG" * 50
+    assert last_image([{"role": "assistant", "content": text}, {"role": "user", "content": [upload]}]) == b"up"
+    assert last_image([{"role": "user", "content": "no image"}]) is None
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [

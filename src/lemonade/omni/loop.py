@@ -17,6 +17,8 @@ named tool); later rounds are `auto`, else a forced call would repeat until the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import re
@@ -73,6 +75,31 @@ def strip_media(text: str) -> str:
     for pattern, placeholder in ECHOED_MEDIA:
         text = pattern.sub(lambda m, p=placeholder: p or f"[{m.group(1)}]", text)
     return text
+
+
+IMAGE_DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,(" + _B64 + ")")
+
+
+def last_image(messages: list[dict[str, Any]]) -> bytes | None:
+    """The conversation's last image given as a data URL (in text, as our answers carry it, or as an
+    `image_url` part), decoded; None when there is none."""
+    found: str | None = None
+    for msg in messages:
+        content = msg.get("content")
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            url = part.get("image_url")
+            text = url.get("url") if isinstance(url, dict) else url if isinstance(url, str) else part.get("text")
+            for match in IMAGE_DATA_URL.finditer(text) if isinstance(text, str) else ():
+                found = match.group(1)
+    if found is None:
+        return None
+    try:
+        return base64.b64decode(found, validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, Any]:
@@ -155,7 +182,7 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
         body["max_tokens"] = request["max_completion_tokens"]
     choice = request.get("tool_choice")
     first_tools, first_choice = forced_choice(toolset, choice)
-    turn = Turn(artifacts=[])
+    turn = Turn(artifacts=[], history_image=last_image(request["messages"]))
     usage: dict[str, int] = {}
     done: set[str] = set()  # the calls that made a medium in this turn (name + arguments)
     answer = Answer(text="", finish_reason="stop", id=f"chatcmpl-omni-{uuid.uuid4().hex[:24]}",

@@ -61,6 +61,7 @@ class Turn:
     """What the tools of one request share: the media made so far (in order)."""
 
     artifacts: list[Artifact]
+    history_image: bytes | None = None  # the conversation's last image: what an edit starts from
 
 
 def _text_arg(args: dict[str, Any], name: str) -> str:
