@@ -37,7 +37,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(module_servers: ServerFactory, gemma_dir: Path, sandbox: Path) -> Server:
-    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_MCP_IMAGE_DIR": str(sandbox)})
+    # sd-cpp linked: an image tool call must never start a build of the engine here (tests/test_images.py
+    # generates images; here no image model is downloaded).
+    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_MCP_IMAGE_DIR": str(sandbox)},
+                          engines=("llamacpp", "fasterwhisper", "sd-cpp"))
 
 
 def with_client(server: Server, action: Callable[[Client], Awaitable[Any]],
@@ -184,8 +187,8 @@ def test_chat_passes_tool_calls_through(server: Server) -> None:
     ("lemonade_generate_image", {"prompt": "a lemon", "output_path": "a.png", "output_dir": "d"}, "at most one"),
     ("lemonade_generate_image", {"prompt": "a lemon", "output_path": "a.png", "n": 2}, "output_dir"),
     ("lemonade_generate_image", {"prompt": "a lemon", "model": GEMMA_NAME}, "cannot serve lemonade_generate_image"),
-    ("lemonade_generate_image", {"prompt": "a lemon", "model": "SD-Turbo"}, "not available"),
-    ("lemonade_generate_image", {"prompt": "a lemon"}, "not available"),
+    ("lemonade_generate_image", {"prompt": "a lemon", "model": "SD-Turbo"}, "stabilityai/sd-turbo"),  # no download here
+    ("lemonade_generate_image", {"prompt": "a lemon"}, "No image model is loaded or downloaded"),
     ("lemonade_omni", {}, "missing required argument `messages`"),
     ("lemonade_omni", {"messages": HELLO, "model": GEMMA_NAME}, "lemonade_chat"),
     ("lemonade_omni", {"messages": HELLO}, "not available"),
@@ -219,7 +222,7 @@ def test_image_sandbox_accepts_paths_inside(server: Server, sandbox: Path) -> No
     for args in ({"output_path": "lemons/car.png"}, {"output_path": str(sandbox / "x.png")},
                  {"output_dir": "batch"}, {"output_dir": "."}, {"output_path": "a/../b.png"}):
         result = call(server, "lemonade_generate_image", {"prompt": "a lemon", **args})
-        assert result.is_error is True and "not available" in texts(result)[0], (args, texts(result))
+        assert result.is_error is True and "No image model" in texts(result)[0], (args, texts(result))
     assert not list((sandbox / "escape").iterdir())
 
 

@@ -286,7 +286,9 @@ def test_create_copy_push_are_501(client: ollama.Client, server: Server) -> None
     ("POST", "/api/chat", [1, 2], 400, "JSON object"),
     ("POST", "/api/generate", {"model": GEMMA_NAME, "prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("POST", "/api/generate", {"model": GEMMA_NAME, "prompt": 5}, 400, "prompt"),
-    ("POST", "/api/generate", {"model": "SD-Turbo", "prompt": "a lemon"}, 400, "engine is not available"),
+    # image generation is checked before any load (tests/test_images.py generates)
+    ("POST", "/api/generate", {"model": "SD-Turbo", "prompt": "a lemon", "width": 100, "height": 64}, 400, "size"),
+    ("POST", "/api/generate", {"model": "RealESRGAN-x4plus", "prompt": "a lemon"}, 400, "/images/upscale"),
     ("POST", "/api/embed", {"model": GEMMA_NAME, "input": "x"}, 400, "chat"),
     ("POST", "/api/embed", {"model": EMBED}, 400, "input"),
     ("POST", "/api/embeddings", {"model": EMBED, "prompt": ["a"]}, 400, "prompt"),

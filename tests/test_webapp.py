@@ -467,7 +467,7 @@ def test_speech_tab_appears_with_a_transcription_model_images_stays_hidden(
     images_tab = pg.get_by_role("link", name="Images", exact=True)
     expect(pg.locator(f'#catalog tr[data-model="{WHISPER}"]')).to_be_visible()
     expect(speech_tab).to_be_hidden()  # no transcription model downloaded yet
-    expect(images_tab).to_be_hidden()  # no image engine in this build: never an image model
+    expect(images_tab).to_be_hidden()  # no image model downloaded here
 
     pg.locator(f'#catalog tr[data-model="{WHISPER}"]').get_by_role("button", name="Download").click()
     expect(job_card(pg, WHISPER)).to_have_attribute("data-status", "completed", timeout=120_000)

@@ -30,6 +30,7 @@ from lemonade.api.mcp import routes as mcp_routes
 from lemonade.api.middleware import BodySizeLimit
 from lemonade.api.ollama import routes as ollama_routes
 from lemonade.api.openai import audio, inference, realtime, speech
+from lemonade.api.openai import images as openai_images
 from lemonade.api.openai import models as openai_models
 from lemonade.api.openapi import install_openapi
 from lemonade.api.origins import OriginPolicy
@@ -53,7 +54,7 @@ def api_routers() -> list[APIRouter]:
     one and they take almost all the traffic."""
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
-            speech.router, realtime.router]
+            speech.router, realtime.router, openai_images.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:

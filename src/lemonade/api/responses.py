@@ -218,6 +218,15 @@ class Transcription(Doc):
     text: str
 
 
+class ImageData(Doc):
+    b64_json: str = Field(..., description="A base64-encoded PNG")
+
+
+class Images(Doc):
+    created: int
+    data: list[ImageData]
+
+
 class RerankResult(Doc):
     index: int
     relevance_score: float
@@ -351,6 +360,10 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/responses"): Response,
     ("post", "/audio/transcriptions"): {"application/json": Transcription.model_json_schema(),
                                         "text/plain": TEXT, "text/vtt": TEXT, "application/x-subrip": TEXT},
+    ("post", "/images/generations"): Images,
+    ("post", "/images/edits"): Images,
+    ("post", "/images/variations"): Images,
+    ("post", "/images/upscale"): Images,
     ("post", "/rerank"): Reranked,
     ("post", "/reranking"): Reranked,
     ("post", "/reranker"): Reranked,

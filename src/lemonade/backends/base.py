@@ -119,11 +119,12 @@ class WrappedServer:
             chunk = await self.proc.stdout.read(65536)
             if not chunk:
                 break
-            *lines, pending = (pending + chunk).split(b"\n")
+            # A carriage return ends a line too: progress bars (sd.cpp's steps) redraw with "\r".
+            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
             if len(pending) > 65536:
                 lines, pending = lines + [pending], b""
             for line in lines:
-                text = line.decode("utf-8", errors="replace").rstrip()
+                text = line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip()
                 if text:
                     self.tail.append(text)
                     if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):

@@ -17,13 +17,14 @@ from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
 from lemonade.backends.piper import PiperEngine
+from lemonade.backends.sdcpp import SdCppEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
 
 if TYPE_CHECKING:
     from lemonade.config import Config
 
 ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
-                                             PiperEngine)
+                                             PiperEngine, SdCppEngine)
 
 
 def _positive(name: str) -> Any:
@@ -33,11 +34,6 @@ def _positive(name: str) -> Any:
 _CTX = {"ctx_size": Option(int, "ctx_size")}
 # recipe -> (modes, default first; backends; options)
 UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]]] = {
-    "sd-cpp": (("image",), ("cpu", "vulkan", "rocm"), {
-        "steps": Option(int, "sdcpp.steps", check=_positive("steps")),
-        "cfg_scale": Option((int, float), "sdcpp.cfg_scale"),
-        "width": Option(int, "sdcpp.width", check=_positive("width")),
-        "height": Option(int, "sdcpp.height", check=_positive("height"))}),
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
     "vllm": (("chat",), ("rocm",), {}),

@@ -75,6 +75,7 @@ def _register_commands() -> None:
         background,
         chat,
         config_cmd,
+        image_cmd,
         info,
         open_cmd,
         residency,
@@ -83,7 +84,7 @@ def _register_commands() -> None:
     )
 
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd):
+                   speech_cmd, image_cmd):
         module.register(app)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)

@@ -4,9 +4,9 @@ Every tool goes through the same router and proxy as the HTTP APIs (auto-load, d
 A tool failure (bad arguments, unknown model, load error, engine error) is a result with
 `isError: true` and a message the calling model can act on, never a JSON-RPC error.
 `lemonade_transcribe_audio` runs the same transcription as `/v1/audio/transcriptions`.
-`lemonade_omni` runs the omni tool loop of chat completions (`omni/loop.py`).
-`lemonade_generate_image` validates its arguments fully (output paths included) and then reports
-that its engine is not available in this server.
+`lemonade_generate_image` runs the same generation as `/v1/images/generations` (api/mcp/image_tool.py)
+and writes into the image sandbox. `lemonade_omni` runs the omni tool loop of chat completions
+(`omni/loop.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.api.errors import APIError
-from lemonade.api.mcp import schema
+from lemonade.api.mcp import image_tool, schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root, unique_name
 from lemonade.api.openai.audio import check_audio, check_params, shaped, transcribe
 from lemonade.audio.formats import HEAD_BYTES
@@ -381,7 +381,10 @@ async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError("`output_path` names one file; use `output_dir` for n > 1.")
     if args.get("size") is not None and not SIZE_RE.match(args["size"]):
         raise ToolError(f"`size` must look like 512x512, got {args['size']!r}")
-    raise _refuse_media_tool(svc, args, "image", "lemonade_generate_image", "image generation (stable-diffusion.cpp)")
+    try:
+        return await image_tool.generate(svc, args, output_path, _output_dir)
+    except image_tool.ImageToolError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _pick_omni_model(svc: Services) -> ModelInfo:

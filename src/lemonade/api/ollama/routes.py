@@ -32,6 +32,7 @@ from lemonade.api.ollama.protocol import (
     KeepAlive,
     Options,
 )
+from lemonade.api.openai import images
 from lemonade.api.openapi import json_body
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
@@ -202,15 +203,14 @@ async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest
     opts = body.options.model_dump(exclude_none=True) if body.options else {}
     width = body.width or opts.get("width") or 512
     height = body.height or opts.get("height") or 512
-    payload: dict[str, Any] = {"model": model.name, "prompt": body.prompt, "size": f"{width}x{height}",
-                               "response_format": "b64_json", "n": 1}
-    if body.steps or opts.get("steps"):
-        payload["steps"] = body.steps or opts.get("steps")
-    if opts.get("seed") is not None:
-        payload["seed"] = opts["seed"]
+    model, engine = images.image_model(svc, model.public, "/api/generate")
+    size = images.parse_size(f"{width}x{height}", (512, 512))
     await _load(svc, model, None, timer)
-    data = await svc.proxy.post_json(model, "/v1/images/generations", payload, "images/generations")
-    image = ((data.get("data") or [{}])[0]).get("b64_json") or ""
+    data = await images.generate_images(svc, model, engine, body.prompt, size=size,
+                                        steps=images.parse_steps(body.steps or opts.get("steps")),
+                                        cfg_scale=images.parse_cfg_scale(opts.get("cfg_scale")),
+                                        seed=images.parse_seed(opts.get("seed")))
+    image = data["data"][0]["b64_json"]
     return JSONResponse({"model": body.model, "created_at": tr.now_iso(), "response": "", "image": image,
                          "done": True, "done_reason": "stop", "total_duration": timer.total(),
                          "load_duration": timer.load_ns})

@@ -1,0 +1,54 @@
+"""What `/v1/images/*` asks of an image engine, so the API names no recipe.
+
+An image engine serves `images/generations` (a JSON body per picture) and `images/edits` (a
+multipart body per picture) through its loaded model's process, and may upscale with a model that
+is run per request instead of loaded. The API checks the request, then asks the engine for the
+body of one picture (`generation_body`, `edit_body`) and sends it through the router and proxy
+like any other request; `cancel_running` is what the API calls when the client of a running
+picture hangs up.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lemonade.backends.engine import Engine
+
+if TYPE_CHECKING:
+    from lemonade.model_info import ModelInfo
+    from lemonade.runtime.router import Router
+
+MAX_SEED = 2**31 - 1
+
+
+class ImageEngine(Engine):
+    modes = ("image",)
+
+    def is_upscaler(self, model: ModelInfo) -> bool:
+        """A model run per request by `upscale`, never loaded."""
+        return False
+
+    def resolve_seed(self, seed: int | None) -> int:
+        """The seed a picture is made with: the given one, or a random one."""
+        return seed if seed is not None and seed >= 0 else random.randint(0, MAX_SEED)
+
+    @abstractmethod
+    def generation_body(self, prompt: str, width: int, height: int, steps: int | None, cfg_scale: float | None,
+                        seed: int) -> dict[str, Any]:
+        """The engine's JSON body for one PNG of `prompt`."""
+
+    @abstractmethod
+    def edit_body(self, prompt: str, images: list[bytes], mask: bytes | None, width: int, height: int,
+                  steps: int | None, cfg_scale: float | None, seed: int) -> tuple[bytes, str]:
+        """The engine's body for one edited PNG: (bytes, content type)."""
+
+    async def cancel_running(self, router: Router, model: ModelInfo) -> None:
+        """Stop work the engine is doing for a client that left (nothing, where closing the
+        connection is enough)."""
+
+    async def upscale(self, files: dict[str, list[Path]], image: bytes) -> bytes:
+        """The picture upscaled with the upscaling model whose files these are."""
+        raise NotImplementedError

@@ -1,0 +1,367 @@
+"""The stable-diffusion.cpp engine, for the `sd-cpp` recipe (SD-Turbo, SDXL, Flux, Real-ESRGAN).
+
+Installation is `sdcpp_install.py` (release archive where upstream publishes one, else a static
+build of the pinned stable-diffusion.cpp that the `stable-diffusion-cpp-python` sdist vendors).
+
+How a model runs, and why:
+
+- Generation models run as one `sd-server` per loaded model. The pinned sources ship it
+  (`examples/server`): it loads the weights once and answers OpenAI-shaped
+  `/v1/images/generations` (JSON) and `/v1/images/edits` (multipart) itself, so a second image
+  costs no reload. The per-request settings it has no field for (steps, cfg scale, seed) travel the
+  way its parser reads them: a `<sd_cpp_extra_args>{json}</sd_cpp_extra_args>` suffix of the prompt.
+  The load options `steps`, `cfg_scale`, `width`, `height` become its defaults (`--steps`,
+  `--cfg-scale`, `-W`, `-H`).
+- A running generation cannot be interrupted inside sd-server (its job API cancels queued jobs
+  only; a generating one answers 409, and the library has no abort hook). So when the client of a
+  generation hangs up, the API stops the model's sd-server (`cancel_running`), which ends the work
+  at once; the router starts it again on the next request.
+- Upscaling (Real-ESRGAN `.pth` models, label `upscaling`) is not a server: `sd-cli -M upscale` runs
+  per request (`upscale_argv`), killed if its client leaves.
+
+Checkpoints: a single-file model is `-m main`; a model with `text_encoder` and `vae` checkpoints
+(Flux 2 Klein: diffusion model, Qwen3 text encoder, VAE) is `--diffusion-model main --llm
+text_encoder --vae vae`, as sd.cpp expects for those architectures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lemonade.backends.base import BackendStartError, WrappedServer
+from lemonade.backends.engine import (
+    BackendState,
+    EngineUnavailable,
+    InstallError,
+    Launch,
+    Option,
+    Progress,
+    install_action,
+)
+from lemonade.backends.image_engine import ImageEngine
+from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
+from lemonade.errors import APIError
+from lemonade.observability.logs import log_buffer
+from lemonade.runtime.request_context import ClientGone, until_gone_or
+
+if TYPE_CHECKING:
+    from lemonade.config import Config
+    from lemonade.model_info import ModelInfo
+    from lemonade.runtime.router import Router
+
+log = logging.getLogger("lemonade.sd-cpp")
+
+BACKENDS = ("cpu", "vulkan", "rocm")  # as upstream Lemonade lists them; cpu is the one this build installs
+GENERATIONS_PATH = "/v1/images/generations"
+EDITS_PATH = "/v1/images/edits"
+UPSCALE_LABEL = "upscaling"
+# sd-server's own bounds (examples/common: steps clamped to 1..100); sizes are ours: multiples of 64
+# (the latent is 1/8 of the picture and the UNet halves it three times) up to 2048 per side.
+MIN_STEPS, MAX_STEPS = 1, 100
+SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
+DEFAULTS = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}  # lemonade.md's load option defaults
+
+
+def _positive(name: str) -> Any:
+    return lambda v: None if v >= 1 else f"Option '{name}' must be a positive integer, got {v}"
+
+
+def _check_steps(v: int) -> str | None:
+    return None if MIN_STEPS <= v <= MAX_STEPS else f"Option 'steps' must be {MIN_STEPS} to {MAX_STEPS}, got {v}"
+
+
+def _check_side(name: str) -> Any:
+    def check(v: int) -> str | None:
+        if v % SIZE_STEP or not MIN_SIDE <= v <= MAX_SIDE:
+            return f"Option '{name}' must be a multiple of {SIZE_STEP} from {MIN_SIDE} to {MAX_SIDE}, got {v}"
+        return None
+    return check
+
+
+def _check_cfg(v: float) -> str | None:
+    return None if v >= 0 else f"Option 'cfg_scale' must be 0 or more, got {v}"
+
+
+def is_upscaler(model: ModelInfo) -> bool:
+    """A Real-ESRGAN model: run by `sd-cli` per request, never loaded as a server."""
+    return UPSCALE_LABEL in model.labels
+
+
+def _unsupported_message(backend: str) -> str:
+    return (f"The sd-cpp '{backend}' backend needs a GPU build of stable-diffusion.cpp, which is not available "
+            "in this build of Lemonade; use sd-cpp:cpu.")
+
+
+def generation_settings(model: ModelInfo, options: dict[str, Any], config_defaults: dict[str, Any]) -> dict[str, Any]:
+    """steps, cfg_scale, width, height for a load: a value set for this model (differs from the
+    server-wide default) wins; else the catalog's `image_defaults` for the model; else the default."""
+    image_defaults = model.image_defaults or {}
+    out: dict[str, Any] = {}
+    for key, fallback in DEFAULTS.items():
+        value = options.get(key)
+        server_wide = config_defaults.get(key, fallback)
+        if value is not None and value != server_wide:
+            out[key] = value
+        elif key in image_defaults:
+            out[key] = image_defaults[key]
+        else:
+            out[key] = value if value is not None else fallback
+    return out
+
+
+def extra_args(steps: int | None, cfg_scale: float | None, seed: int) -> str:
+    """The prompt suffix carrying what sd-server's OpenAI routes have no field for."""
+    sample: dict[str, Any] = {}
+    if steps is not None:
+        sample["sample_steps"] = steps
+    if cfg_scale is not None:
+        sample["guidance"] = {"txt_cfg": float(cfg_scale)}
+    args: dict[str, Any] = {"seed": seed}
+    if sample:
+        args["sample_params"] = sample
+    return f" <sd_cpp_extra_args>{json.dumps(args)}</sd_cpp_extra_args>"
+
+
+def generation_body(prompt: str, width: int, height: int, steps: int | None, cfg_scale: float | None,
+                    seed: int) -> dict[str, Any]:
+    """sd-server's `/v1/images/generations` body for one PNG."""
+    return {"prompt": prompt + extra_args(steps, cfg_scale, seed), "n": 1, "size": f"{width}x{height}",
+            "output_format": "png"}
+
+
+def edit_body(prompt: str, images: list[bytes], mask: bytes | None, width: int, height: int, steps: int | None,
+              cfg_scale: float | None, seed: int) -> tuple[bytes, str]:
+    """sd-server's `/v1/images/edits` multipart body for one PNG: (body, content type)."""
+    boundary = f"lemonade-{uuid.uuid4().hex}"
+    parts: list[bytes] = []
+
+    def field(name: str, value: str) -> None:
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+
+    def file(name: str, data: bytes, filename: str) -> None:
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                     "Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n")
+
+    field("prompt", prompt + extra_args(steps, cfg_scale, seed))
+    field("n", "1")
+    field("size", f"{width}x{height}")
+    field("output_format", "png")
+    for i, data in enumerate(images):
+        file("image[]", data, f"image{i}.png")
+    if mask is not None:
+        file("mask", mask, "mask.png")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def upscale_argv(cli: Path, model_file: Path, source: Path, target: Path, threads: int | None = None) -> list[str]:
+    """`sd-cli` upscaling one PNG with a Real-ESRGAN model (4x for the x4 models)."""
+    argv = [str(cli), "-M", "upscale", "--upscale-model", str(model_file), "-i", str(source), "-o", str(target)]
+    if threads:
+        argv += ["-t", str(threads)]
+    return argv
+
+
+def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:
+    """The model's files as sd-server flags (see the module docstring)."""
+    main = (files.get("main") or [None])[0]
+    if main is None:
+        raise EngineUnavailable(f"Model {model.public} has no model file.", code="model_load_error")
+    encoder = (files.get("text_encoder") or [None])[0]
+    vae = (files.get("vae") or [None])[0]
+    if encoder is not None and vae is not None:
+        return ["--diffusion-model", str(main), "--llm", str(encoder), "--vae", str(vae)]
+    args = ["-m", str(main)]
+    if vae is not None:
+        args += ["--vae", str(vae)]
+    return args
+
+
+class SdCppEngine(ImageEngine):
+    recipe = "sd-cpp"
+    backends = BACKENDS
+    options = {
+        "steps": Option(int, "sdcpp.steps", check=_check_steps),
+        "cfg_scale": Option((int, float), "sdcpp.cfg_scale", check=_check_cfg),
+        "width": Option(int, "sdcpp.width", check=_check_side("width")),
+        "height": Option(int, "sdcpp.height", check=_check_side("height")),
+    }
+    process = "sd-server"
+    endpoints = {"images/generations": GENERATIONS_PATH, "images/edits": EDITS_PATH}
+
+    def __init__(self, cache_dir: Path, config: Config) -> None:
+        super().__init__(cache_dir, config)
+        self.installer = SdCppInstall(self.cache_dir)
+
+    # ----- backends ----------------------------------------------------------------------------------
+    def state(self, backend: str) -> BackendState:
+        if backend != "cpu":
+            return BackendState(self.recipe, backend, "unsupported", message=_unsupported_message(backend))
+        action = install_action(self.recipe, "cpu")
+        installed = self.installer.installed_version("cpu")
+        if self.installer.built_with_other_flags("cpu"):
+            return BackendState(self.recipe, "cpu", "update_required", action=action, version=installed,
+                                devices=["cpu"], message="The installed stable-diffusion.cpp was built with other "
+                                "options than this Lemonade uses for this CPU (e.g. with AMX kernels); rebuild it.")
+        if installed == SDCPP_VERSION:
+            return BackendState(self.recipe, "cpu", "installed", version=installed, devices=["cpu"])
+        if installed is not None or self.installer.backend_dir("cpu").exists():
+            return BackendState(self.recipe, "cpu", "update_required",
+                                message=f"Backend update is required before use (installed {installed}, this "
+                                        f"Lemonade uses {SDCPP_VERSION}).",
+                                action=action, version=installed, devices=["cpu"])
+        how = ("downloads the official stable-diffusion.cpp release archive, or builds it from source when that is "
+               "unreachable" if release_asset_name() else "builds stable-diffusion.cpp from source")
+        return BackendState(self.recipe, "cpu", "installable",
+                            message=f"Backend is supported but not installed. Installing it {how} (10 to 30 minutes "
+                                    "on 2 cores; needs cmake and a C++ compiler).",
+                            action=action, version=SDCPP_VERSION, devices=["cpu"])
+
+    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
+        self.check_request(backend)
+        return self.installer.install_pinned(backend, progress, force)
+
+    def uninstall(self, backend: str) -> dict[str, Any]:
+        if backend not in self.backends:
+            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
+                               code="unknown_backend")
+        if backend != "cpu":
+            raise InstallError(f"sd-cpp:{backend} is not installed by this build: {_unsupported_message(backend)}",
+                               code="unsupported_backend")
+        return self.installer.remove(backend)
+
+    def cli_path(self, backend: str = "cpu") -> Path | None:
+        """`sd-cli` of the installed backend (upscaling), else None."""
+        return self.installer.binary(CLI_EXE, backend)
+
+    def engine_env(self, backend: str = "cpu") -> dict[str, str]:
+        """A release archive's binaries find their shared libraries next to them."""
+        folder = str(self.installer.backend_dir(backend))
+        old = os.environ.get("LD_LIBRARY_PATH")
+        return {**os.environ, "LD_LIBRARY_PATH": folder + (os.pathsep + old if old else "")}
+
+    def config_defaults(self) -> dict[str, Any]:
+        return {key: self.config.get(opt.config_key) for key, opt in self.options.items() if opt.config_key}
+
+    # ----- running a model ---------------------------------------------------------------------------
+    async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
+                     backend: str, port: int) -> Launch:
+        if is_upscaler(model):
+            raise EngineUnavailable(f"Model {model.public} is a Real-ESRGAN upscaling model: it is not loaded, it "
+                                    "runs per request through /images/upscale.", code="model_load_refused")
+        binary = self.installer.binary(SERVER_EXE, backend)
+        if binary is None:
+            st = self.state(backend)
+            action = st.action or install_action(self.recipe, backend)
+            raise EngineUnavailable(f"The stable-diffusion.cpp '{backend}' backend is not installed ({st.message}). "
+                                    f"Install it with: {action}", action=action)
+        settings = generation_settings(model, options, self.config_defaults())
+        argv = [str(binary), *checkpoint_args(model, files), "--listen-ip", "127.0.0.1", "--listen-port", str(port),
+                "--steps", str(settings["steps"]), "--cfg-scale", str(settings["cfg_scale"]),
+                "-W", str(settings["width"]), "-H", str(settings["height"])]
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
+                               env=self.engine_env(backend))
+        try:
+            await server.start()
+        except BackendStartError as exc:
+            raise BackendStartError(f"sd-server could not load {model.public} (is every file a model sd.cpp "
+                                    f"reads?): {exc}") from None
+        return Launch(server, {**options, **settings}, backend)
+
+    # ----- requests ----------------------------------------------------------------------------------
+    def is_upscaler(self, model: ModelInfo) -> bool:
+        return is_upscaler(model)
+
+    def generation_body(self, prompt: str, width: int, height: int, steps: int | None, cfg_scale: float | None,
+                        seed: int) -> dict[str, Any]:
+        return generation_body(prompt, width, height, steps, cfg_scale, seed)
+
+    def edit_body(self, prompt: str, images: list[bytes], mask: bytes | None, width: int, height: int,
+                  steps: int | None, cfg_scale: float | None, seed: int) -> tuple[bytes, str]:
+        return edit_body(prompt, images, mask, width, height, steps, cfg_scale, seed)
+
+    async def cancel_running(self, router: Router, model: ModelInfo) -> None:
+        """sd-server cannot interrupt a generation: stop its process when no other request uses it
+        (the router starts it again on the next request). With others waiting, the picture is
+        finished; their turn comes after it."""
+        lm = router.loaded.get(model.name)
+        if lm is None or lm.active > 0:
+            return
+        log.info("Stopping sd-server for %s: its client left during a generation, which sd-server cannot "
+                 "interrupt otherwise; it loads again on the next request", model.public)
+        await router.unload(model.name)
+
+    async def upscale(self, files: dict[str, list[Path]], image: bytes) -> bytes:
+        """`sd-cli -M upscale` on the picture, in a private temp folder removed afterwards; killed if the
+        client leaves. Its output lines go to the log stream."""
+        cli = self.cli_path()
+        if cli is None:  # first use, as a load would: install the backend (progress in the log)
+            try:
+                await asyncio.to_thread(self.install, "cpu", lambda e: log.info("Installing sd-cpp:cpu: %s",
+                                                                                 e.get("message", "")))
+            except InstallError as exc:
+                raise APIError(500, f"Installing the sd-cpp:cpu backend failed: {exc}\nRetry with: "
+                               f"{install_action(self.recipe, 'cpu')}", type="server_error",
+                               code="backend_install_failed") from None
+            cli = self.cli_path()
+        model_file = (files.get("main") or [None])[0]
+        if cli is None or model_file is None:
+            raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")
+        with tempfile.TemporaryDirectory(prefix="lemonade-upscale-") as tmp:
+            source, target = Path(tmp) / "input.png", Path(tmp) / "output.png"
+            source.write_bytes(image)
+            code, tail = await _run_logged(upscale_argv(cli, model_file, source, target), f"sd-cli:{model_file.name}",
+                                           self.engine_env())
+            if code != 0 or not target.is_file():
+                log.warning("sd-cli upscale failed (exit %s): %s", code, " | ".join(tail[-5:]))
+                raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")
+            return target.read_bytes()
+
+
+async def _run_logged(argv: list[str], tag: str, env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run a program to its end, its output lines into the log stream; (exit code, last lines). A client
+    that leaves meanwhile kills it (ClientGone is raised on)."""
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                env=env, start_new_session=True)
+    tail: list[str] = []
+    buffer = log_buffer()
+
+    async def pump() -> int:
+        assert proc.stdout is not None
+        pending = b""
+        while chunk := await proc.stdout.read(65536):
+            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
+            for line in lines:
+                text = line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip()
+                if text:
+                    tail[:] = [*tail[-39:], text]
+                    if buffer is not None:
+                        buffer.add(f"engine.{tag}", "Info", text)
+                    else:
+                        log.info("[%s] %s", tag, text)
+        return await proc.wait()
+
+    task = asyncio.ensure_future(pump())
+    try:
+        return await until_gone_or(task), tail
+    except (ClientGone, asyncio.CancelledError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.info("%s stopped: its client left", tag)
+        raise
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        task.cancel()

@@ -1,0 +1,183 @@
+"""The pinned stable-diffusion.cpp and how `sd-server` and `sd-cli` get into `<cache>/backends/sd-cpp/cpu/`.
+
+The pin is stable-diffusion.cpp master-596-90e87bc, the tree that the `stable-diffusion-cpp-python`
+0.4.7 sdist on PyPI vendors under `vendor/stable-diffusion.cpp/` (every source file identical to
+that tag; the sdist carries no git metadata). Its `examples/server` is sd-server, with the
+OpenAI image routes and cancellable async jobs; `examples/cli` is sd-cli). Two ways to get it,
+both through `native_build.py` / `native_install.py` like llama.cpp and whisper.cpp:
+
+- the official release archive (`sd-master-<commit>-bin-<platform>.zip`), where upstream publishes
+  one for this platform and GitHub is reachable (tried first, failing within seconds offline);
+- a static CMake build of the sdist's sources, targets `sd-server` and `sd-cli` (WebP/WebM and the
+  web frontend left out: nothing of ours uses them). Cold: 28 minutes measured on 2 cores shared
+  with other builds (load average 15-20); expect 10-15 on an idle 2-core machine. With a warm
+  ccache (`CMAKE_<LANG>_COMPILER_LAUNCHER=ccache`) a rebuild is a few minutes.
+
+Environment knobs, as whisper.cpp's: `LEMONADE_SDCPP_SDIST=<path>` (a local sdist; skips the
+release archive), `LEMONADE_SDCPP_RELEASE_BASE_URL=<url>` (a mirror of `.../releases/download`),
+`LEMONADE_SDCPP_NO_RELEASE=1`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from lemonade.backends.engine import InstallError
+from lemonade.backends.native_build import (
+    BuildLog,
+    Progress,
+    VendoredSource,
+    check_toolchain,
+    cmake_build,
+    cpu_cmake_flags,
+    emit,
+    extract_vendored,
+    fetch_release,
+    fetch_sdist,
+)
+from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed
+
+log = logging.getLogger("lemonade.install")
+
+SDCPP_VERSION = "master-596-90e87bc"  # upstream's release tag of the vendored commit
+SDCPP_COMMIT = "90e87bc846f17059771efb8aaa31e9ef0cab6f78"
+SDCPP_PYTHON_VERSION = "0.4.7"
+
+RELEASE_BASE_URL = "https://github.com/leejet/stable-diffusion.cpp/releases/download"
+ENV_SDIST = "LEMONADE_SDCPP_SDIST"
+ENV_RELEASE_BASE_URL = "LEMONADE_SDCPP_RELEASE_BASE_URL"
+ENV_NO_RELEASE = "LEMONADE_SDCPP_NO_RELEASE"
+
+_EXE = ".exe" if sys.platform == "win32" else ""
+SERVER_EXE = f"sd-server{_EXE}"
+CLI_EXE = f"sd-cli{_EXE}"
+
+SDCPP_SOURCE = VendoredSource(
+    project="stable-diffusion.cpp", version=SDCPP_VERSION, commit=SDCPP_COMMIT,
+    package="stable-diffusion-cpp-python", package_version=SDCPP_PYTHON_VERSION,
+    filename=f"stable_diffusion_cpp_python-{SDCPP_PYTHON_VERSION}.tar.gz",
+    vendor_path=("vendor", "stable-diffusion.cpp"),
+    required=("examples/server/routes_openai.cpp", "examples/cli/main.cpp", "src/stable-diffusion.cpp", "ggml"),
+    env_sdist=ENV_SDIST,
+)
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",  # relocatable binaries
+    "-DSD_BUILD_SHARED_LIBS=OFF",
+    "-DSD_BUILD_EXAMPLES=ON",  # sd-cli and sd-server are examples
+    # PNG is all we ask for; the web frontend needs pnpm and we serve our own app.
+    "-DSD_WEBP=OFF",
+    "-DSD_WEBM=OFF",
+    "-DSD_SERVER_BUILD_FRONTEND=OFF",
+    "-DGGML_OPENMP=OFF",  # ggml's own thread pool: no libgomp to ship next to a static binary
+)
+
+
+def build_flags() -> list[str]:
+    """Every CMake flag a source build of this machine uses (recorded in install.json)."""
+    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
+
+
+def release_asset_name(commit: str = SDCPP_COMMIT[:7]) -> str | None:
+    """The CPU release archive upstream's CI publishes for this OS/CPU at the pinned tag (its
+    `sd-master-<short commit>-bin-*` assets: Linux x86-64 built on Ubuntu 24.04, Windows x64 AVX2),
+    or None where there is none (macOS: its asset names carry the runner's OS version; build)."""
+    machine = platform.machine().lower()
+    if sys.platform == "win32" and machine in ("amd64", "x86_64"):
+        return f"sd-master-{commit}-bin-win-avx2-x64.zip"
+    if sys.platform.startswith("linux") and machine == "x86_64":
+        return f"sd-master-{commit}-bin-Linux-Ubuntu-24.04-x86_64.zip"
+    return None
+
+
+def release_url(asset: str, tag: str = SDCPP_VERSION) -> str:
+    base = os.environ.get(ENV_RELEASE_BASE_URL) or RELEASE_BASE_URL
+    return f"{base.rstrip('/')}/{tag}/{asset}"
+
+
+class SdCppInstall(NativeInstall):
+    """The stable-diffusion.cpp `cpu` backend under one cache dir."""
+
+    recipe = "sd-cpp"
+    version = SDCPP_VERSION
+
+    def binary(self, name: str, backend: str = "cpu") -> Path | None:
+        """`sd-server` or `sd-cli` of an installed backend, else None."""
+        exe = self.backend_dir(backend) / name
+        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
+            return exe
+        return None
+
+    def installed_version(self, backend: str = "cpu") -> str | None:
+        if self.binary(SERVER_EXE, backend) is None or self.binary(CLI_EXE, backend) is None:
+            return None
+        info = self.read_install_info(backend)
+        return info.get("version") if info else None
+
+    def built_with_other_flags(self, backend: str = "cpu") -> bool:
+        info = self.read_install_info(backend) or {}
+        return info.get("source") == "source-build" and info.get("cmake_flags") != build_flags()
+
+    def is_installed(self, backend: str) -> bool:
+        return self.installed_version(backend) == SDCPP_VERSION and not self.built_with_other_flags(backend)
+
+    def _heading(self, backend: str) -> str:
+        return (f"Lemonade install of sd-cpp:{backend} {SDCPP_VERSION} (stable-diffusion.cpp {SDCPP_COMMIT}, "
+                f"stable-diffusion-cpp-python {SDCPP_PYTHON_VERSION})")
+
+    def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
+        release_error: str | None = None
+        asset = release_asset_name()
+        if asset is not None and release_allowed(ENV_SDIST, ENV_NO_RELEASE, asset):
+            try:
+                folder = fetch_release(release_url(asset), SERVER_EXE, self.downloads_dir, work, blog, progress)
+                copy_tree_contents(folder, staging)
+                blog.write(f"== release archive unpacked from {folder}")
+                return {"source": "release"}
+            except InstallError:
+                raise
+            except Exception as exc:  # any failure here means: build from source
+                release_error = f"{type(exc).__name__}: {exc}"
+                blog.write(f"== release archive unavailable ({release_error}); building from source")
+                emit(progress, "download", "Release archive unavailable; building stable-diffusion.cpp from source",
+                     None)
+        try:
+            tools = check_toolchain("stable-diffusion.cpp")
+        except InstallError as exc:
+            if release_error:
+                raise InstallError(f"Could not download the stable-diffusion.cpp release archive ({release_error}), "
+                                   f"and {exc}", code=exc.code) from exc
+            raise
+        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
+        sdist = fetch_sdist(SDCPP_SOURCE, self.downloads_dir, blog, progress)
+        src = extract_vendored(SDCPP_SOURCE, sdist, self.src_root, blog, progress)
+        bin_dir = cmake_build("stable-diffusion.cpp", src, self.build_dir(backend), tools, blog, progress,
+                              flags=build_flags(), targets=("sd-server", "sd-cli"), binary=SERVER_EXE)
+        emit(progress, "install", f"Copying sd-server and sd-cli into {self.backend_dir(backend)}", None)
+        for exe in (SERVER_EXE, CLI_EXE):
+            shutil.copy2(bin_dir / exe, staging / exe)
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": build_flags()}
+
+    def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
+        emit(progress, "install", "Checking the new sd-server and sd-cli", None)
+        for exe, needle in ((SERVER_EXE, "--listen-port"), (CLI_EXE, "--upscale-model")):
+            try:
+                proc = subprocess.run([str(staging / exe), "--help"], capture_output=True, text=True, timeout=30,
+                                      stdin=subprocess.DEVNULL)
+                out = proc.stdout + proc.stderr
+                ok, raw = needle in out, out[-2000:]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                ok, raw = False, f"{type(exc).__name__}: {exc}"
+            blog.write(f"$ {exe} --help\n{raw}")
+            if not ok:
+                raise InstallError(f"The new {exe} does not run as expected (its --help failed; see the log).",
+                                   code="verify_failed", log_path=blog.path)
+        return {"version": SDCPP_VERSION, "commit": SDCPP_COMMIT, "stable-diffusion-cpp-python": SDCPP_PYTHON_VERSION}

@@ -1,0 +1,319 @@
+"""Images on stable-diffusion.cpp (`sd-cpp` recipe): a real `sd-server` built from the pinned
+stable-diffusion.cpp sources serving `/v1/images/generations`, `/edits`, `/variations`, and a real
+`sd-cli` upscaling with Real-ESRGAN for `/v1/images/upscale`.
+
+The models are NOT real Stable Diffusion or Real-ESRGAN weights: those are gigabytes and on no
+offline package index, so the local hub serves RANDOM-weight models at real architectures' tensor
+names and shapes (`tests/sd_factory.py`): `test-org/tiny-sd1:tiny-sd1.safetensors`, an SD 1.x
+checkpoint with the distilled "tiny" UNet (registered as `user.Tiny-SD1`), and the catalog's
+`RealESRGAN-x4plus` file as an RRDBNet x4 with 2 blocks instead of 23. sd.cpp loads them, samples,
+decodes and writes PNGs; the pictures are noise, so these tests check sizes, formats, determinism,
+errors and the engine's process, never what a picture shows. Small sizes and 1 step keep it fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+from PIL import Image
+
+from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings
+from lemonade.backends.sdcpp_install import SDCPP_VERSION
+from lemonade.model_info import ModelInfo
+from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.sd_factory import ESRGAN_FILE, SD_FILE, tiny_esrgan_model, tiny_sd1_model
+from tests.test_engines import loaded as loaded_by_name
+
+SD_REPO = "test-org/tiny-sd1"
+MODEL = "user.Tiny-SD1"
+ESRGAN = "RealESRGAN-x4plus"  # catalog: amd/realesrgan-x4plus:RealESRGAN_x4plus.pth
+ESRGAN_REPO = "amd/realesrgan-x4plus"
+FAST = {"steps": 1, "cfg_scale": 1.0}
+
+
+@pytest.fixture(scope="session")
+def sdcpp_backend() -> Path:
+    """The sd-cpp cpu backend (sd-server + sd-cli built from the stable-diffusion-cpp-python sdist's
+    sources), installed once per machine into the test cache: a cold build takes 10-30 minutes."""
+    from lemonade.backends.registry import Engines
+    from lemonade.config import Config
+
+    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get("sd-cpp")
+    assert engine is not None
+    if engine.state("cpu").state != "installed":
+        engine.install("cpu")
+    return TEST_CACHE / "backends" / "sd-cpp" / "cpu"
+
+
+def publish(hub) -> None:
+    """The random-weight models as hub files (hard links: the SD file is 1 GB), downloaded by the
+    server with the real huggingface_hub."""
+    for repo, name, source in ((SD_REPO, SD_FILE, tiny_sd1_model()), (ESRGAN_REPO, ESRGAN_FILE, tiny_esrgan_model())):
+        target = hub.scratch / repo / name
+        if not target.is_file():
+            hub.create_repo(repo, {})
+            os.link(source, target)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mcp-images")
+
+
+@pytest.fixture(scope="module")
+def server(module_servers, hub_server, sdcpp_backend, gemma_dir, sandbox):
+    publish(hub_server)
+    srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
+                              "LEMONADE_MCP_IMAGE_DIR": str(sandbox)},
+                         engines=("llamacpp", "sd-cpp"))
+    with srv.client() as c:
+        resp = c.post("/v1/pull", json={"model_name": MODEL, "checkpoint": f"{SD_REPO}:{SD_FILE}", "recipe": "sd-cpp",
+                                        "labels": ["image"]})
+        assert resp.status_code == 200, resp.text
+    return srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client(timeout=600) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
+
+
+def loaded(http) -> dict[str, dict]:
+    """Loaded models by name; the user model is listed under its bare name (`Tiny-SD1`)."""
+    return {("user." + k if k == MODEL.split(".", 1)[1] else k): v for k, v in loaded_by_name(http).items()}
+
+
+def png_of(b64: str) -> Image.Image:
+    data = base64.b64decode(b64)
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img
+
+
+def png_bytes(size: tuple[int, int] = (64, 64), color: tuple[int, int, int] = (200, 120, 40)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def error_of(resp: httpx.Response) -> str:
+    return resp.json()["error"]["message"]
+
+
+# ----- units -------------------------------------------------------------------------------------------
+def test_request_settings_travel_as_sd_cpp_extra_args():
+    suffix = extra_args(4, 1.5, 7)
+    assert suffix.startswith(" <sd_cpp_extra_args>") and suffix.endswith("</sd_cpp_extra_args>")
+    assert '"seed": 7' in suffix and '"sample_steps": 4' in suffix and '"txt_cfg": 1.5' in suffix
+    body, ctype = edit_body("a cat", [b"\x89PNG"], None, 64, 128, None, None, 3)
+    assert ctype.startswith("multipart/form-data; boundary=") and b'name="image[]"' in body and b"64x128" in body
+
+
+def test_catalog_image_defaults_apply_unless_the_model_has_its_own_options():
+    turbo = ModelInfo(name="builtin.SD-Turbo", recipe="sd-cpp", mode="image",
+                      image_defaults={"steps": 4, "cfg_scale": 1.0, "width": 512, "height": 512})
+    server = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}
+    assert generation_settings(turbo, dict(server), server)["steps"] == 4
+    assert generation_settings(turbo, {**server, "steps": 8}, server)["steps"] == 8
+
+
+def test_multi_file_checkpoints_become_diffusion_model_llm_and_vae():
+    flux = ModelInfo(name="builtin.Flux-2-Klein-4B", recipe="sd-cpp", mode="image")
+    files = {"main": [Path("/m/flux.safetensors")], "text_encoder": [Path("/m/qwen.safetensors")],
+             "vae": [Path("/m/vae.safetensors")]}
+    assert checkpoint_args(flux, files) == ["--diffusion-model", "/m/flux.safetensors", "--llm",
+                                            "/m/qwen.safetensors", "--vae", "/m/vae.safetensors"]
+    assert checkpoint_args(flux, {"main": [Path("/m/sd.safetensors")]}) == ["-m", "/m/sd.safetensors"]
+
+
+# ----- the engine ----------------------------------------------------------------------------------------
+def test_system_info_shows_sdcpp_installed(http):
+    cpu = http.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
+    assert cpu["state"] == "installed" and cpu["version"] == SDCPP_VERSION
+
+
+def test_generate_with_the_official_client_same_seed_same_bytes(client, http):
+    first = client.images.generate(model=MODEL, prompt="a lemon on a table", size="64x64",
+                                   extra_body={**FAST, "seed": 42})
+    assert len(first.data) == 1 and png_of(first.data[0].b64_json).size == (64, 64)
+    again = client.images.generate(model=MODEL, prompt="a lemon on a table", size="64x64",
+                                   extra_body={**FAST, "seed": 42})
+    assert again.data[0].b64_json == first.data[0].b64_json
+    wide = client.images.generate(model=MODEL, prompt="a lemon", size="128x64", extra_body=FAST)
+    assert png_of(wide.data[0].b64_json).size == (128, 64)
+    lm = loaded(http)[MODEL]
+    assert lm["type"] == "image" and lm["recipe"] == "sd-cpp" and psutil.pid_exists(lm["pid"])
+    assert "sd-server" in lm["launch_command"][0]
+
+
+def test_edit_and_variation_with_the_official_client(client):
+    masked = client.images.edit(model=MODEL, image=("in.png", png_bytes(), "image/png"), prompt="a hat",
+                                mask=("mask.png", png_bytes(color=(255, 255, 255)), "image/png"), size="64x64",
+                                user="u1", extra_body={**FAST, "seed": 1, "quality": "high", "input_fidelity": "low"})
+    assert png_of(masked.data[0].b64_json).size == (64, 64)
+    varied = client.images.create_variation(model=MODEL, image=("in.png", png_bytes(), "image/png"), size="64x64",
+                                            n=2, extra_body={**FAST, "seed": 5})
+    assert len(varied.data) == 2 and varied.data[0].b64_json != varied.data[1].b64_json
+    assert all(png_of(d.b64_json).size == (64, 64) for d in varied.data)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "x", "size": "65x64"}, "size"),
+    ({"prompt": "x", "size": "big"}, "size"),
+    ({"prompt": "x", "size": "4096x4096"}, "size"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 11}, "n"),
+    ({"prompt": "x", "n": "two"}, "n"),
+    ({"prompt": "x", "response_format": "url"}, "response_format"),
+    ({"prompt": "x", "steps": 0}, "steps"),
+    ({"prompt": "x", "steps": 101}, "steps"),
+    ({"prompt": "x", "cfg_scale": -1}, "cfg_scale"),
+    ({"prompt": "x", "seed": "abc"}, "seed"),
+    ({}, "prompt"),
+    ({"prompt": "   "}, "prompt"),
+])
+def test_bad_generation_requests_are_400_naming_the_field(http, body, field):
+    resp = http.post("/v1/images/generations", json={"model": MODEL, **body})
+    assert resp.status_code == 400, resp.text
+    assert f"'{field}'" in error_of(resp)
+    if field == "response_format":
+        assert "b64_json" in error_of(resp)
+
+
+def test_generation_model_errors(http):
+    assert http.post("/v1/images/generations", json={"prompt": "x"}).status_code == 400
+    unknown = http.post("/v1/images/generations", json={"model": "no-such-model", "prompt": "x"})
+    assert unknown.status_code == 404
+    llm = http.post("/v1/images/generations", json={"model": GEMMA_NAME, "prompt": "x"})
+    assert llm.status_code == 400 and "cannot serve /images/generations" in error_of(llm)
+    upscaler = http.post("/v1/images/generations", json={"model": ESRGAN, "prompt": "x"})
+    assert upscaler.status_code == 400 and "/images/upscale" in error_of(upscaler)
+
+
+@pytest.mark.parametrize("route, data, files, field", [
+    ("edits", {"prompt": "x", "n": "0"}, True, "n"),
+    ("edits", {"prompt": "x", "n": "11"}, True, "n"),
+    ("edits", {"prompt": "x"}, False, "image"),
+    ("edits", {}, True, "prompt"),
+    ("edits", {"prompt": "x", "size": "100x100"}, True, "size"),
+    ("edits", {"prompt": "x", "response_format": "url"}, True, "response_format"),
+    ("variations", {"n": "11"}, True, "n"),
+    ("variations", {}, False, "image"),
+])
+def test_bad_edit_and_variation_requests_are_400(http, route, data, files, field):
+    parts = {"image": ("in.png", png_bytes(), "image/png")} if files else {"unused": ("x.txt", b"x", "text/plain")}
+    resp = http.post(f"/v1/images/{route}", data={"model": MODEL, **data}, files=parts)
+    assert resp.status_code == 400, resp.text
+    assert f"'{field}'" in error_of(resp)
+
+
+def test_an_upload_that_is_not_an_image_is_refused(http):
+    resp = http.post("/v1/images/edits", data={"model": MODEL, "prompt": "x"},
+                     files={"image": ("in.png", b"GIF89a not a png", "image/png")})
+    assert resp.status_code == 400 and "not a PNG" in error_of(resp)
+
+
+# ----- upscale ----------------------------------------------------------------------------------------------
+def test_upscale_is_4x(http):
+    source = base64.b64encode(png_bytes((32, 24))).decode()
+    resp = http.post("/v1/images/upscale", json={"model": ESRGAN, "image": source})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert isinstance(body["created"], int) and png_of(body["data"][0]["b64_json"]).size == (128, 96)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"model": ESRGAN}, 400, "Missing 'image' field (base64 encoded)"),
+    ({"image": "aGVsbG8="}, 400, "Missing 'model' field"),
+    ({"image": "aGVsbG8=", "model": "bad-model"}, 404, "Upscale model not found: bad-model"),
+    ({"image": "aGVsbG8=", "model": MODEL}, 404, f"Upscale model not found: {MODEL}"),
+])
+def test_upscale_error_table(http, body, status, message):
+    resp = http.post("/v1/images/upscale", json=body)
+    assert resp.status_code == status
+    assert resp.json()["error"] == {**resp.json()["error"], "message": message, "type": "invalid_request_error"}
+
+
+def test_upscale_refuses_bad_base64_and_non_images(http):
+    assert "'image'" in error_of(http.post("/v1/images/upscale", json={"model": ESRGAN, "image": "%%%"}))
+    resp = http.post("/v1/images/upscale", json={"model": ESRGAN, "image": "aGVsbG8="})
+    assert resp.status_code == 400 and "not a PNG" in error_of(resp)
+
+
+# ----- residency, other APIs, the CLI ------------------------------------------------------------------
+def test_image_model_stays_resident_next_to_the_llm(http):
+    assert MODEL in loaded(http)  # from the generations above
+    chat = http.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "Hi"}]})
+    assert chat.status_code == 200, chat.text
+    now = loaded(http)
+    assert now[GEMMA_NAME]["type"] == "llm" and now[MODEL]["type"] == "image"
+
+
+def test_ollama_generate_makes_an_image(http):
+    resp = http.post("/api/generate", json={"model": MODEL, "prompt": "a lemon", "width": 64, "height": 64,
+                                            "steps": 1, "stream": False})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["done"] is True and png_of(resp.json()["image"]).size == (64, 64)
+
+
+def test_mcp_generate_image_writes_into_the_sandbox(server, sandbox):
+    from mcp import Client
+
+    async def run():
+        async with Client(server.url + "/mcp", read_timeout_seconds=300) as c:
+            return await c.call_tool("lemonade_generate_image", {"model": MODEL, "prompt": "a lemon car",
+                                                                  "size": "64x64", "steps": 1, "seed": 3,
+                                                                  "output_path": "cars/lemon.png"})
+
+    result = asyncio.run(run())
+    assert result.is_error is False, result
+    path = Path(result.content[0].text)
+    assert path == (sandbox / "cars" / "lemon.png").resolve() and Image.open(path).size == (64, 64)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_cli_generate_and_upscale(server, tmp_path):
+    env = {**os.environ, "LEMONADE_CACHE_DIR": str(server.cache)}
+    cli = [sys.executable, "-m", "lemonade.cli.main"]
+    out = tmp_path / "cli.png"
+    done = subprocess.run([*cli, "generate", "a lemon", "-m", MODEL, "-o", str(out), "--size", "64x64", "--steps", "1",
+                           "--port", str(server.port)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert Image.open(out).size == (64, 64)
+    up = subprocess.run([*cli, "upscale", str(out), "-m", ESRGAN, "--port", str(server.port)], env=env,
+                        capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert Image.open(tmp_path / "cli-upscaled.png").size == (256, 256)
+
+
+def test_a_client_that_leaves_stops_the_generation(http, server):
+    """sd-server cannot interrupt a running generation, so the server stops its process: the work
+    ends at once instead of running to its end for nobody (512x512 at 30 steps takes minutes here)."""
+    before = loaded(http)[MODEL]["pid"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/images/generations", timeout=3.0,
+                   json={"model": MODEL, "prompt": "x", "size": "512x512", "steps": 30, "cfg_scale": 1.0})
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+    assert MODEL not in loaded(http)
