@@ -1,7 +1,7 @@
 """Running the omni tools on a collection's components, and the media they make.
 
 Each tool calls the same service code as the HTTP endpoint it stands for (`synthesize` behind
-`/v1/audio/speech`; the image engine's generations endpoint behind `/v1/images/generations`), so
+`/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`), so
 loading, residency and stats work as for any request. A tool's failure (bad arguments, a model that
 refuses) is text for the LLM ("Error: ..."), as OpenAI tool results are, so it can try again or
 explain; only a client that went away stops the loop.
@@ -20,7 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lemonade.api.openai import images
 from lemonade.api.openai.speech import CONTENT_TYPES, speech_format, synthesize
+from lemonade.backends.image_engine import ImageEngine
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
@@ -58,9 +60,11 @@ class ToolFailure(Exception):
 
 @dataclass
 class Turn:
-    """What the tools of one request share: the media made so far (in order)."""
+    """What the tools of one request share: the media made so far (in order), and the conversation's
+    last image."""
 
     artifacts: list[Artifact]
+    history_image: bytes | None = None  # the last image of the conversation: what edit_image starts from
     history_image: bytes | None = None  # the conversation's last image: what an edit starts from
 
 
@@ -71,37 +75,54 @@ def _text_arg(args: dict[str, Any], name: str) -> str:
     return value.strip()
 
 
-def _image_options(args: dict[str, Any]) -> dict[str, Any]:
-    """The optional image arguments the LLM gave, checked (a wrong one is reported, not guessed)."""
-    out: dict[str, Any] = {}
-    if args.get("size") is not None:
-        match = SIZE_RE.match(str(args["size"]))
-        if not match:
-            raise ToolFailure(f"'size' must look like 512x512, got {args['size']!r}; leave it out for the default")
-        width, height = (max(64, round(int(v) / 64) * 64) for v in match.groups())
-        out["size"] = f"{width}x{height}"
-    for name, kind in (("steps", int), ("seed", int), ("cfg_scale", float)):
-        value = args.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise ToolFailure(f"'{name}' must be a {'whole ' if kind is int else ''}number, got {value!r}")
-        out[name] = kind(value)
-    if "steps" in out and not 1 <= out["steps"] <= 100:
-        raise ToolFailure("'steps' must be 1 to 100")
-    return out
+def _image_engine(svc: Services, model: ModelInfo) -> ImageEngine:
+    engine = svc.engines.get(model.recipe)
+    if not isinstance(engine, ImageEngine):
+        raise ToolFailure(f"{model.public} is not an image model this server runs")
+    return engine
+
+
+def _image_settings(model: ModelInfo, args: dict[str, Any]) -> dict[str, Any]:
+    """The optional image arguments the LLM gave, checked as `/v1/images/*` checks them (a wrong
+    one is reported to the LLM, not guessed). A size near a valid one is rounded to it; without
+    one, the model's `image_defaults` size (512x512), as `/v1/images/generations` does."""
+    size = args.get("size")
+    match = SIZE_RE.match(str(size)) if size is not None else None
+    if match:
+        size = "x".join(str(max(64, round(int(v) / 64) * 64)) for v in match.groups())
+    defaults = model.image_defaults or {}
+    return {"size": images.parse_size(size, (int(defaults.get("width", 512)), int(defaults.get("height", 512)))),
+            "steps": images.parse_steps(args.get("steps")), "cfg_scale": images.parse_cfg_scale(args.get("cfg_scale")),
+            "seed": images.parse_seed(args.get("seed"))}
+
+
+def _first_png(answer: dict[str, Any], model: ModelInfo) -> bytes:
+    try:
+        return base64.b64decode(answer["data"][0]["b64_json"], validate=True)
+    except (KeyError, IndexError, TypeError, binascii.Error, ValueError):
+        raise ToolFailure(f"the image model {model.public} returned no image") from None
 
 
 async def generate_image(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
-    """One PNG from the collection's image model, through its engine's `images/generations` endpoint
-    (the path `/v1/images/generations` takes); the model's own size unless the LLM gave one."""
-    body = {"prompt": _text_arg(args, "prompt"), "n": 1, "response_format": "b64_json", **_image_options(args)}
-    data = await svc.proxy.post_json(model, svc.engine_path(model, "images/generations"), body, "images/generations")
-    try:
-        png = base64.b64decode(data["data"][0]["b64_json"], validate=True)
-    except (KeyError, IndexError, TypeError, binascii.Error, ValueError):
-        raise ToolFailure(f"the image model {model.public} returned no image") from None
-    return "The image was generated and shown to the user.", Artifact("image", "image/png", png)
+    """One PNG from the collection's image model, made by `generate_images` (the code behind
+    `/v1/images/generations`); the model's own size and settings unless the LLM gave some."""
+    prompt = _text_arg(args, "prompt")
+    answer = await images.generate_images(svc, model, _image_engine(svc, model), prompt,
+                                          **_image_settings(model, args))
+    return "The image was generated and shown to the user.", Artifact("image", "image/png", _first_png(answer, model))
+
+
+async def edit_image(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
+    """The most recent image (made in this turn, else the last one in the conversation) edited by
+    the collection's edit model through `edit_images` (the code behind `/v1/images/edits`)."""
+    prompt = _text_arg(args, "prompt")
+    source = next((a.data for a in reversed(turn.artifacts) if a.kind == "image"), turn.history_image)
+    if source is None:
+        raise ToolFailure("there is no image in this conversation to edit; use generate_image for a new one")
+    images.check_image_bytes(source, "image")
+    answer = await images.edit_images(svc, model, _image_engine(svc, model), prompt, [source], None,
+                                      **_image_settings(model, args))
+    return "The image was edited and shown to the user.", Artifact("image", "image/png", _first_png(answer, model))
 
 
 async def text_to_speech(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
@@ -124,7 +145,8 @@ async def text_to_speech(svc: Services, model: ModelInfo, args: dict[str, Any], 
 
 def _serves(svc: Services, model: ModelInfo, mode: str, endpoint: str) -> bool:
     engine = svc.engines.get(model.recipe)
-    return (model.mode == mode and engine is not None and engine.available and endpoint in engine.endpoints)
+    return (model.mode == mode and engine is not None and engine.available and endpoint in engine.endpoints
+            and not (isinstance(engine, ImageEngine) and engine.is_upscaler(model)))
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,7 @@ class Runner:
 # The tools this server can run; a built-in tool without a runner here is never offered.
 RUNNERS: dict[str, Runner] = {
     "generate_image": Runner(generate_image, lambda svc, m: _serves(svc, m, "image", "images/generations")),
+    "edit_image": Runner(edit_image, lambda svc, m: "edit" in m.labels and _serves(svc, m, "image", "images/edits")),
     "text_to_speech": Runner(text_to_speech, lambda svc, m: _serves(svc, m, "tts", "audio/speech")),
 }
 
