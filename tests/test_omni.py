@@ -1,7 +1,8 @@
 """The omni tool loop (openai.md "Server-side tools", mcp.md `lemonade_omni`) on real parts.
 
 The collection is the real Gemma 3 270M (llama.cpp) as its LLM and the real Piper en_US joe voice
-as its TTS model, registered with `/v1/pull` like any `collection.omni`. The small model really
+as its TTS model, registered with `/v1/pull` like any `collection.omni`; the image tool runs on
+sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise). The small model really
 emits the tool calls: the request's `tool_choice` names the tool, and llama-server's grammar keeps
 the call valid (the loop forces only the first round; later rounds are `auto`). What Gemma writes
 as the text to speak is its own; the test checks the speech the server made from it is real
@@ -11,6 +12,7 @@ audio (the mp3 decoded with PyAV from the Piper engine's venv), not which words 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import subprocess
@@ -18,8 +20,12 @@ from pathlib import Path
 
 import openai
 import pytest
+from PIL import Image
 
 from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.sd_factory import SD_FILE
+from tests.test_images import SD_REPO, sdcpp_backend  # noqa: F401 - the session fixture, used by `server`
+from tests.test_images import publish as publish_sd
 from tests.test_mcp import call, texts
 from tests.test_serving import WEATHER_TOOLS, weather_history
 from tests.test_speech import PIPER, _engine_backend, publish_piper
@@ -55,11 +61,11 @@ print(len(pcm) / rate, float(np.sqrt(np.mean(pcm ** 2))))
 
 
 @pytest.fixture(scope="module")
-def server(module_servers, hub_server, gemma_dir, sandbox):
+def server(module_servers, hub_server, gemma_dir, sandbox, sdcpp_backend):  # noqa: F811 - the imported fixture
     _engine_backend("piper")
     publish_piper(hub_server)
     srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
-                              "LEMONADE_MCP_IMAGE_DIR": str(sandbox)}, engines=("llamacpp", "piper"))
+                              "LEMONADE_MCP_IMAGE_DIR": str(sandbox)}, engines=("llamacpp", "piper", "sd-cpp"))
     with srv.client() as http:
         resp = http.post("/v1/pull", json={"model_name": KIT, "recipe": "collection.omni",
                                            "components": [GEMMA_NAME, PIPER]})
@@ -243,6 +249,38 @@ def test_mcp_omni_refusals(server):
     assert named.is_error is True and "tool_choice" in texts(named)[0]
 
 
-def test_image_tool(server):
-    pytest.skip("the image tool needs the sd-cpp engine (branch `images`), not merged into this branch")
+def drawn_example() -> list[dict]:
+    call = {"id": "d0", "type": "function",
+            "function": {"name": "generate_image", "arguments": json.dumps({"prompt": "a green tree"})}}
+    return [{"role": "user", "content": 'Draw "a green tree".'},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "d0", "content": "The image was generated and shown to the user."},
+            {"role": "assistant", "content": "Here is a green tree."}]
+
+
+@pytest.fixture(scope="module")
+def draw_kit(server, hub_server) -> str:
+    """A collection of Gemma and the random-weight tiny SD 1.x model of tests/test_images.py (its
+    pictures are noise; 64x64 and 1 step by its `image_defaults`, so it is fast)."""
+    publish_sd(hub_server)
+    with server.client() as http:
+        resp = http.post("/v1/pull", json={"model_name": "user.Omni-SD", "checkpoint": f"{SD_REPO}:{SD_FILE}",
+                                           "recipe": "sd-cpp", "labels": ["image"],
+                                           "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 64, "height": 64}})
+        assert resp.status_code == 200, resp.text
+        resp = http.post("/v1/pull", json={"model_name": "user.DrawKit", "recipe": "collection.omni",
+                                           "components": [GEMMA_NAME, "user.Omni-SD"]})
+        assert resp.status_code == 200, resp.text
+    return "user.DrawKit"
+
+
+def test_image_tool(client, draw_kit):
+    """Gemma calls generate_image; sd.cpp makes the PNG, embedded as a markdown image."""
+    messages = [*drawn_example(), {"role": "user", "content": 'Draw "a red apple".'}]
+    resp = client.chat.completions.create(model=draw_kit, messages=messages, max_tokens=TOKENS, temperature=0,
+                                          tool_choice={"type": "function", "function": {"name": "generate_image"}})
+    found = IMAGE_RE.findall(resp.choices[0].message.content)
+    assert len(found) == 1, resp.choices[0].message.content[:300]
+    image = Image.open(io.BytesIO(base64.b64decode(found[0])))
+    assert image.format == "PNG" and image.size == (64, 64)
 
