@@ -6,8 +6,9 @@ yielded the moment it exists, so a stream can send it at once; their result text
 LLM as `tool` messages and the next round starts. A round that calls client tools ends the loop
 with `finish_reason: "tool_calls"` (the client runs them and resumes); a round without tool calls
 is the answer. A call repeated with the same arguments is not run again, and a round of nothing
-but such repeats ends the loop (small models repeat a call instead of answering). At most
-`MAX_ROUNDS` LLM calls are made.
+but such repeats ends the loop (small models repeat a call instead of answering). A later round
+that the engine fails (5xx) once media exist ends the loop with those media rather than losing
+them to the LLM's closing words. At most `MAX_ROUNDS` LLM calls are made.
 
 Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
 short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
@@ -197,7 +198,16 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
             call_body["tools"] = tools
             if tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
-        data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
+        try:
+            data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
+        except APIError as exc:
+            if not turn.artifacts or exc.status < 500:
+                raise
+            # The media the user asked for exist; only the LLM's closing words failed (e.g. a tool call
+            # cut by max_tokens, which llama-server cannot parse): answer with the media.
+            log.warning("omni %s: round %d failed after media were made; answering with them: %s",
+                        toolset.collection.public, round_no + 1, exc.message)
+            break
         _add_usage(usage, data.get("usage"))
         choices = data.get("choices") or [{}]
         message = choices[0].get("message") or {}
