@@ -103,7 +103,7 @@ def last_image(messages: list[dict[str, Any]]) -> bytes | None:
         return None
 
 
-def _prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, Any]:
+def prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, Any]:
     """A client message as the LLM gets it: echoed media as placeholders, every other field kept
     (tool_calls, tool_call_id, name: a resumed client tool call must stay paired)."""
     content = msg.get("content")
@@ -131,7 +131,7 @@ def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, 
     """The conversation for the LLM: the omni system prompt first (a client system prompt follows it,
     in the same message), echoed media replaced."""
     sees_images = svc.accepts_images(toolset.llm)
-    out = [_prepared_message(m, sees_images) for m in messages]
+    out = [prepared_message(m, sees_images) for m in messages]
     if out and out[0].get("role") in ("system", "developer") and isinstance(out[0].get("content"), str):
         out[0] = {**out[0], "role": "system", "content": toolset.system_prompt + "\n\n" + out[0]["content"]}
     else:
