@@ -2,11 +2,12 @@
 
 The collection is the real Gemma 3 270M (llama.cpp) as its LLM and the real Piper en_US joe voice
 as its TTS model, registered with `/v1/pull` like any `collection.omni`; the image tool runs on
-sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise). The small model really
-emits the tool calls: the request's `tool_choice` names the tool, and llama-server's grammar keeps
-the call valid (the loop forces only the first round; later rounds are `auto`). What Gemma writes
-as the text to speak is its own; the test checks the speech the server made from it is real
-audio (the mp3 decoded with PyAV from the Piper engine's venv), not which words it says.
+sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise).
+No scripted LLM turn: the small model itself emits the tool calls. An earlier exchange in the
+conversation (one call of the same tool) shows it the format, and `tool_choice` names the tool
+for the first round (later rounds are `auto`); without the example it writes prose. What Gemma
+writes as the text to speak is its own, so the tests check that the server's speech is real audio
+(the mp3 decoded with PyAV from the Piper engine's venv), not which words it says.
 """
 
 from __future__ import annotations
