@@ -411,6 +411,7 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(f"Model {model.public} is not a collection.omni model; use lemonade_chat for a plain LLM.")
     request: dict[str, Any] = {"messages": _chat_messages(args["messages"])}
     request.update({k: args[k] for k in ("tools", "tool_choice", "max_tokens", "temperature") if k in args})
+    request["chat_template_kwargs"] = {"enable_thinking": False}  # as lemonade_chat: the planner acts, briefly
     try:
         toolset = omni_toolset.build(svc, model, request.get("tools"))
         answer = None
