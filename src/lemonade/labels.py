@@ -26,6 +26,8 @@ MODE_ALIASES = {
 
 ROUTER_RECIPE = "collection.router"  # a policy that sends each request to one of its members (routing/)
 COLLECTION_RECIPES = ("collection.omni", ROUTER_RECIPE)
+# A collection's own `system_prompt` is a template: the omni loop fills these in (omni/toolset.py).
+OMNI_PLACEHOLDERS = ("{tool_list}", "{tool_guidance}")
 
 
 def recipe_modes() -> dict[str, tuple[str, ...]]:

@@ -21,7 +21,7 @@ from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
-from lemonade.labels import COLLECTION_RECIPES, ROUTER_RECIPE, LabelError, deployment_mode
+from lemonade.labels import COLLECTION_RECIPES, OMNI_PLACEHOLDERS, ROUTER_RECIPE, LabelError, deployment_mode
 from lemonade.model_info import ModelInfo
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
@@ -109,6 +109,10 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
                 parse_policy(definition)
             except PolicyError as exc:
                 raise RegistrationError(f"Model '{name}': {exc}") from None
+        prompt = definition.get("system_prompt")
+        if prompt is not None and (not isinstance(prompt, str) or not all(p in prompt for p in OMNI_PLACEHOLDERS)):
+            raise RegistrationError(f"Model '{name}': 'system_prompt' must be a string containing both "
+                                    + " and ".join(OMNI_PLACEHOLDERS) + " (the server fills in the tools there)")
     else:
         if components is not None:
             raise RegistrationError(f"Model '{name}': only collection recipes take 'components'")
@@ -298,7 +302,7 @@ class Catalog:
             raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
         keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
                 "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested",
-                "version", "routing")
+                "version", "routing", "system_prompt")
         definition = {k: body[k] for k in keys if k in body and body[k] is not None}
         return build_model(name, definition, "user")
 

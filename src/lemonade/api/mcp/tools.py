@@ -5,8 +5,8 @@ A tool failure (bad arguments, unknown model, load error, engine error) is a res
 `isError: true` and a message the calling model can act on, never a JSON-RPC error.
 `lemonade_transcribe_audio` runs the same transcription as `/v1/audio/transcriptions`.
 `lemonade_generate_image` runs the same generation as `/v1/images/generations` (api/mcp/image_tool.py)
-and writes into the image sandbox. `lemonade_omni` validates its arguments fully (output paths
-included) and then reports that its engine is not available in this server.
+and writes into the image sandbox. `lemonade_omni` runs the omni tool loop of chat completions
+(`omni/loop.py`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ from typing import Any
 
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import image_tool, schema
-from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root
+from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root, unique_name
 from lemonade.api.openai.audio import check_audio, check_params, shaped, transcribe
 from lemonade.audio.formats import HEAD_BYTES
 from lemonade.model_info import ModelInfo
+from lemonade.omni import loop as omni_loop
+from lemonade.omni import toolset as omni_toolset
+from lemonade.omni.definitions import OMNI_RECIPE
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import ENDPOINT_FOR_MODE, Services
+from lemonade.util.atomic import atomic_write_bytes
 
 log = logging.getLogger("lemonade.mcp")
 
@@ -136,10 +140,12 @@ TOOLS: list[dict[str, Any]] = [
         "name": "lemonade_omni",
         "description": "One multimodal turn against a Lemonade Omni collection (a planner LLM with image, "
                        "image-edit and speech models). Returns text plus image/audio blocks, or file paths with "
-                       f"`output_dir`. `model` defaults to {DEFAULT_OMNI_MODEL}. Use lemonade_chat for plain text. "
+                       f"`output_dir`. `model` defaults to a downloaded collection ({DEFAULT_OMNI_MODEL} first). Use "
+                       "lemonade_chat for plain text. "
                        + _SANDBOX_NOTE,
         "inputSchema": {"type": "object", "required": ["messages"], "properties": {
-            "model": {**_MODEL, "description": f"A collection.omni model (default {DEFAULT_OMNI_MODEL})"},
+            "model": {**_MODEL, "description": "A collection.omni model. Default: a downloaded one "
+                                                f"({DEFAULT_OMNI_MODEL} first); name it to download it on first use"},
             "messages": _MESSAGES,
             "output_dir": {"type": "string", "description": "Folder for omni_<token>_<i>.<ext> files. "
                                                             + _SANDBOX_NOTE},
@@ -381,16 +387,57 @@ async def generate_image(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(str(exc)) from None
 
 
+def _pick_omni_model(svc: Services) -> ModelInfo:
+    """No `model` given: a downloaded omni collection (the default first), so that an agent's call
+    never starts a multi-GB download it did not ask for; the default is downloaded when named."""
+    omni = [m for m in svc.catalog.all() if m.recipe == OMNI_RECIPE and svc.catalog.is_downloaded(m)]
+    default = svc.catalog.find(DEFAULT_OMNI_MODEL)
+    if default is not None and default in omni:
+        return default
+    if omni:
+        return omni[0]
+    size = f" (a {default.size:g} GB download)" if default is not None and default.size else ""
+    raise ToolError(f"lemonade_omni: no Omni collection is downloaded, so the default {DEFAULT_OMNI_MODEL} is not "
+                    f"available yet{size}. Pass `model`: {DEFAULT_OMNI_MODEL} to download it on this call, or "
+                    "another collection.omni model from lemonade_list_models.")
+
+
 async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
-    _output_dirs(svc, {"output_dir": args.get("output_dir")})
-    name = args.get("model") or DEFAULT_OMNI_MODEL
-    model = svc.catalog.find(name)
-    if model is not None and not model.is_collection:
+    """mcp.md `lemonade_omni`: the omni tool loop of chat completions, its media as MCP blocks or as
+    files in the sandbox (`output_dir`), the client's tool calls as a `tool_calls:` block."""
+    _path, folder = _output_dirs(svc, {"output_dir": args.get("output_dir")})
+    model = find_model(svc, args["model"]) if args.get("model") else _pick_omni_model(svc)
+    if model.recipe != OMNI_RECIPE:
         raise ToolError(f"Model {model.public} is not a collection.omni model; use lemonade_chat for a plain LLM.")
-    if model is None and args.get("model"):
-        raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")
-    raise ToolError(f"lemonade_omni cannot run: Omni collection orchestration ({name}) is not available in this "
-                    "server. Use lemonade_chat for text generation.")
+    request: dict[str, Any] = {"messages": _chat_messages(args["messages"])}
+    request.update({k: args[k] for k in ("tools", "tool_choice", "max_tokens", "temperature") if k in args})
+    request["chat_template_kwargs"] = {"enable_thinking": False}  # as lemonade_chat: the planner acts, briefly
+    try:
+        toolset = omni_toolset.build(svc, model, request.get("tools"))
+        answer = None
+        async for event in omni_loop.run(svc, toolset, request):
+            if isinstance(event, omni_loop.Answer):
+                answer = event
+    except APIError as exc:
+        raise ToolError(f"Omni run with {model.public} failed: {exc.message}") from None
+    assert answer is not None
+    blocks = [text(answer.text)]
+    paths: list[str] = []
+    for i, artifact in enumerate(answer.artifacts):
+        if folder is None:
+            blocks.append({"type": artifact.kind, "data": base64.b64encode(artifact.data).decode(),
+                           "mimeType": artifact.mime})
+            continue
+        target = folder / unique_name("omni", i, "." + artifact.extension)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(target, artifact.data)
+        paths.append(str(target))
+        blocks.append(text(f"{artifact.kind} -> {target}"))
+    if folder is not None:
+        blocks.append(text(json.dumps({"paths": paths})))
+    if answer.tool_calls:
+        blocks.append(text("tool_calls: " + json.dumps(answer.tool_calls)))
+    return result(*blocks)
 
 
 HANDLERS: dict[str, Callable[[Services, dict[str, Any]], Awaitable[dict[str, Any]]]] = {

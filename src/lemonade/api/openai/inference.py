@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.errors import APIError
-from lemonade.api.openai import routing
+from lemonade.api.openai import omni_chat, routing
 from lemonade.api.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -21,6 +21,7 @@ from lemonade.api.openai.protocol import (
 )
 from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
+from lemonade.omni.definitions import OMNI_RECIPE
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
@@ -50,8 +51,10 @@ def has_image_parts(body: ChatCompletionRequest) -> bool:
 @router.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     svc: Services = request.app.state.services
-    payload = body.model_dump(exclude_unset=True)
     target = svc.resolve(body.model)
+    if target.recipe == OMNI_RECIPE:  # the server-side tool loop (openai.md "Server-side tools")
+        return await omni_chat.chat(svc, target, body)
+    payload = body.model_dump(exclude_unset=True)
     if routing.is_router(target):  # a collection.router model: its policy picks the member that answers
         routed = await routing.route(svc, target, payload)
         try:

@@ -61,6 +61,8 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
         for key in ("version", "routing"):  # a collection.router's policy, as registered (and exported)
             if key in model.definition:
                 obj[key] = model.definition[key]
+        if model.definition.get("system_prompt"):
+            obj["system_prompt"] = model.definition["system_prompt"]
         if with_components:
             comps = [svc.catalog.find(c) for c in model.components or []]
             obj["models"] = [model_object(svc, c) for c in comps if c is not None]

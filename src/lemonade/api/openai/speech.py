@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
 from lemonade.backends.speech_engine import SpeechEngine
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_request import EngineError, encode
 from lemonade.services import Services
 
@@ -78,30 +79,66 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
         raise APIError(400, f"Invalid value for 'stream_format': '{body.stream_format}'. Only 'audio' is supported "
                        "(omit it for a buffered response)", code="invalid_argument")
     model = svc.check_model(svc.resolve(body.model), "tts", "/audio/speech")
-    path = svc.engine_path(model, "audio/speech")
+    streamed = body.stream_format is not None
+    if not streamed:
+        fmt = speech_format(svc, model, body.response_format)
+        audio = await synthesize(svc, model, body.input, voice=_voice_name(body.voice), speed=body.speed, fmt=fmt)
+        return Response(audio, media_type=CONTENT_TYPES[fmt])
+    engine = _speech_engine(svc, model)
+    _check_speed(engine, body.speed)
+    fmt = _choose_format(body.response_format, engine.stream_formats, "pcm", True)
+    payload = {"input": body.input, "voice": _voice_name(body.voice), "speed": body.speed, "response_format": fmt,
+               "stream": True}
+    try:
+        response = await svc.proxy.stream(model, svc.engine_path(model, "audio/speech"), payload, "audio/speech",
+                                          media_type=CONTENT_TYPES[fmt], in_band_errors=False)
+    except EngineError as exc:
+        raise _refusal(exc) from None
+    svc.metrics.record_inference(model.public, "audio/speech", None, None)
+    return response
+
+
+def _speech_engine(svc: Services, model: ModelInfo) -> SpeechEngine:
+    svc.engine_path(model, "audio/speech")
     engine = svc.engines.get(model.recipe)
     if not isinstance(engine, SpeechEngine):
         raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /audio/speech",
                        code="invalid_argument")
+    return engine
+
+
+def _check_speed(engine: SpeechEngine, speed: float) -> None:
     low, high = engine.speed_range
-    if not low <= body.speed <= high:
-        raise APIError(400, f"Invalid value for 'speed': {body.speed}. This model's engine takes {low} to {high}",
+    if not low <= speed <= high:
+        raise APIError(400, f"Invalid value for 'speed': {speed}. This model's engine takes {low} to {high}",
                        code="invalid_argument")
-    streamed = body.stream_format is not None
-    fmt = (_choose_format(body.response_format, engine.stream_formats, "pcm", True) if streamed else
-           _choose_format(body.response_format, engine.speech_formats, "mp3", False))
-    payload = {"input": body.input, "voice": _voice_name(body.voice), "speed": body.speed, "response_format": fmt,
-               "stream": streamed}
+
+
+def _refusal(exc: EngineError) -> APIError:
+    """The worker refused the request (an unknown voice, text it cannot speak): the client's 4xx."""
+    if 400 <= exc.status < 500:
+        return APIError(exc.status, exc.message, code="invalid_argument")
+    return exc
+
+
+def speech_format(svc: Services, model: ModelInfo, requested: str | None) -> str:
+    """The buffered `response_format` for `model`: `requested` if its engine encodes it (else 400), or
+    the default (mp3, or the engine's first format when it cannot encode mp3)."""
+    return _choose_format(requested, _speech_engine(svc, model).speech_formats, "mp3", False)
+
+
+async def synthesize(svc: Services, model: ModelInfo, text: str, *, voice: str | None = None, speed: float = 1.0,
+                     fmt: str = "mp3") -> bytes:
+    """Buffered speech from a TTS model, the work behind a non-streamed `/v1/audio/speech` (also run by
+    the omni tool loop's `text_to_speech`). `model` has passed `check_model`; `fmt` comes from
+    `speech_format`. A voice or text the worker refuses is a 4xx APIError."""
+    engine = _speech_engine(svc, model)
+    _check_speed(engine, speed)
+    payload = {"input": text, "voice": voice, "speed": speed, "response_format": fmt, "stream": False}
     try:
-        if streamed:
-            response = await svc.proxy.stream(model, path, payload, "audio/speech", media_type=CONTENT_TYPES[fmt],
-                                              in_band_errors=False)
-        else:
-            audio = await svc.proxy.post_raw(model, path, encode(payload), "application/json")
-            response = Response(audio, media_type=CONTENT_TYPES[fmt])
+        audio = await svc.proxy.post_raw(model, svc.engine_path(model, "audio/speech"), encode(payload),
+                                         "application/json")
     except EngineError as exc:
-        if 400 <= exc.status < 500:  # the worker refused the request (an unknown voice, text it cannot speak)
-            raise APIError(exc.status, exc.message, code="invalid_argument") from None
-        raise
+        raise _refusal(exc) from None
     svc.metrics.record_inference(model.public, "audio/speech", None, None)
-    return response
+    return audio

@@ -1,0 +1,252 @@
+"""The omni tool loop: the collection's LLM, called with the built-in prompt and tools, until it answers.
+
+Each round is one chat completion of the collection's LLM (through the proxy, so it auto-loads like
+any request). Calls to our tools run here, one after the other (`media.run_tool`); each medium is
+yielded the moment it exists, so a stream can send it at once; their result text goes back to the
+LLM as `tool` messages and the next round starts. A round that calls client tools ends the loop
+with `finish_reason: "tool_calls"` (the client runs them and resumes); a round without tool calls
+is the answer. A call repeated with the same arguments is not run again, and a round of nothing
+but such repeats ends the loop (small models repeat a call instead of answering). A later round
+that the engine fails (5xx) once media exist ends the loop with those media rather than losing
+them to the LLM's closing words. At most `MAX_ROUNDS` LLM calls are made.
+
+Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
+short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
+The client's `tool_choice` applies to the first round only when it forces a call (`required` or a
+named tool); later rounds are `auto`, else a forced call would repeat until the round limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from lemonade.errors import APIError
+from lemonade.omni.definitions import MAX_ROUNDS
+from lemonade.omni.media import Artifact, Turn, run_tool
+from lemonade.omni.toolset import Toolset
+from lemonade.services import Services
+from lemonade.util.jsonparse import loads
+
+log = logging.getLogger("lemonade.omni")
+
+_B64 = r"[A-Za-z0-9+/=]+"
+ECHOED_MEDIA = [
+    (re.compile(r"!\[[^\]\n]*\]\(\s*data:image/[\w.+-]+;base64," + _B64 + r"\s*\)"), "[generated image]"),
+    (re.compile(r"<audio>\s*data:audio/[\w.+-]+;base64," + _B64 + r"\s*</audio>"), "[generated audio]"),
+    (re.compile(r"data:([a-z]+)/[\w.+-]+;base64," + _B64), None),  # a bare data URL: "[image]", "[audio]", ...
+]
+NOT_SENT = ("messages", "model", "stream", "stream_options", "tools", "tool_choice", "max_completion_tokens")
+GAVE_UP = "Sorry, I could not finish that request."
+
+
+@dataclass
+class Media:
+    """A medium a tool just made."""
+
+    artifact: Artifact
+
+
+@dataclass
+class Answer:
+    """How the loop ended: the LLM's last text, the client-tool calls it made, the finish reason."""
+
+    text: str
+    finish_reason: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    id: str = ""
+    created: int = 0
+
+    def content(self) -> str:
+        """The whole assistant `content`: the text, then every medium (the non-streamed shape)."""
+        return "\n\n".join([p for p in (self.text,) if p] + [a.markdown() for a in self.artifacts])
+
+
+def strip_media(text: str) -> str:
+    for pattern, placeholder in ECHOED_MEDIA:
+        text = pattern.sub(lambda m, p=placeholder: p or f"[{m.group(1)}]", text)
+    return text
+
+
+IMAGE_DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,(" + _B64 + ")")
+
+
+def last_image(messages: list[dict[str, Any]]) -> bytes | None:
+    """The conversation's last image given as a data URL (in text, as our answers carry it, or as an
+    `image_url` part), decoded; None when there is none."""
+    found: str | None = None
+    for msg in messages:
+        content = msg.get("content")
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            url = part.get("image_url")
+            text = url.get("url") if isinstance(url, dict) else url if isinstance(url, str) else part.get("text")
+            for match in IMAGE_DATA_URL.finditer(text) if isinstance(text, str) else ():
+                found = match.group(1)
+    if found is None:
+        return None
+    try:
+        return base64.b64decode(found, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, Any]:
+    """A client message as the LLM gets it: echoed media as placeholders, every other field kept
+    (tool_calls, tool_call_id, name: a resumed client tool call must stay paired)."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        return {**msg, "content": strip_media(content)}
+    if not isinstance(content, list):
+        return {**msg, "content": content if content is not None else ""}
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append({**part, "text": strip_media(str(part.get("text", "")))})
+        elif kind in ("image_url", "input_image"):
+            parts.append(part if llm_sees_images and msg.get("role") == "user" else {"type": "text", "text": "[image]"})
+        elif kind == "input_audio":
+            parts.append({"type": "text", "text": "[audio from the user]"})
+        else:
+            parts.append(part)
+    if all(p.get("type") == "text" for p in parts):
+        return {**msg, "content": "\n".join(str(p.get("text", "")) for p in parts)}
+    return {**msg, "content": parts}
+
+
+def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for the LLM: the omni system prompt first (a client system prompt follows it,
+    in the same message), echoed media replaced."""
+    sees_images = svc.accepts_images(toolset.llm)
+    out = [prepared_message(m, sees_images) for m in messages]
+    if out and out[0].get("role") in ("system", "developer") and isinstance(out[0].get("content"), str):
+        out[0] = {**out[0], "role": "system", "content": toolset.system_prompt + "\n\n" + out[0]["content"]}
+    else:
+        out.insert(0, {"role": "system", "content": toolset.system_prompt})
+    return out
+
+
+def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The first round's (tools, tool_choice): a named tool becomes llama-server's form, `required`
+    with only that tool on offer (it reads `tool_choice` as a string); 400 for a name not offered."""
+    if not isinstance(choice, dict):
+        return toolset.tools, choice
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    named = [t for t in toolset.tools if (t.get("function") or {}).get("name") == name]
+    if choice.get("type") != "function" or not name or not named:
+        offered = ", ".join(str((t.get("function") or {}).get("name")) for t in toolset.tools) or "none"
+        raise APIError(400, f"Invalid value for 'tool_choice': it names the tool {name!r}, which is not offered "
+                       f"(tools of {toolset.collection.public}: {offered})", code="invalid_argument")
+    return named, "required"
+
+
+def _add_usage(total: dict[str, int], usage: Any) -> None:
+    if isinstance(usage, dict):
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            if isinstance(usage.get(key), int):
+                total[key] = total.get(key, 0) + usage[key]
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any] | None:
+    raw = (call.get("function") or {}).get("arguments")
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str) or not raw.strip():
+        return {}
+    try:
+        args = loads(raw)
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
+async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> AsyncIterator[Media | Answer]:
+    """Run the loop for one chat request (the validated body, as a dict); yields each `Media` as it is
+    made, then one `Answer`. An LLM error is raised (APIError), after any media already yielded."""
+    messages = prepared_messages(svc, toolset, request["messages"])
+    body = {k: v for k, v in request.items() if k not in NOT_SENT}
+    if request.get("max_completion_tokens") is not None:
+        body["max_tokens"] = request["max_completion_tokens"]
+    choice = request.get("tool_choice")
+    first_tools, first_choice = forced_choice(toolset, choice)
+    turn = Turn(artifacts=[], history_image=last_image(request["messages"]))
+    usage: dict[str, int] = {}
+    done: set[str] = set()  # the calls that made a medium in this turn (name + arguments)
+    answer = Answer(text="", finish_reason="stop", id=f"chatcmpl-omni-{uuid.uuid4().hex[:24]}",
+                    created=int(time.time()))
+    for round_no in range(MAX_ROUNDS):
+        if round_no == 0:
+            tools, tool_choice = first_tools, first_choice
+        else:  # a forced call is not forced again: the LLM now answers or calls what it wants
+            tools, tool_choice = toolset.tools, "auto" if choice == "required" or isinstance(choice, dict) else choice
+        call_body = {**body, "model": toolset.llm.name, "messages": messages, "stream": False}
+        if tools:
+            call_body["tools"] = tools
+            if tool_choice is not None:
+                call_body["tool_choice"] = tool_choice
+        try:
+            data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
+        except APIError as exc:
+            if not turn.artifacts or exc.status < 500:
+                raise
+            # The media the user asked for exist; only the LLM's closing words failed (e.g. a tool call
+            # cut by max_tokens, which llama-server cannot parse): answer with the media.
+            log.warning("omni %s: round %d failed after media were made; answering with them: %s",
+                        toolset.collection.public, round_no + 1, exc.message)
+            break
+        _add_usage(usage, data.get("usage"))
+        choices = data.get("choices") or [{}]
+        message = choices[0].get("message") or {}
+        text = message.get("content") if isinstance(message.get("content"), str) else ""
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        if not calls:
+            answer.text, answer.finish_reason = text, choices[0].get("finish_reason") or "stop"
+            break
+        ours = [c for c in calls if toolset.is_server_tool((c.get("function") or {}).get("name"))]
+        theirs = [c for c in calls if c not in ours]
+        messages.append({"role": "assistant", "content": text or "", "tool_calls": calls})
+        repeated = 0
+        for call in ours:
+            name = call["function"]["name"]
+            args = _arguments(call)
+            component = toolset.runs_on[name]
+            key = name + ":" + json.dumps(args, sort_keys=True)
+            if args is None:
+                result = "Error: the arguments are not a JSON object; call the tool again with valid JSON"
+            elif key in done:
+                repeated += 1
+                result = "Skipped: this exact call already ran in this turn; its result was shown to the user."
+            else:
+                log.info("omni %s: %s on %s", toolset.collection.public, name, component.public)
+                result, artifact = await run_tool(svc, name, component, args, turn)
+                if artifact is not None:
+                    done.add(key)
+                    yield Media(artifact)
+            messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
+        if theirs:
+            answer.text, answer.finish_reason, answer.tool_calls = text, "tool_calls", theirs
+            break
+        if repeated == len(calls):  # it only asks again for what it has: asking it once more would not help
+            log.info("omni %s: the LLM repeated its tool calls; the loop ends", toolset.collection.public)
+            answer.text = text
+            break
+    else:
+        log.warning("omni %s: the LLM still called tools after %d rounds; stopped", toolset.collection.public,
+                    MAX_ROUNDS)
+        answer.text = "" if turn.artifacts else GAVE_UP
+    answer.artifacts, answer.usage = turn.artifacts, usage
+    yield answer

@@ -1,0 +1,179 @@
+"""Running the omni tools on a collection's components, and the media they make.
+
+Each tool calls the same service code as the HTTP endpoint it stands for (`synthesize` behind
+`/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`), so
+loading, residency and stats work as for any request. A tool's failure (bad arguments, a model that
+refuses) is text for the LLM ("Error: ..."), as OpenAI tool results are, so it can try again or
+explain; only a client that went away stops the loop.
+
+Media go into the assistant's `content` as openai.md says: an image as a markdown image with a
+PNG data URL, speech as `<audio>data:audio/mpeg;base64,...</audio>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lemonade.api.openai import images
+from lemonade.api.openai.speech import CONTENT_TYPES, speech_format, synthesize
+from lemonade.backends.image_engine import ImageEngine
+from lemonade.errors import APIError
+from lemonade.model_info import ModelInfo
+from lemonade.services import Services
+
+log = logging.getLogger("lemonade.omni")
+SIZE_RE = re.compile(r"^\s*(\d{2,4})\s*[x×X*]\s*(\d{2,4})\s*$")
+EXTENSIONS = {"image/png": "png", "audio/mpeg": "mp3", "audio/wav": "wav", "audio/ogg": "ogg", "audio/aac": "aac",
+              "audio/flac": "flac", "audio/pcm": "pcm"}
+
+
+@dataclass
+class Artifact:
+    """One medium a tool made: `kind` "image" or "audio", its MIME type and bytes."""
+
+    kind: str
+    mime: str
+    data: bytes
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS.get(self.mime, "bin")
+
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode()}"
+
+    def markdown(self) -> str:
+        if self.kind == "image":
+            return f"![generated image]({self.data_url()})"
+        return f"<audio>{self.data_url()}</audio>"
+
+
+class ToolFailure(Exception):
+    """A tool could not run; the message goes back to the LLM as the tool's result."""
+
+
+@dataclass
+class Turn:
+    """What the tools of one request share: the media made so far (in order), and the conversation's
+    last image."""
+
+    artifacts: list[Artifact]
+    history_image: bytes | None = None  # the last image of the conversation: what edit_image starts from
+    history_image: bytes | None = None  # the conversation's last image: what an edit starts from
+
+
+def _text_arg(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise ToolFailure(f"'{name}' is required: a non-empty string")
+    return value.strip()
+
+
+def _image_engine(svc: Services, model: ModelInfo) -> ImageEngine:
+    engine = svc.engines.get(model.recipe)
+    if not isinstance(engine, ImageEngine):
+        raise ToolFailure(f"{model.public} is not an image model this server runs")
+    return engine
+
+
+def _image_settings(model: ModelInfo, args: dict[str, Any]) -> dict[str, Any]:
+    """The optional image arguments the LLM gave, checked as `/v1/images/*` checks them (a wrong
+    one is reported to the LLM, not guessed). A size near a valid one is rounded to it; without
+    one, the model's `image_defaults` size (512x512), as `/v1/images/generations` does."""
+    size = args.get("size")
+    match = SIZE_RE.match(str(size)) if size is not None else None
+    if match:
+        size = "x".join(str(max(64, round(int(v) / 64) * 64)) for v in match.groups())
+    defaults = model.image_defaults or {}
+    return {"size": images.parse_size(size, (int(defaults.get("width", 512)), int(defaults.get("height", 512)))),
+            "steps": images.parse_steps(args.get("steps")), "cfg_scale": images.parse_cfg_scale(args.get("cfg_scale")),
+            "seed": images.parse_seed(args.get("seed"))}
+
+
+def _first_png(answer: dict[str, Any], model: ModelInfo) -> bytes:
+    try:
+        return base64.b64decode(answer["data"][0]["b64_json"], validate=True)
+    except (KeyError, IndexError, TypeError, binascii.Error, ValueError):
+        raise ToolFailure(f"the image model {model.public} returned no image") from None
+
+
+async def generate_image(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
+    """One PNG from the collection's image model, made by `generate_images` (the code behind
+    `/v1/images/generations`); the model's own size and settings unless the LLM gave some."""
+    prompt = _text_arg(args, "prompt")
+    answer = await images.generate_images(svc, model, _image_engine(svc, model), prompt,
+                                          **_image_settings(model, args))
+    return "The image was generated and shown to the user.", Artifact("image", "image/png", _first_png(answer, model))
+
+
+async def edit_image(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
+    """The most recent image (made in this turn, else the last one in the conversation) edited by
+    the collection's edit model through `edit_images` (the code behind `/v1/images/edits`)."""
+    prompt = _text_arg(args, "prompt")
+    source = next((a.data for a in reversed(turn.artifacts) if a.kind == "image"), turn.history_image)
+    if source is None:
+        raise ToolFailure("there is no image in this conversation to edit; use generate_image for a new one")
+    images.check_image_bytes(source, "image")
+    answer = await images.edit_images(svc, model, _image_engine(svc, model), prompt, [source], None,
+                                      **_image_settings(model, args))
+    return "The image was edited and shown to the user.", Artifact("image", "image/png", _first_png(answer, model))
+
+
+async def text_to_speech(svc: Services, model: ModelInfo, args: dict[str, Any], turn: Turn) -> tuple[str, Artifact]:
+    """Speech from the collection's TTS model as mp3 (the engine's first format if it cannot encode
+    mp3). A voice the model does not have is replaced by its default voice, and the LLM is told."""
+    text = _text_arg(args, "input")
+    voice = args.get("voice") if isinstance(args.get("voice"), str) and args["voice"].strip() else None
+    fmt = speech_format(svc, model, None)
+    note = ""
+    try:
+        audio = await synthesize(svc, model, text, voice=voice, fmt=fmt)
+    except APIError as exc:
+        if voice is None or not 400 <= exc.status < 500:
+            raise
+        log.info("omni text_to_speech: voice %r refused (%s); using the default voice", voice, exc.message)
+        audio = await synthesize(svc, model, text, voice=None, fmt=fmt)
+        note = f" Voice {voice!r} is not available, so the default voice spoke."
+    return "The speech was generated and played to the user." + note, Artifact("audio", CONTENT_TYPES[fmt], audio)
+
+
+def _serves(svc: Services, model: ModelInfo, mode: str, endpoint: str) -> bool:
+    engine = svc.engines.get(model.recipe)
+    return (model.mode == mode and engine is not None and engine.available and endpoint in engine.endpoints
+            and not (isinstance(engine, ImageEngine) and engine.is_upscaler(model)))
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How the server runs one built-in tool: `run` it, on a component that `serves` it."""
+
+    run: Callable[[Services, ModelInfo, dict[str, Any], Turn], Awaitable[tuple[str, Artifact]]]
+    serves: Callable[[Services, ModelInfo], bool]
+
+
+# The tools this server can run; a built-in tool without a runner here is never offered.
+RUNNERS: dict[str, Runner] = {
+    "generate_image": Runner(generate_image, lambda svc, m: _serves(svc, m, "image", "images/generations")),
+    "edit_image": Runner(edit_image, lambda svc, m: "edit" in m.labels and _serves(svc, m, "image", "images/edits")),
+    "text_to_speech": Runner(text_to_speech, lambda svc, m: _serves(svc, m, "tts", "audio/speech")),
+}
+
+
+async def run_tool(svc: Services, name: str, model: ModelInfo, args: dict[str, Any],
+                   turn: Turn) -> tuple[str, Artifact | None]:
+    """Run tool `name` on `model`: the result text for the LLM, and the medium it made (None on failure)."""
+    try:
+        text, artifact = await RUNNERS[name].run(svc, model, args, turn)
+    except ToolFailure as exc:
+        return f"Error: {exc}", None
+    except APIError as exc:
+        log.warning("omni %s on %s failed: %s", name, model.public, exc.message)
+        return f"Error: {exc.message}", None
+    turn.artifacts.append(artifact)
+    return text, artifact
