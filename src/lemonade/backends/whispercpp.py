@@ -21,18 +21,15 @@ from urllib.parse import parse_qsl, urlsplit
 
 from lemonade.backends.base import BackendStartError, WrappedServer
 from lemonade.backends.engine import (
-    BackendState,
     Engine,
     EngineUnavailable,
-    InstallError,
     Launch,
     Option,
-    Progress,
     install_action,
 )
+from lemonade.backends.native_engine import NativeCpuBackend
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import (
-    WHISPER_CPP_VERSION,
     WhisperCppInstall,
     release_asset_name,
 )
@@ -150,7 +147,7 @@ def transcription_result(content: bytes) -> dict[str, Any]:
             "duration": duration, "segments": segments}
 
 
-class WhisperCppEngine(Engine):
+class WhisperCppEngine(NativeCpuBackend, Engine):
     recipe = "whispercpp"
     modes = ("transcription",)
     backends = BACKENDS
@@ -169,42 +166,15 @@ class WhisperCppEngine(Engine):
         super().__init__(cache_dir, config)
         self.installer = WhisperCppInstall(self.cache_dir)
 
-    # ----- backends ----------------------------------------------------------------------------------
-    def state(self, backend: str) -> BackendState:
-        if backend != "cpu":
-            return BackendState(self.recipe, backend, "unsupported", message=_unsupported_message(backend))
-        action = install_action(self.recipe, "cpu")
-        installed = self.installer.installed_version("cpu")
-        if self.installer.built_with_other_flags("cpu"):
-            return BackendState(self.recipe, "cpu", "update_required", action=action, version=installed,
-                                devices=["cpu"], message="The installed whisper.cpp was built with other options "
-                                "than this Lemonade uses for this CPU (e.g. with AMX kernels); rebuild it.")
-        if installed == WHISPER_CPP_VERSION:
-            return BackendState(self.recipe, "cpu", "installed", version=installed, devices=["cpu"])
-        if installed is not None or self.installer.backend_dir("cpu").exists():
-            return BackendState(self.recipe, "cpu", "update_required",
-                                message=f"Backend update is required before use (installed {installed}, this "
-                                        f"Lemonade uses {WHISPER_CPP_VERSION}).",
-                                action=action, version=installed, devices=["cpu"])
-        how = ("downloads the official whisper.cpp release archive, or builds it from source when that is "
-               "unreachable" if release_asset_name() else "builds whisper.cpp from source")
-        return BackendState(self.recipe, "cpu", "installable",
-                            message=f"Backend is supported but not installed. Installing it {how} (3 to 8 minutes "
-                                    "on 2 cores; needs cmake and a C++ compiler).",
-                            action=action, version=WHISPER_CPP_VERSION, devices=["cpu"])
+    # ----- backends (native_engine.NativeCpuBackend) ----------------------------------------------
+    product = "whisper.cpp"
+    build_minutes = "3 to 8"
 
-    def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        self.check_request(backend)
-        return self.installer.install_pinned(backend, progress, force)
+    def release_asset(self) -> str | None:
+        return release_asset_name()
 
-    def uninstall(self, backend: str) -> dict[str, Any]:
-        if backend not in self.backends:
-            raise InstallError(f"Unknown {self.recipe} backend '{backend}' (known: {', '.join(self.backends)}).",
-                               code="unknown_backend")
-        if backend != "cpu":
-            raise InstallError(f"whispercpp:{backend} is not installed by this build: {_unsupported_message(backend)}",
-                               code="unsupported_backend")
-        return self.installer.remove(backend)
+    def unsupported_message(self, backend: str) -> str:
+        return _unsupported_message(backend)
 
     # ----- options -----------------------------------------------------------------------------------
     def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:

