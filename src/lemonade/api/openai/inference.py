@@ -55,13 +55,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
     if target.recipe == OMNI_RECIPE:  # the server-side tool loop (openai.md "Server-side tools")
         return await omni_chat.chat(svc, target, body)
     payload = body.model_dump(exclude_unset=True)
-    if routing.is_router(target):  # a collection.router model: its policy picks the member that answers
-        routed = await routing.route(svc, target, payload)
-        try:
-            return routed.attach(await chat_completions_of(request, routed.member, body, payload))
-        except APIError as exc:
-            raise routed.on_error(exc) from None
-    return await chat_completions_of(request, target, body, payload)
+    # a collection.router model: its policy picks the member that answers
+    return await routing.answered(svc, target, payload,
+                                  lambda model: chat_completions_of(request, model, body, payload))
 
 
 async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCompletionRequest,
@@ -77,14 +73,8 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
 async def completions(request: Request, body: CompletionRequest) -> Response:
     svc: Services = request.app.state.services
     payload = body.model_dump(exclude_unset=True)
-    target = svc.resolve(body.model)
-    if routing.is_router(target):
-        routed = await routing.route(svc, target, payload)
-        try:
-            return routed.attach(await completions_of(request, routed.member, body, payload))
-        except APIError as exc:
-            raise routed.on_error(exc) from None
-    return await completions_of(request, target, body, payload)
+    return await routing.answered(svc, svc.resolve(body.model), payload,
+                                  lambda model: completions_of(request, model, body, payload))
 
 
 async def completions_of(request: Request, target: ModelInfo, body: CompletionRequest,

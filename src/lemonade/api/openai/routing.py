@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +145,19 @@ async def route(svc: Services, router_model: ModelInfo, payload: dict[str, Any])
              f"rule {decision.matched_rule}" if decision.matched_rule else "default")
     payload["model"] = member.public
     return Routed(member, decision, want_trace)
+
+
+async def answered(svc: Services, target: ModelInfo, payload: dict[str, Any],
+                   answer: Callable[[ModelInfo], Awaitable[Response]]) -> Response:
+    """`answer(target)`, or for a router model `answer(member)` with the member its policy picks, the
+    decision attached to the answer (and to the member's error)."""
+    if not is_router(target):
+        return await answer(target)
+    routed = await route(svc, target, payload)
+    try:
+        return routed.attach(await answer(routed.member))
+    except APIError as exc:
+        raise routed.on_error(exc) from None
 
 
 async def attach_to_first_event(chunks: AsyncIterator[bytes], route: dict[str, Any]) -> AsyncIterator[bytes]:
