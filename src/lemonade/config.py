@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False},
+    # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": []},
     "whispercpp": {"backend": "cpu", "args": ""},
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
@@ -107,6 +108,13 @@ def validate_value(key: str, value: Any) -> Any:
     default = _DEFAULT_LEAVES[key]
     if key == "cloud_providers":
         return _cloud_providers(value)
+    if key == "llamacpp.rpc_workers":
+        from lemonade.backends.llamacpp_rpc import WorkerSpecError, worker_list
+
+        try:
+            return worker_list(value, key)
+        except WorkerSpecError as exc:
+            raise ConfigError(f"Config key {exc}") from None
     if key == "telemetry.otlp.headers":
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ConfigError(f"Config key '{key}' must be a JSON object of header names to string values")
@@ -223,6 +231,8 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key not in _DEFAULT_LEAVES:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
+    if key == "llamacpp.rpc_workers" and not raw.strip().startswith("["):
+        return raw.split(",")  # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`
     if isinstance(default, (list, dict)) and key != "max_loaded_models":
         try:
             return json.loads(raw)
