@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
     "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": []},
     "whispercpp": {"backend": "cpu", "args": ""},
+    "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
@@ -189,6 +190,8 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
     if key == "default_model_source" and value not in MODEL_SOURCES:
         raise ConfigError(f"Config key 'default_model_source' must be one of {', '.join(MODEL_SOURCES)}")
+    if key == "vllm.backend" and value not in ("auto", "cuda", "rocm"):
+        raise ConfigError(f"Config key 'vllm.backend' must be one of auto, cuda, rocm, got '{value}'")
     if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:

@@ -19,6 +19,7 @@ from lemonade.backends.kokoro import KokoroEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
 from lemonade.backends.onnxruntime import OnnxRuntimeEngine
 from lemonade.backends.piper import PiperEngine
+from lemonade.backends.vllm import VllmEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
                                              PiperEngine, CloudEngine)
 ENGINE_CLASSES += (OnnxRuntimeEngine,)
+ENGINE_CLASSES += (VllmEngine,)  # `vllm serve` on CUDA/ROCm GPUs; refuses clearly elsewhere (docs/scale-out.md)
 
 
 def _positive(name: str) -> Any:
@@ -43,7 +45,6 @@ UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]
         "height": Option(int, "sdcpp.height", check=_positive("height"))}),
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
-    "vllm": (("chat",), ("rocm",), {}),
     "acestep": (("audio-generation",), ("default",), {}),
     "thinksound": (("audio-generation",), ("default",), {}),
     "trellis": (("3d",), ("default",), {}),
