@@ -177,6 +177,13 @@ def rpc_server(module_servers, gemma_dir: Path, hosts: list[Host]):
                           config={"llamacpp": {"rpc_workers": [h.endpoint for h in hosts]}})
 
 
+def test_worker_says_what_it_serves(hosts):
+    for host in hosts:
+        text = host.output.read_text(errors="replace")
+        assert f"serving on {host.endpoint}" in text and "device CPU:" in text, text
+        assert f'llamacpp.rpc_workers=["{host.endpoint}"]' in text, text
+
+
 def test_worker_option_checked_entry_by_entry(rpc_server):
     with rpc_server.client() as c:
         r = c.post("/v1/load", json={"model_name": GEMMA_NAME, "rpc_workers": ["10.77.1.2:50052", "nohostport"]})

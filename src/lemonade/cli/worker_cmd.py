@@ -61,9 +61,9 @@ def _pump(proc: subprocess.Popen[str], devices: list[str]) -> None:
         err.print(f"[dim]rpc-server | {escape(text)}[/dim]", highlight=False)
         if text.startswith("Devices:"):
             in_devices = True
-        elif in_devices and text.startswith("  ") and ":" in text:
+        elif in_devices and text.startswith("  ") and "MiB" in text:  # "  CPU: <name> (N MiB, M MiB free)"
             devices.append(text.strip())
-        else:
+        elif not text.startswith("  "):
             in_devices = False
 
 
