@@ -268,3 +268,17 @@ def test_worker_stops_cleanly_and_health_says_so(rpc_server, hosts):
     assert hosts[0].endpoint not in refused.value.message
     health = httpx.get(rpc_server.url + "/v1/health", timeout=30).json()
     assert [m["model_name"] for m in health["crashed_models"]] == [GEMMA_NAME]
+
+
+def test_config_worker_list_checked(tmp_path):
+    """`llamacpp.rpc_workers` from the environment (comma list) and `config set` (JSON), entry by entry;
+    nothing is written when an entry is bad."""
+    from lemonade.config import Config, ConfigError
+
+    env = Config(tmp_path, environ={"LEMONADE_LLAMACPP_RPC_WORKERS": "10.0.0.2:50052, 10.0.0.3:50052"})
+    assert env.get("llamacpp.rpc_workers") == ["10.0.0.2:50052", "10.0.0.3:50052"]
+    with pytest.raises(ConfigError, match="llamacpp.rpc_workers.*'bad'"):
+        Config(tmp_path, environ={}).set({"llamacpp": {"rpc_workers": ["10.0.0.2:50052", "bad"]}})
+    assert not (tmp_path / "config.json").exists()
+    Config(tmp_path, environ={}).set({"llamacpp": {"rpc_workers": ["[fd00::2]:50052"]}})
+    assert Config(tmp_path, environ={}).get("llamacpp.rpc_workers") == ["[fd00::2]:50052"]
