@@ -88,7 +88,7 @@ def test_slot_folder_is_ours(tmp_path):
     assert flag(argv, "--slot-save-path") == str(tmp_path / "slots")
 
 
-@pytest.mark.parametrize("args", ["--log-file victim.txt", "--slot-save-path /tmp", "--rpc 10.0.0.1:50052",
+@pytest.mark.parametrize("args", ["--log-file victim.txt", "--slot-save-path /tmp",
                                   "--lora x.gguf", "--api-key k", "--path /", "--tools all", "-hf a/b",
                                   "--threads 2 --grammar-file g.txt", "--media-path /"])
 def test_request_args_cannot_touch_files_or_the_network(args):
@@ -96,6 +96,13 @@ def test_request_args_cannot_touch_files_or_the_network(args):
         check_llamacpp_args(args)
     assert repr(args.split()[-2] if args.startswith("--threads") else args.split()[0]) in str(err.value)
     assert "llamacpp.args" in str(err.value)  # says where an admin can set it instead
+
+
+def test_rpc_flag_is_ours():
+    """`--rpc` comes from the rpc_workers option (checked for reachability first), never from args."""
+    for trusted in (False, True):
+        with pytest.raises(ValueError, match="rpc_workers"):
+            check_llamacpp_args("--rpc 10.0.0.1:50052", trusted=trusted)
 
 
 def test_safe_args_pass_and_the_admin_may_use_others():

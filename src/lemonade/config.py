@@ -36,8 +36,10 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False},
+    # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": []},
     "whispercpp": {"backend": "cpu", "args": ""},
+    "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
@@ -107,6 +109,13 @@ def validate_value(key: str, value: Any) -> Any:
     default = _DEFAULT_LEAVES[key]
     if key == "cloud_providers":
         return _cloud_providers(value)
+    if key == "llamacpp.rpc_workers":
+        from lemonade.backends.llamacpp_rpc import WorkerSpecError, worker_list
+
+        try:
+            return worker_list(value, key)
+        except WorkerSpecError as exc:
+            raise ConfigError(f"Config key {exc}") from None
     if key == "telemetry.otlp.headers":
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ConfigError(f"Config key '{key}' must be a JSON object of header names to string values")
@@ -181,6 +190,8 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
     if key == "default_model_source" and value not in MODEL_SOURCES:
         raise ConfigError(f"Config key 'default_model_source' must be one of {', '.join(MODEL_SOURCES)}")
+    if key == "vllm.backend" and value not in ("auto", "cuda", "rocm"):
+        raise ConfigError(f"Config key 'vllm.backend' must be one of auto, cuda, rocm, got '{value}'")
     if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
@@ -223,6 +234,8 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key not in _DEFAULT_LEAVES:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
+    if key == "llamacpp.rpc_workers" and not raw.strip().startswith("["):
+        return raw.split(",")  # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`
     if isinstance(default, (list, dict)) and key != "max_loaded_models":
         try:
             return json.loads(raw)

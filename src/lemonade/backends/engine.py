@@ -238,6 +238,11 @@ class Engine(ABC):
         """The engine's refusal of a raw request for `path`, said in terms of our API's fields."""
         return error
 
+    async def health_fields(self, loaded: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Fields this engine adds to `/v1/health` (e.g. llama.cpp's RPC workers and whether they
+        answer), given the options of its loaded models by model name; nothing by default."""
+        return {}
+
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         """Tokens a model loaded with these options could take: `ctx_size` as given (engines that
         size it automatically say what automatic means for these files)."""

@@ -46,6 +46,7 @@ from lemonade.backends.llamacpp_build import (
     LLAMA_CPP_COMMIT,
     LLAMA_CPP_PYTHON_VERSION,
     LLAMA_CPP_VERSION,
+    RPC_SERVER,
     BuildLog,
     InstallError,
     build_flags,
@@ -125,6 +126,19 @@ class BackendInstaller(NativeInstall):
         if exe.is_file() and os.access(exe, os.X_OK) and (self.backend_dir(backend) / INSTALL_JSON).is_file():
             return exe
         return None
+
+    def rpc_server_path(self, backend: str) -> Path | None:
+        """The llama.cpp RPC worker program of an installed backend (`ggml-rpc-server`; release
+        archives before the rename ship it as `rpc-server`), or on PATH for `system`."""
+        names = [RPC_SERVER, "rpc-server"]
+        if sys.platform == "win32":
+            names = [n + ".exe" for n in names]
+        if backend == "system":
+            found = next((shutil.which(n) for n in names if shutil.which(n)), None)
+            return Path(found) if found else None
+        if self.llama_server_path(backend) is None:
+            return None
+        return next((self.backend_dir(backend) / n for n in names if (self.backend_dir(backend) / n).is_file()), None)
 
     def source_dir(self) -> Path | None:
         """Extracted llama.cpp sources (convert_hf_to_gguf.py, gguf-py), if present."""
@@ -350,7 +364,7 @@ class BackendInstaller(NativeInstall):
         flags = build_flags(backend)
         bin_dir = cmake_build(src, self.build_dir(backend), tools, blog, progress, flags=flags)
         emit(progress, "install", f"Copying binaries into {self.backend_dir(backend)}", None)
-        for name in ("llama-server", "llama-gguf-split"):
+        for name in ("llama-server", "llama-gguf-split", RPC_SERVER):
             if (bin_dir / name).is_file():
                 shutil.copy2(bin_dir / name, staging / name)
         return {"source": "source-build", "source_dir": str(src), "build_dir": str(self.build_dir(backend)),

@@ -7,6 +7,7 @@ into a `llama-server` command line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -29,8 +30,19 @@ from lemonade.backends.engine import (
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.backends.llamacpp_flags import EngineArgsError, check_llamacpp_args, unknown_flags
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
+from lemonade.backends.llamacpp_rpc import (
+    HEALTH_TIMEOUT,
+    check_option,
+    probe,
+    probe_all,
+    probe_sync,
+    rpc_args,
+    unreachable_message,
+    worker_list,
+)
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
+from lemonade.errors import APIError
 from lemonade.system.devices import detect_devices
 
 if TYPE_CHECKING:
@@ -64,11 +76,14 @@ def resolved_ctx_size(ctx_size: int, main_file: Path | None) -> int:
     return min(trained, AUTO_CTX_CAP) if trained else FALLBACK_CTX
 
 
-def device_args(backend: str, device: str) -> list[str]:
+def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
     """GPU layers and device for a backend. A GPU backend offloads every layer (`-ngl 99`, as
     Lemonade does; the flag is ours, users cannot set it) to `llamacpp_device` if given (llama.cpp
     device names such as `Vulkan0`, or a comma list); the cpu backend has no device to pick and
-    offloads nothing; a `system` llama-server keeps its own defaults."""
+    offloads nothing; a `system` llama-server keeps its own defaults. With RPC workers (`rpc`) every
+    backend offloads every layer: the workers' devices are where they go."""
+    if rpc and backend in ("cpu", "system"):
+        return ["-ngl", "99"] + (["--device", device] if device else [])
     if backend == "cpu":
         if device:
             log.warning("llamacpp_device=%r is ignored: the cpu backend has no devices (choose a GPU backend "
@@ -117,7 +132,9 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             argv += ["--chat-template-file", str(fallback_template(info.architecture))]
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
-    argv += device_args(backend, str(options.get("llamacpp_device") or ""))
+    workers = worker_list(options.get("rpc_workers") or [])
+    argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
+    argv += rpc_args(workers)
     user_args = check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True)  # checked when set
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
@@ -167,6 +184,8 @@ class LlamaCppEngine(Engine):
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
         "llamacpp_device": Option(str, None, default="", check=_check_device),
+        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over (llamacpp_rpc.py)
+        "rpc_workers": Option(list, "llamacpp.rpc_workers", check=check_option),
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"
@@ -243,6 +262,12 @@ class LlamaCppEngine(Engine):
                                     f"with: {st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
         refuse_damaged_files(model, files)
+        workers = worker_list(options.get("rpc_workers") or [])
+        if workers:  # llama-server would fail (or wait) deep in its load; say which worker and what to do
+            down = [r for r in await probe_all(workers) if not r["reachable"]]
+            if down:
+                raise APIError(503, unreachable_message(model.public, down), code="rpc_worker_unreachable",
+                               extra={"unreachable_workers": [d["address"] for d in down]})
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         argv = build_argv(binary, model, files, options, port, backend, slot_dir)
@@ -264,6 +289,32 @@ class LlamaCppEngine(Engine):
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start()
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu")
+
+    def system_info(self) -> dict[str, Any]:
+        """Adds the configured RPC workers and whether they answer (a TCP connect each)."""
+        info = super().system_info()
+        workers = self._configured_workers()
+        if workers:
+            info["rpc_workers"] = [probe_sync(w) for w in workers]
+        return info
+
+    def _configured_workers(self) -> list[str]:
+        try:
+            return worker_list(self.config.get("llamacpp.rpc_workers") or [])
+        except ValueError:
+            return []
+
+    async def health_fields(self, loaded: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """`rpc_workers` in `/v1/health`: every worker configured or used by a loaded model, whether it
+        answers a TCP connect now, its connect latency and the loaded models spread over it."""
+        users: dict[str, list[str]] = {w: [] for w in self._configured_workers()}
+        for name, options in loaded.items():
+            for worker in worker_list(options.get("rpc_workers") or []):
+                users.setdefault(worker, []).append(name)
+        if not users:
+            return {}
+        results = await asyncio.gather(*(probe(w, HEALTH_TIMEOUT) for w in users))
+        return {"rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         main = files["main"][0] if files and files.get("main") else None

@@ -51,8 +51,10 @@ ENV_SDIST = "LEMONADE_LLAMACPP_SDIST"  # local sdist tarball instead of `pip dow
 ENV_RELEASE_BASE_URL = "LEMONADE_LLAMACPP_RELEASE_BASE_URL"  # mirror of the GitHub release folder
 ENV_NO_RELEASE = "LEMONADE_LLAMACPP_NO_RELEASE"  # "1": never try the release archive
 
-# Targets we build and copy. llama-gguf-split is small and handy for tests (sharded models).
-BUILD_TARGETS = ("llama-server", "llama-gguf-split")
+# Targets we build and copy. llama-gguf-split is small and handy for tests (sharded models);
+# ggml-rpc-server is the worker of llama.cpp's distributed engine (`lemonade worker`, llamacpp_rpc.py).
+RPC_SERVER = "ggml-rpc-server"  # upstream's target; older releases named the program `rpc-server`
+BUILD_TARGETS = ("llama-server", "llama-gguf-split", RPC_SERVER)
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -63,6 +65,12 @@ CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
+    # llama.cpp's RPC backend, in every build rather than a separate `rpc` one: it gives
+    # `llama-server --rpc host:port,...` and the `ggml-rpc-server` worker (docs/scale-out.md). The
+    # official release archives are built with it too, so both install paths end in the same
+    # layout; the backend only acts when `--rpc` is given. Adding it changed the recorded flags, so a
+    # cpu build of an older Lemonade is rebuilt once (with ccache that is mostly a relink).
+    "-DGGML_RPC=ON",
     f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_BUILD_NUMBER}",
     f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}",
 )

@@ -25,6 +25,7 @@ FORBIDDEN_FLAGS = {
     "--embedding": "--embeddings", "--reranking": "--reranking", "--rerank": "--reranking",
     "-a": "--alias", "--alias": "--alias", "-dev": "--device (use the llamacpp_device option)",
     "--device": "--device (use the llamacpp_device option)",
+    "--rpc": "--rpc (use the rpc_workers option or llamacpp.rpc_workers)",
 }
 
 # Performance, sampling, context, speculative decoding, reasoning and logging-verbosity flags:

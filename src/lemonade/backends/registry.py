@@ -20,18 +20,17 @@ from lemonade.backends.llamacpp import LlamaCppEngine
 from lemonade.backends.onnxruntime import OnnxRuntimeEngine
 from lemonade.backends.piper import PiperEngine
 from lemonade.backends.sdcpp import SdCppEngine
+from lemonade.backends.vllm import VllmEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
 
 if TYPE_CHECKING:
     from lemonade.config import Config
 
-ENGINE_CLASSES: tuple[type[Engine], ...] = (LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine,
-                                             PiperEngine, CloudEngine, SdCppEngine)
-ENGINE_CLASSES += (OnnxRuntimeEngine,)
-
-
-def _positive(name: str) -> Any:
-    return lambda v: None if v >= 1 else f"Option '{name}' must be a positive integer, got {v}"
+ENGINE_CLASSES: tuple[type[Engine], ...] = (
+    LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine, PiperEngine, SdCppEngine, OnnxRuntimeEngine,
+    CloudEngine,
+    VllmEngine,  # `vllm serve` on CUDA/ROCm GPUs; refuses clearly elsewhere (docs/scale-out.md)
+)
 
 
 _CTX = {"ctx_size": Option(int, "ctx_size")}
@@ -39,7 +38,6 @@ _CTX = {"ctx_size": Option(int, "ctx_size")}
 UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]]] = {
     "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
     "ryzenai-llm": (("chat",), ("npu",), _CTX),
-    "vllm": (("chat",), ("rocm",), {}),
     "acestep": (("audio-generation",), ("default",), {}),
     "thinksound": (("audio-generation",), ("default",), {}),
     "trellis": (("3d",), ("default",), {}),

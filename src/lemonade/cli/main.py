@@ -91,6 +91,7 @@ def _register_commands() -> None:
     for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
                    speech_cmd, cloud_cmd, launch_cmd, bench_cmd, image_cmd):
         module.register(app)
+    importlib.import_module("lemonade.cli.worker_cmd").register(app)  # llama.cpp RPC worker (scale-out)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)
         importlib.import_module("lemonade.cli.import_cmd").register(app)

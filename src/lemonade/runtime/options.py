@@ -92,7 +92,7 @@ def tuned_in_force(tuned: dict[str, Any], effective: dict[str, Any]) -> dict[str
     return out
 
 
-_TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false"}
+_TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false", list: "a list"}
 
 
 def validate_option(recipe: str, key: str, value: Any) -> Any:

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from lemonade.runtime.options import all_options
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
 
 
 def _option_schema(type_: type | tuple[type, ...]) -> dict[str, Any]:

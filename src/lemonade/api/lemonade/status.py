@@ -43,6 +43,9 @@ async def health(request: Request) -> dict[str, Any]:
         "queue": svc.router.queue_info(),
         "auto_tune": svc.autotune.describe(),
     }
+    for engine in svc.engines:  # engine-specific health (e.g. llama.cpp RPC workers), when there is any
+        body.update(await engine.health_fields({lm.model.public: lm.options for lm in svc.router.loaded.values()
+                                                if lm.engine is engine}))
     if svc.websocket_port is not None:  # only while the dedicated WebSocket server runs (lemonade.md)
         body["websocket_port"] = svc.websocket_port
     return body

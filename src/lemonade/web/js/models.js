@@ -91,8 +91,10 @@ export function create(root) {
         control = h('select', {}, h('option', { value: '' }, 'server setting'), h('option', { value: 'true' }, 'on'), h('option', { value: 'false' }, 'off'));
       } else if (typeof def === 'boolean' || typeof value === 'boolean') control = h('input', { type: 'checkbox', checked: !!value });
       else if (typeof def === 'number' || typeof value === 'number') control = h('input', { type: 'number', value: String(value ?? ''), step: 'any' });
+      else if (Array.isArray(def) || Array.isArray(value)) control = h('input', { type: 'text', value: (value || []).join(','), placeholder: 'comma-separated' });
       else control = h('input', { type: 'text', value: value ?? '' });
-      inputs[key] = { control, kind: control.tagName === 'SELECT' ? 'tristate' : control.type };
+      const list = Array.isArray(def) || Array.isArray(value); // e.g. rpc_workers: host:port,host:port
+      inputs[key] = { control, kind: control.tagName === 'SELECT' ? 'tristate' : list ? 'list' : control.type };
       return field(key, control, key in view.saved ? 'saved for this model' : `default: ${JSON.stringify(def)}`);
     });
     const pinned = h('input', { type: 'checkbox', checked: !!view.saved.pinned });
@@ -101,7 +103,8 @@ export function create(root) {
     bar.hidden = true;
     const values = () => Object.fromEntries(Object.entries(inputs).map(([k, { control, kind }]) =>
       [k, kind === 'checkbox' ? control.checked : kind === 'tristate' ? (control.value === '' ? null : control.value === 'true')
-        : kind === 'number' ? (control.value === '' ? null : Number(control.value)) : control.value]));
+        : kind === 'number' ? (control.value === '' ? null : Number(control.value))
+        : kind === 'list' ? control.value.split(',').map((v) => v.trim()).filter(Boolean) : control.value]));
     const dialog = h('dialog', { class: 'options-dialog', 'aria-label': `Load ${model.id}` },
       h('form', { method: 'dialog' },
         h('h2', {}, `Load ${model.id}`),
