@@ -307,10 +307,10 @@ def test_unsupported_and_unknown_requests(tmp_path):
         assert err.value.code == code, (recipe, backend)
         assert str(err.value)
     # a recipe whose engine this build does not ship refuses before any work
-    onnx = engines(tmp_path, tmp_path).get("onnxruntime")
-    assert onnx is not None and not onnx.available
+    ace = engines(tmp_path, tmp_path).get("acestep")
+    assert ace is not None and not ace.available
     with pytest.raises(InstallError) as err:
-        onnx.install("cpu")
+        ace.install("default")
     assert err.value.code == "unsupported_backend" and "not available in this build" in str(err.value)
 
 

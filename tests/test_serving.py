@@ -699,7 +699,10 @@ def test_system_backend_and_prefer_system(make_server, gemma_dir, llama_backend,
 def test_model_of_an_unavailable_engine_is_refused_before_any_download(make_server):
     srv = make_server(env={"LEMONADE_OFFLINE": "1"})
     with srv.client() as c:
-        resp = c.post("/v1/load", json={"model_name": "SD-Turbo"})  # sd-cpp: no engine in this build yet
+        registered = c.post("/v1/models/register", json={"model_name": "user.npu-llm", "recipe": "flm",
+                                                          "checkpoint": "amd/Llama-3.2-1B-FLM:main"})
+        assert registered.status_code == 200, registered.text
+        resp = c.post("/v1/load", json={"model_name": "user.npu-llm"})  # flm: no engine in this build
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_load_refused"
 
 

@@ -143,7 +143,7 @@ def _rss_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
 def test_long_upload_is_streamed_not_held_in_memory(server, http, clips, tmp_path):
     """A 20 MB WAV (105 s of 48 kHz stereo: speech, then silence; the engine resamples it to 16 kHz
     mono): the server's memory grows by far less than the file (starlette spools it to disk, the
-    proxy sends it on in 1 MB pieces)."""
+    proxy sends it on in 256 KB pieces)."""
     long_wav = tmp_path / "long.wav"
     subprocess.run(["sox", str(clips["wav"]), "-r", "48000", "-c", "2", str(long_wav), "pad", "0", "97"], check=True)
     size = long_wav.stat().st_size
