@@ -33,7 +33,18 @@ from typing import Any
 from filelock import FileLock
 
 from lemonade.backends.engine import InstallError
-from lemonade.backends.native_build import BuildLog, Progress, cpu_cmake_flags, emit
+from lemonade.backends.native_build import (
+    BuildLog,
+    Progress,
+    VendoredSource,
+    check_toolchain,
+    cmake_build,
+    cpu_cmake_flags,
+    emit,
+    extract_vendored,
+    fetch_release,
+    fetch_sdist,
+)
 from lemonade.paths import backends_dir
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -54,6 +65,9 @@ class NativeInstall:
     version: str = ""  # the pinned engine version an install must report
     executables: tuple[str, ...] = ()  # what a complete install holds (the server first)
     cmake_flags: tuple[str, ...] = ()  # the project's own CMake flags for a source build
+    source: VendoredSource | None = None  # the pinned sources a source build uses
+    build_targets: tuple[str, ...] = ()  # the CMake targets that produce `executables`
+    env_no_release: str = ""  # environment variable that skips the release archive
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = Path(cache_dir)
@@ -120,13 +134,56 @@ class NativeInstall:
 
     # --- what a subclass says ------------------------------------------------------------------
 
+    def release_asset(self) -> str | None:
+        """The release archive upstream publishes for this machine, None where there is none."""
+        return None
+
+    def release_url(self, asset: str) -> str:
+        raise NotImplementedError
+
     def _heading(self, backend: str) -> str:
         """The build log's first line: what is installed, from which sources."""
         return f"Lemonade install of {self.recipe}:{backend} {self.version}"
 
     def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
-        """Fill `staging` with the binaries; return the install.json fields known so far."""
-        raise NotImplementedError
+        """Fill `staging` with the binaries: the release archive where allowed and reachable, else a
+        source build of `source`; return the install.json fields known so far."""
+        assert self.source is not None
+        project = self.source.project
+        release_error: str | None = None
+        asset = self.release_asset()
+        if asset is not None and release_allowed(self.source.env_sdist, self.env_no_release, asset):
+            try:
+                folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
+                                       progress)
+                copy_tree_contents(folder, staging)
+                for exe in self.executables:  # a zip archive keeps no Unix modes
+                    if (staging / exe).is_file():
+                        (staging / exe).chmod(0o755)
+                blog.write(f"== release archive unpacked from {folder}")
+                return {"source": "release"}
+            except InstallError:
+                raise
+            except Exception as exc:  # any failure here means: build from source
+                release_error = f"{type(exc).__name__}: {exc}"
+                blog.write(f"== release archive unavailable ({release_error}); building from source")
+                emit(progress, "download", f"Release archive unavailable; building {project} from source", None)
+        try:
+            tools = check_toolchain(project)
+        except InstallError as exc:
+            if release_error:
+                raise InstallError(f"Could not download the {project} release archive ({release_error}), and {exc}",
+                                   code=exc.code) from exc
+            raise
+        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
+        sdist = fetch_sdist(self.source, self.downloads_dir, blog, progress)
+        src = extract_vendored(self.source, sdist, self.src_root, blog, progress)
+        bin_dir = cmake_build(project, src, self.build_dir(backend), tools, blog, progress, flags=self.build_flags(),
+                              targets=self.build_targets, binary=self.executables[0])
+        emit(progress, "install", f"Copying {' and '.join(self.executables)} into {self.backend_dir(backend)}", None)
+        for exe in self.executables:
+            shutil.copy2(bin_dir / exe, staging / exe)
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
         """Run the new binary; return install.json fields (at least "version"), or raise

