@@ -411,3 +411,32 @@ def test_a_build_made_with_other_flags_must_be_rebuilt(tmp_path):
     assert installer.state("llamacpp", "cpu").state == "update_required"
     atomic_write_json(folder / "install.json", {**info, "cmake_flags": build_flags()})
     assert installer.state("llamacpp", "cpu").state == "installed"
+
+
+def test_stopping_builds_ends_the_command_and_everything_it_started(tmp_path):
+    """A server that stops mid-build (Services.aclose) leaves no compiler running: the build command
+    runs in a process group of its own, which `stop_builds` kills whole."""
+    import psutil
+
+    from lemonade.backends.native_build import BuildLog, run_logged, stop_builds
+
+    blog = BuildLog(tmp_path / "build.log")
+    pids = tmp_path / "pids"
+    # a "compiler" started in the background by the build command, as make starts cc1plus
+    script = f"sleep 300 & echo $! > {pids}; echo started; wait"
+    result: dict[str, int] = {}
+    worker = threading.Thread(target=lambda: result.update(rc=run_logged(["sh", "-c", script], blog)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pids.read_text())
+    assert psutil.pid_exists(child)
+    stop_builds()
+    worker.join(10)
+    assert not worker.is_alive() and result["rc"] != 0
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the build's child outlived stop_builds"
+        time.sleep(0.05)
+    assert "started" in (tmp_path / "build.log").read_text()

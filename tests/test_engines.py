@@ -254,3 +254,19 @@ def test_per_type_limits_map(make_server, gemma_dir, tmp_path):
         assert set(loaded(c)) == {"a", "b"}
         bad = c.post("/internal/set", json={"max_loaded_models": {"llm": 0}})
         assert bad.status_code == 400 and "max_loaded_models.llm" in bad.json()["error"]["message"]
+
+
+def test_an_engine_that_dies_at_start_is_quoted_to_its_last_line():
+    """The start error quotes what the engine said last, even a line without its newline written just
+    before it exited (the output pump is awaited, not raced)."""
+    import asyncio
+
+    from lemonade.backends.base import BackendStartError, WrappedServer, free_port
+
+    script = "for i in $(seq 1 30); do echo line $i; done; sleep 0.2; printf 'error: the real reason'; exit 3"
+    server = WrappedServer("dying", ["sh", "-c", script], free_port())
+    with pytest.raises(BackendStartError) as failed:
+        asyncio.run(server.start(timeout=30))
+    message = str(failed.value)
+    assert "exited with code 3" in message and message.endswith("error: the real reason")
+    assert "line 30" in message

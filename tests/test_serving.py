@@ -674,6 +674,25 @@ def test_request_right_after_a_stream_is_answered(server):
             assert chat(c, GEMMA_NAME, n=1).status_code == 200
 
 
+def test_short_requests_keep_one_connection_to_the_engine(server):
+    """JSON round trips go over one kept-alive connection (runtime/engine_client.py): a connect per
+    request would cost every `max_tokens=1` request its own TCP handshake."""
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        assert chat(c, GEMMA_NAME, n=1).status_code == 200
+        engine_port = int(c.get("/v1/health").json()["all_models_loaded"][0]["backend_url"].rsplit(":", 1)[1]
+                          .split("/")[0])
+
+        def to_engine() -> set[int]:
+            return {conn.laddr.port for conn in psutil.Process(server.proc.pid).net_connections("tcp")
+                    if conn.raddr and conn.raddr.port == engine_port and conn.status == psutil.CONN_ESTABLISHED}
+
+        first = to_engine()
+        for _ in range(5):
+            assert chat(c, GEMMA_NAME, n=1).status_code == 200
+            assert c.post("/v1/tokenize", json={"content": "hi"}).status_code == 200
+        assert len(first) == 1 and to_engine() == first
+
+
 def test_system_backend_and_prefer_system(make_server, gemma_dir, llama_backend, tmp_path):
     """`llamacpp_backend: system` and `llamacpp.prefer_system` use the llama-server found on PATH."""
     bin_dir = tmp_path / "bin"

@@ -18,6 +18,7 @@ from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.cloud_providers import CloudProviders
 from lemonade.backends.engine import Engine
+from lemonade.backends.native_build import stop_builds
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.config import Config, ConfigError
@@ -29,6 +30,7 @@ from lemonade.observability.logs import LogBuffer
 from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
+from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.request_context import load_progress, request_trace
@@ -75,7 +77,8 @@ class Services:
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
                              http=self.engine_http)
         self._engine_http: aiohttp.ClientSession | None = None
-        self.proxy = Proxy(self.router, self.engine_http, self.options, self.stats, self.metrics)
+        self.engine_client = EngineClient()
+        self.proxy = Proxy(self.router, self.engine_http, self.engine_client, self.options, self.stats, self.metrics)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
@@ -260,8 +263,10 @@ class Services:
 
     async def aclose(self) -> None:
         self.cloud.stop()
+        stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.router.shutdown()
+        await self.engine_client.aclose()
         if self._engine_http is not None:
             await self._engine_http.close()
         await self.downloads.aclose()

@@ -96,7 +96,7 @@ class WrappedServer:
         async with httpx.AsyncClient(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if not self.alive:
-                    await asyncio.sleep(0.05)  # let the pump drain the last lines
+                    await self._drained()
                     raise BackendStartError(
                         f"{self.name} exited with code {self.proc.returncode if self.proc else '?'} while "
                         f"starting. Last output:\n" + "\n".join(self.tail))
@@ -110,6 +110,13 @@ class WrappedServer:
         raise BackendStartError(f"{self.name} did not become ready within {timeout:.0f}s. Last output:\n"
                                 + "\n".join(self.tail))
 
+    async def _drained(self, bound: float = 2.0) -> None:
+        """Wait until the output pump has read everything the engine wrote (it ends at the pipe's
+        end), so its last lines are in `tail`; bounded, since a child of the engine may hold the pipe."""
+        if self._pump is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._pump), bound)
+
     async def _pump_output(self) -> None:
         """Engine output into the log ring buffer (and `tail`), in chunks of lines."""
         assert self.proc and self.proc.stdout
@@ -119,11 +126,9 @@ class WrappedServer:
         while True:
             # Chunks, not readline(): a very long line must never stall the pipe (and so the engine).
             chunk = await self.proc.stdout.read(65536)
-            if not chunk:
-                break
             # A carriage return ends a line too: progress bars (sd.cpp's steps) redraw with "\r".
             *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
-            if len(pending) > 65536:
+            if not chunk or len(pending) > 65536:  # at the end, a last line without its newline counts too
                 lines, pending = lines + [pending], b""
             decoded = (line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip() for line in lines)
             texts = [text for text in decoded if text]
@@ -133,6 +138,8 @@ class WrappedServer:
                     self.output_log.info("%s", text)  # debugging: through logging, to the console too
             elif texts:
                 buffer.add_many(tag, "Info", texts)
+            if not chunk:
+                break
             # An engine writes its lines one by one (llama-server about eight per request); a wake-up
             # per line cost more than storing them. Letting them gather for a moment reads them in one
             # chunk; the pipe and the reader's buffer hold far more than an engine writes meanwhile.

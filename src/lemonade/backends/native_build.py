@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -384,11 +385,19 @@ def extract_vendored(src: VendoredSource, sdist: Path, src_root: Path, blog: Bui
 # --- cmake -------------------------------------------------------------------------------------
 
 
+_running: set[subprocess.Popen[str]] = set()  # build commands under way (stop_builds)
+_running_lock = threading.Lock()
+
+
 def run_logged(
     cmd: list[str], blog: BuildLog, on_line: Callable[[str], None] | None = None, cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> int:
-    """Run a command, streaming stdout+stderr line by line into the log (and `on_line`)."""
+    """Run a command, streaming stdout+stderr line by line into the log (and `on_line`).
+
+    It runs in a process group of its own, so that stopping it stops what it started (cmake's make,
+    the compilers): a build runs in a worker thread that the server cannot cancel, so a server
+    that stops mid-build ends it with `stop_builds`."""
     blog.write("$ " + " ".join(cmd))
     log.info("running %s", " ".join(cmd))
     env = dict(os.environ, LC_ALL="C", **(env or {}))  # stable, parseable tool output
@@ -402,7 +411,10 @@ def run_logged(
         text=True,
         errors="replace",
         bufsize=1,
+        start_new_session=True,
     )
+    with _running_lock:
+        _running.add(proc)
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
@@ -413,9 +425,28 @@ def run_logged(
                 blog.write(line)
         return proc.wait()
     finally:
+        with _running_lock:
+            _running.discard(proc)
         if proc.poll() is None:  # interrupted: never leave a compiler running
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stop_builds() -> None:
+    """Kill every build command under way with all it started; their builds fail and leave no
+    install behind (a build is only moved into place once it succeeded)."""
+    with _running_lock:
+        running = list(_running)
+    for proc in running:
+        if proc.returncode is not None:  # finished (reaped) meanwhile: its group id is no longer its
+            continue
+        log.warning("Stopping the build command %s (pid %s): the server is stopping", proc.args[0], proc.pid)
+        _kill_group(proc)
 
 
 _MAKE_PCT_RE = re.compile(r"^\[\s*(\d+)%\]")

@@ -27,6 +27,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import RequestTrace
 from lemonade.runtime.assemble import Assembly
+from lemonade.runtime.engine_client import EngineClient, EngineStream
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
@@ -36,12 +37,11 @@ from lemonade.runtime.stats import Stats
 log = logging.getLogger("lemonade.proxy")
 TAIL_BYTES = 16384
 # llama-server closes the connection after every streamed response. Were that connection put back
-# in the pool, the next request could be sent on it before the close arrives and fail with "Server
-# disconnected without sending a response" (a 502, seen with back-to-back requests after a
-# stream). So a streamed request asks for a connection of its own, closed when the stream ends.
-JSON_HEADERS = {"Content-Type": "application/json"}
-STREAM_HEADERS = {**JSON_HEADERS, "Connection": "close"}
-ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError)
+# in a pool, the next request could be sent on it before the close arrives and fail (a 502, seen
+# with back-to-back requests after a stream). So a stream has a connection of its own, closed when
+# the stream ends (engine_client.py never pools one; to a remote engine we say so).
+STREAM_HEADERS = {"Content-Type": "application/json", "Connection": "close"}
+ENGINE_ERRORS = (aiohttp.ClientError, OSError)  # OSError: refused, reset, timed out (engine_client.py)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
@@ -96,10 +96,11 @@ def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
 class Proxy:
     """Requests to loaded engines. Built once per server from the few collaborators it needs."""
 
-    def __init__(self, router: Router, http: Callable[[], aiohttp.ClientSession], options: RecipeOptions,
-                 stats: Stats, metrics: Metrics) -> None:
+    def __init__(self, router: Router, http: Callable[[], aiohttp.ClientSession], client: EngineClient,
+                 options: RecipeOptions, stats: Stats, metrics: Metrics) -> None:
         self.router = router
-        self.http = http
+        self.http = http  # streams, uploads and remote engines
+        self.client = client  # JSON round trips to local engines
         self.options = options
         self.stats = stats
         self.metrics = metrics
@@ -132,6 +133,8 @@ class Proxy:
             data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
+            if not lm.engine.remote and (data is None or isinstance(data, bytes)):
+                return await self.client.request(method, lm.base_url, path, data, content_type)
             async with self.http().request(method, url, data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
 
@@ -164,13 +167,13 @@ class Proxy:
     async def _assembled(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """A non-streamed request sent to the engine streamed; the answer is built from the chunks
         (runtime/assemble.py says why). Cancelled, it closes the stream, which stops the engine."""
-        resp = await self.http().post(lm.base_url + path, data=encode(body), headers=STREAM_HEADERS)
+        resp = await self.client.stream(lm.base_url, path, encode(body))
         try:
             if resp.status != 200:
                 return resp.status, await resp.read()
             assembly = Assembly()
             rest = b""
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp:
                 lm.last_progress = time.monotonic()
                 *lines, rest = (rest + chunk).split(b"\n")
                 for line in lines:
@@ -253,6 +256,12 @@ class Proxy:
             return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    async def _open_stream(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> EngineStream | RemoteStream:
+        if not lm.engine.remote:
+            return await self.client.stream(lm.base_url, path, encode(body))
+        url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
+        return RemoteStream(await self.http().post(url, data=encode(sent), headers=headers))
+
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
                       media_type: str) -> Response:
@@ -271,9 +280,7 @@ class Proxy:
             span = None if trace is None else engine_span(trace, lm, path, body)
             try:
                 refuse_oversized_prompt(lm, body)
-                url, sent, headers = (lm.base_url + path, body, STREAM_HEADERS) if not lm.engine.remote else \
-                    lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
-                resp = await self.http().post(url, data=encode(sent), headers=headers)
+                resp = await self._open_stream(lm, path, body)
                 break
             except ENGINE_ERRORS as exc:
                 await release()
@@ -305,7 +312,7 @@ class Proxy:
             t0 = time.perf_counter()
             chunks = 0
             try:
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp:
                     chunks += 1
                     if not started:
                         started = True
@@ -407,7 +414,27 @@ async def _error_events(err: APIError) -> AsyncIterator[bytes]:
     yield error_event(err)
 
 
-async def _cleanup(resp: aiohttp.ClientResponse, release: Callable[[], Any]) -> None:
+class RemoteStream:
+    """A remote engine's streamed answer (aiohttp), read the way an `EngineStream` is."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self._resp = resp
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._resp.content.iter_any()
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        finally:
+            self._resp.close()
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+async def _cleanup(resp: EngineStream | RemoteStream, release: Callable[[], Any]) -> None:
     """Runs after the response ends, however it ends (also when the stream never started)."""
     resp.close()
     await release()
