@@ -55,8 +55,10 @@ from benchmarks.bench_serving import (  # noqa: E402
 PHASES: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(pat)) for name, pat in [
     ("json encode/decode", r"^(dumps|loads|encode|decode|raw_decode|iterencode) \(json/"),
     ("pydantic validation / dump", r"pydantic|model_dump|validate_python"),
-    ("upstream connect (aiohttp)", r"\(aiohttp/connector\.py\)|create_connection|_create_direct_connection"),
-    ("upstream request/response (aiohttp)", r"\(aiohttp/"),
+    ("upstream connect", r"\(aiohttp/connector\.py\)|create_connection|_create_direct_connection"
+                         r"|_connect \(lemonade/runtime/engine_client"),
+    ("upstream request/response (aiohttp: remote engines, uploads)", r"\(aiohttp/"),
+    ("upstream request/response (engine_client.py)", r"\(lemonade/runtime/engine_client\.py\)|httptools/parser"),
     ("relay (proxy.py)", r"^relay \(lemonade/runtime/proxy\.py\)"),
     ("model check / resolve", r"check_model|resolve \(lemonade/(services|catalog)|find \(lemonade/catalog"),
     ("router use/acquire/release", r"\(lemonade/runtime/router\.py\)"),

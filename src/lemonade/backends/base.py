@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
 import signal
@@ -34,6 +35,33 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def _readable(fd: int) -> None:
+    """Until `fd` has something to read (or is at its end)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _read_available(fd: int, limit: int = 1 << 20) -> tuple[bytes, bool]:
+    """What a non-blocking `fd` holds now (up to `limit`), and whether its writers are all gone."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        try:
+            part = os.read(fd, 65536)
+        except BlockingIOError:
+            return b"".join(parts), False
+        if not part:
+            return b"".join(parts), True
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts), False
 
 
 def free_port() -> int:
@@ -79,11 +107,23 @@ class WrappedServer:
     async def start(self, timeout: float = 300.0) -> None:
         self.log.info("Starting: %s", " ".join(self.argv))
         self.started_at = time.time()
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True,
-            preexec_fn=_die_with_parent)
-        self._pump = asyncio.create_task(self._pump_output())
+        # The output pipe is ours, not an asyncio transport's: a transport reads whatever arrives
+        # at once, and llama-server writes each line in three pieces (time, level, text), so about
+        # 25 wake-ups per request. `_pump_output` reads it at most every OUTPUT_GATHER_S instead.
+        out_fd, in_fd = os.pipe()
+        with contextlib.suppress(OSError, AttributeError):  # room for 50 ms of a chatty engine (Linux)
+            fcntl.fcntl(in_fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=in_fd, stderr=asyncio.subprocess.STDOUT,
+                env=self.env, cwd=self.cwd, start_new_session=True, preexec_fn=_die_with_parent)
+        except BaseException:
+            os.close(out_fd)
+            raise
+        finally:
+            os.close(in_fd)
+        os.set_blocking(out_fd, False)
+        self._pump = asyncio.create_task(self._pump_output(out_fd))
         try:
             await self._wait_ready(timeout)
         except BaseException:
@@ -117,33 +157,40 @@ class WrappedServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._pump), bound)
 
-    async def _pump_output(self) -> None:
+    async def _pump_output(self, fd: int) -> None:
         """Engine output into the log ring buffer (and `tail`), in chunks of lines."""
-        assert self.proc and self.proc.stdout
+        assert self.proc is not None
         tag = self.output_log.name.split(".", 1)[1]
         buffer = log_buffer()
         pending = b""
-        while True:
-            # Chunks, not readline(): a very long line must never stall the pipe (and so the engine).
-            chunk = await self.proc.stdout.read(65536)
-            # A carriage return ends a line too: progress bars (sd.cpp's steps) redraw with "\r".
-            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
-            if not chunk or len(pending) > 65536:  # at the end, a last line without its newline counts too
-                lines, pending = lines + [pending], b""
-            decoded = (line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip() for line in lines)
-            texts = [text for text in decoded if text]
-            self.tail.extend(texts)
-            if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
-                for text in texts:
-                    self.output_log.info("%s", text)  # debugging: through logging, to the console too
-            elif texts:
-                buffer.add_many(tag, "Info", texts)
-            if not chunk:
-                break
-            # An engine writes its lines one by one (llama-server about eight per request); a wake-up
-            # per line cost more than storing them. Letting them gather for a moment reads them in one
-            # chunk; the pipe and the reader's buffer hold far more than an engine writes meanwhile.
-            await asyncio.sleep(OUTPUT_GATHER_S)
+        try:
+            while True:
+                # Everything there is, not lines: a very long line must never stall the pipe (and so the engine).
+                chunk, ended = _read_available(fd)
+                if not chunk and not ended:  # quiet: wait for the engine to say something
+                    await _readable(fd)
+                    continue
+                # A carriage return ends a line too: progress bars (sd.cpp's steps) redraw with "\r".
+                *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
+                if ended or len(pending) > 65536:  # at the end, a last line without its newline counts too
+                    lines, pending = lines + [pending], b""
+                decoded = (line.decode("utf-8", errors="replace").replace("\x1b[K", "").rstrip() for line in lines)
+                texts = [text for text in decoded if text]
+                self.tail.extend(texts)
+                if buffer is None or self.output_log.isEnabledFor(logging.DEBUG):
+                    for text in texts:
+                        self.output_log.info("%s", text)  # debugging: through logging, to the console too
+                elif texts:
+                    buffer.add_many(tag, "Info", texts)
+                if ended:
+                    break
+                # An engine writes its lines in pieces (llama-server about 25 per request); a wake-up
+                # per piece cost more than storing them. Letting them gather for a moment reads them in
+                # one chunk; the pipe holds far more than an engine writes meanwhile (1 MB where the
+                # system allows, else 64 KB; a full pipe only makes the engine wait for the next read).
+                await asyncio.sleep(OUTPUT_GATHER_S)
+        finally:
+            os.close(fd)
         code = await self.proc.wait()
         if not self._stopping:
             self.log.error("Process %s exited unexpectedly with code %s. Last output:\n%s", self.pid, code,
