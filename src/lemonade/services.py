@@ -253,8 +253,9 @@ class Services:
         return removed
 
     def engine_http(self) -> aiohttp.ClientSession:
-        """The client for requests to engines on loopback (aiohttp: about 1 ms less per request than
-        httpx, see docs/performance.md). Created on first use, inside the server's event loop."""
+        """The client for remote (cloud) engines and for uploads streamed from files; every other
+        request to a local engine goes through `engine_client` (runtime/engine_client.py says why).
+        Created on first use, inside the server's event loop."""
         if self._engine_http is None or self._engine_http.closed:
             connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=2.0)  # < llama-server's 5 s idle close
             self._engine_http = aiohttp.ClientSession(
