@@ -26,6 +26,7 @@ from rich.markup import escape
 from lemonade.cli.common import EXIT_ERROR, EXIT_USAGE, err, fail, out
 from lemonade.cli.progress import ProgressView
 
+DEVICES_TIMEOUT = 5.0  # seconds to wait, once it listens, for its device list to be read
 READY_TIMEOUT = 60.0  # seconds for the worker to listen (it enumerates its devices first)
 STOP_GRACE = 5.0
 
@@ -52,8 +53,11 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _pump(proc: subprocess.Popen[str], devices: list[str]) -> None:
-    """Echo the worker's output to stderr; collect the devices it lists after "Devices:"."""
+def _pump(proc: subprocess.Popen[str], devices: list[str], listed: threading.Event) -> None:
+    """Echo the worker's output to stderr; collect the devices it lists after "Devices:".
+
+    `listed` is set once that list has ended (or the output has): the worker listens as soon as it
+    has printed it, and we may see the port open before this thread has read those lines."""
     assert proc.stdout is not None
     in_devices = False
     for line in proc.stdout:
@@ -63,8 +67,10 @@ def _pump(proc: subprocess.Popen[str], devices: list[str]) -> None:
             in_devices = True
         elif in_devices and text.startswith("  ") and "MiB" in text:  # "  CPU: <name> (N MiB, M MiB free)"
             devices.append(text.strip())
-        elif not text.startswith("  "):
+        elif in_devices:
             in_devices = False
+            listed.set()
+    listed.set()
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -122,7 +128,8 @@ def worker(
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
                             preexec_fn=die_with_parent)  # a SIGKILLed `lemonade worker` leaves no orphan
     devices: list[str] = []
-    pump = threading.Thread(target=_pump, args=(proc, devices), name="rpc-worker-output", daemon=True)
+    listed = threading.Event()
+    pump = threading.Thread(target=_pump, args=(proc, devices, listed), name="rpc-worker-output", daemon=True)
     pump.start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -138,6 +145,7 @@ def worker(
             raise fail(f"ggml-rpc-server did not listen on {host}:{port} within {READY_TIMEOUT:.0f} s")
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if not stop.is_set():
+            listed.wait(DEVICES_TIMEOUT)
             out.print(f"llama.cpp RPC worker (llamacpp:{escape(chosen)}, pid {proc.pid}) serving on "
                       f"[bold]{escape(address)}[/bold]", highlight=False)
             for dev in devices:
