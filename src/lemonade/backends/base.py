@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from lemonade.observability.logs import log_buffer
+from lemonade.util.process_group import signal_group
 
 _PR_SET_PDEATHSIG = 1
 ENGINE_TAG_PREFIX = "engine."  # engine output: kept in the log buffer, shown on the console only at debug
@@ -206,26 +207,21 @@ class WrappedServer:
             return
         if proc.returncode is None:
             self.log.info("Stopping pid %s", proc.pid)
-            self._signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), grace)
             except TimeoutError:
-                self._signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
         # The group may hold helpers that outlived the leader.
-        self._signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         if self._pump:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._pump, 2.0)
-
-    @staticmethod
-    def _signal_group(pgid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
 
     def kill_now(self, report: bool = False) -> None:
         """SIGKILL at once: the last resort at interpreter exit, or the watchdog's cure for a hung
         engine (`report=True`: its exit is then reported like a crash)."""
         self._stopping = not report
         if self.proc is not None:
-            self._signal_group(self.proc.pid, signal.SIGKILL)
+            signal_group(self.proc.pid, signal.SIGKILL)

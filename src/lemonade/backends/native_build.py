@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import IO
 from urllib.parse import urlsplit
 
 from lemonade.backends.engine import InstallError
+from lemonade.util.process_group import signal_group
 
 log = logging.getLogger("lemonade.install")
 
@@ -428,13 +428,8 @@ def run_logged(
         with _running_lock:
             _running.discard(proc)
         if proc.poll() is None:  # interrupted: never leave a compiler running
-            _kill_group(proc)
+            signal_group(proc.pid)
             proc.wait()
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def stop_builds() -> None:
@@ -446,7 +441,7 @@ def stop_builds() -> None:
         if proc.returncode is not None:  # finished (reaped) meanwhile: its group id is no longer its
             continue
         log.warning("Stopping the build command %s (pid %s): the server is stopping", proc.args[0], proc.pid)
-        _kill_group(proc)
+        signal_group(proc.pid)
 
 
 _MAKE_PCT_RE = re.compile(r"^\[\s*(\d+)%\]")

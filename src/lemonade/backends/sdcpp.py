@@ -27,11 +27,9 @@ text_encoder --vae vae`, as sd.cpp expects for those architectures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -51,6 +49,7 @@ from lemonade.backends.sdcpp_install import CLI_EXE, SERVER_EXE, SdCppInstall, r
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.runtime.request_context import ClientGone, until_gone_or
+from lemonade.util.process_group import signal_group
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -319,13 +318,11 @@ async def _run_logged(argv: list[str], tag: str, env: dict[str, str]) -> tuple[i
     try:
         return await until_gone_or(task), tail
     except (ClientGone, asyncio.CancelledError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid)
         log.info("%s stopped: its client left", tag)
         raise
     finally:
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid)
             await proc.wait()
         task.cancel()

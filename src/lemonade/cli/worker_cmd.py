@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shutil
 import signal
 import socket
@@ -25,6 +24,7 @@ from rich.markup import escape
 
 from lemonade.cli.common import EXIT_ERROR, EXIT_USAGE, err, fail, out
 from lemonade.cli.progress import ProgressView
+from lemonade.util.process_group import signal_group
 
 DEVICES_TIMEOUT = 5.0  # seconds to wait, once it listens, for its device list to be read
 READY_TIMEOUT = 60.0  # seconds for the worker to listen (it enumerates its devices first)
@@ -77,9 +77,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        if not signal_group(proc.pid, sig):
             return
         try:
             proc.wait(wait)
