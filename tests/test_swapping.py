@@ -179,6 +179,7 @@ def test_idle_models_are_downsized_then_unloaded_unless_pinned(make_server, two_
         bad = c.post("/v1/load", json={"model_name": A, "evict_idle_timeout": -1})
         assert bad.status_code == 400 and "evict_idle_timeout" in bad.json()["error"]["message"]
     assert "idle for" in srv.log() and "evict_idle_timeout" in srv.log()
+    assert "its KV cache was cleared" in srv.log()  # the engine erased its slots when asked
 
 
 def test_watchdog_kills_a_stopped_engine(make_server, two_models):

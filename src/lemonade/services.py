@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 
 from lemonade.autotune.tuner import AutoTune
@@ -33,6 +32,7 @@ from lemonade.routing.policies import Policies
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
+from lemonade.runtime.remote_http import RemoteHttp
 from lemonade.runtime.request_context import load_progress, request_trace
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
@@ -74,11 +74,11 @@ class Services:
                                                           # below llama-server's 5 s idle close, so a kept
                                                           # connection is never one the engine just dropped
                                                           keepalive_expiry=2.0))
-        self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
-                             http=self.engine_http)
-        self._engine_http: aiohttp.ClientSession | None = None
         self.engine_client = EngineClient()
-        self.proxy = Proxy(self.router, self.engine_http, self.engine_client, self.options, self.stats, self.metrics)
+        self.remote_http = RemoteHttp()
+        self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
+                             client=self.engine_client)
+        self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
@@ -252,23 +252,12 @@ class Services:
             log.info("Deleted %s", model.name)
         return removed
 
-    def engine_http(self) -> aiohttp.ClientSession:
-        """The client for remote (cloud) engines and for uploads streamed from files; every other
-        request to a local engine goes through `engine_client` (runtime/engine_client.py says why).
-        Created on first use, inside the server's event loop."""
-        if self._engine_http is None or self._engine_http.closed:
-            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=2.0)  # < llama-server's 5 s idle close
-            self._engine_http = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=10.0), auto_decompress=False)
-        return self._engine_http
-
     async def aclose(self) -> None:
         self.cloud.stop()
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.router.shutdown()
         await self.engine_client.aclose()
-        if self._engine_http is not None:
-            await self._engine_http.close()
+        await self.remote_http.aclose()
         await self.downloads.aclose()
         await self.http.aclose()

@@ -115,5 +115,6 @@ class CloudEngine(Engine):
 
     def unreachable(self, launch: Launch, exc: BaseException) -> tuple[int, str, str]:
         conn: CloudConnection = launch.server  # type: ignore[assignment]
+        cause = exc.__cause__ or exc  # the client's own error (runtime/remote_http.py)
         return 502, (f"Cloud provider '{conn.provider.name}' at {conn.provider.base_url} did not answer "
-                     f"({type(exc).__name__}: {exc}); local models are not affected"), "cloud_provider_unreachable"
+                     f"({type(cause).__name__}: {cause}); local models are not affected"), "cloud_provider_unreachable"

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.errors import APIError
     from lemonade.model_info import ModelInfo
+    from lemonade.runtime.engine_client import EngineClient
 
 Progress = Callable[[dict[str, Any]], None] | None
 
@@ -249,7 +250,7 @@ class Engine(ABC):
         ctx = options.get("ctx_size")
         return ctx if isinstance(ctx, int) and ctx > 0 else None
 
-    async def downsize(self, base_url: str, http: Any) -> bool:
+    async def downsize(self, base_url: str, client: EngineClient) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
         return False
 

@@ -8,14 +8,13 @@ into a `llama-server` command line.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import aiohttp
 
 from lemonade.backends.base import BackendStartError, WrappedServer
 from lemonade.backends.engine import (
@@ -48,6 +47,7 @@ from lemonade.system.devices import detect_devices
 if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
+    from lemonade.runtime.engine_client import EngineClient
 
 log = logging.getLogger("lemonade.llamacpp")
 
@@ -320,16 +320,14 @@ class LlamaCppEngine(Engine):
         main = files["main"][0] if files and files.get("main") else None
         return resolved_ctx_size(options.get("ctx_size", -1), main)
 
-    async def downsize(self, base_url: str, http: Any) -> bool:
+    async def downsize(self, base_url: str, client: EngineClient) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""
         try:
-            async with http.get(base_url + "/slots") as resp:
-                slots = await resp.json() if resp.status == 200 else []
+            status, content = await client.request("GET", base_url, "/slots")
+            slots = json.loads(content) if status == 200 else []
             for slot in slots:
-                async with http.post(f"{base_url}/slots/{slot.get('id', 0)}?action=erase",
-                                     json={}) as resp:
-                    await resp.read()
+                await client.request("POST", base_url, f"/slots/{slot.get('id', 0)}?action=erase", b"{}")
             return True
-        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             log.info("Could not downsize %s: %s", base_url, exc)
             return False

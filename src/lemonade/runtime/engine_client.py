@@ -7,7 +7,7 @@ multidicts, stream readers, timers), and a few microseconds on every relayed tok
 machine where every millisecond of ours is taken from the engine. This one writes the request in
 one piece and takes the answer from the parser's callbacks. It does only what our engines need:
 a bytes body; an answer read whole, or relayed chunk by chunk. Uploads streamed from files and
-remote (TLS) engines stay on aiohttp (`runtime/proxy.py`).
+remote (TLS) engines stay on aiohttp (`runtime/remote_http.py`).
 
 Closing a connection is how a request is stopped: a task cancelled while it waits (the client hung
 up) closes its connection, and llama-server stops that request. Such a connection, and one that

@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -30,6 +29,7 @@ from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.engine_client import EngineClient, EngineStream
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
 from lemonade.runtime.options import RecipeOptions
+from lemonade.runtime.remote_http import RemoteHttp, RemoteStream
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
 from lemonade.runtime.router import LoadedModel, Router
 from lemonade.runtime.stats import Stats
@@ -41,7 +41,7 @@ TAIL_BYTES = 16384
 # with back-to-back requests after a stream). So a stream has a connection of its own, closed when
 # the stream ends (engine_client.py never pools one; to a remote engine we say so).
 STREAM_HEADERS = {"Content-Type": "application/json", "Connection": "close"}
-ENGINE_ERRORS = (aiohttp.ClientError, OSError)  # OSError: refused, reset, timed out (engine_client.py)
+ENGINE_ERRORS = (OSError,)  # refused, reset, timed out: both clients raise these (remote_http.py says why)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
@@ -96,10 +96,10 @@ def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
 class Proxy:
     """Requests to loaded engines. Built once per server from the few collaborators it needs."""
 
-    def __init__(self, router: Router, http: Callable[[], aiohttp.ClientSession], client: EngineClient,
+    def __init__(self, router: Router, remote: RemoteHttp, client: EngineClient,
                  options: RecipeOptions, stats: Stats, metrics: Metrics) -> None:
         self.router = router
-        self.http = http  # streams, uploads and remote engines
+        self.remote = remote  # cloud engines, and uploads streamed from files
         self.client = client  # JSON round trips to local engines
         self.options = options
         self.stats = stats
@@ -135,8 +135,7 @@ class Proxy:
         async def round_trip() -> tuple[int, bytes]:
             if not lm.engine.remote and (data is None or isinstance(data, bytes)):
                 return await self.client.request(method, lm.base_url, path, data, content_type)
-            async with self.http().request(method, url, data=data, headers=headers) as resp:
-                return resp.status, await resp.read()
+            return await self.remote.request(method, url, data, headers)
 
         trace = request_trace.get()
         span = None if trace is None else engine_span(trace, lm, path, body)
@@ -260,7 +259,7 @@ class Proxy:
         if not lm.engine.remote:
             return await self.client.stream(lm.base_url, path, encode(body))
         url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
-        return RemoteStream(await self.http().post(url, data=encode(sent), headers=headers))
+        return await self.remote.stream(url, encode(sent), headers)
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
@@ -412,26 +411,6 @@ def error_event(err: APIError) -> bytes:
 
 async def _error_events(err: APIError) -> AsyncIterator[bytes]:
     yield error_event(err)
-
-
-class RemoteStream:
-    """A remote engine's streamed answer (aiohttp), read the way an `EngineStream` is."""
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self.status = resp.status
-        self._resp = resp
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._resp.content.iter_any()
-
-    async def read(self) -> bytes:
-        try:
-            return await self._resp.read()
-        finally:
-            self._resp.close()
-
-    def close(self) -> None:
-        self._resp.close()
 
 
 async def _cleanup(resp: EngineStream | RemoteStream, release: Callable[[], Any]) -> None:

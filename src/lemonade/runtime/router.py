@@ -41,6 +41,7 @@ from lemonade.config import Config
 from lemonade.errors import APIError
 from lemonade.labels import MODEL_TYPES
 from lemonade.model_info import ModelInfo
+from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
 
@@ -144,11 +145,11 @@ class QueueStats:
 
 class Router:
     def __init__(self, *, engines: Engines, config: Config, files_for: FilesProvider,
-                 http: Callable[[], Any] | None = None, on_change: Callable[[], None] | None = None) -> None:
+                 client: EngineClient | None = None, on_change: Callable[[], None] | None = None) -> None:
         self.engines = engines
         self.config = config
         self._files_for = files_for
-        self._http = http  # engine HTTP client, for downsizing
+        self._client = client  # to local engines, for downsizing
         self._on_change = on_change or (lambda: None)
         self.loaded: dict[str, LoadedModel] = {}
         self.crashed: dict[str, dict[str, Any]] = {}
@@ -644,9 +645,9 @@ class Router:
             log.info("Unloading %s: idle for %.0f s (evict_idle_timeout %s s)", lm.name, idle, evict_after)
             self.stats.idle_evictions += 1
             await self._retire(lm)
-        elif idle >= downsize_after and not lm.downsized and self._http is not None:
+        elif idle >= downsize_after and not lm.downsized and self._client is not None:
             lm.downsized = True
-            if await lm.engine.downsize(lm.base_url, self._http()):
+            if await lm.engine.downsize(lm.base_url, self._client):
                 self.stats.downsizes += 1
                 log.info("Downsized %s: idle for %.0f s (downsize_idle_timeout %s s); its KV cache was cleared",
                          lm.name, idle, downsize_after)

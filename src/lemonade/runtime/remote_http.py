@@ -1,0 +1,95 @@
+"""HTTP through aiohttp: to cloud engines, and uploads streamed from a file to a local engine.
+
+Everything else goes to local engines over `engine_client.py`. Two reasons for a module of its own:
+aiohttp takes a quarter of a second to import, which a server that never talks to a cloud engine
+should not pay at each start (it is imported on first use); and its errors leave here as the engine
+client's `EngineConnectionError` (an `OSError`), so the proxy catches one family whichever client
+carried a request. The original error is the `__cause__`, for messages that name it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from lemonade.runtime.engine_client import EngineConnectionError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+CONNECT_TIMEOUT = 10.0
+KEEPALIVE_S = 2.0  # below llama-server's 5 s idle close
+
+
+class RemoteHttp:
+    """One aiohttp session, created on first use inside the server's event loop."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT), auto_decompress=False)
+        return self._session
+
+    async def request(self, method: str, url: str, data: bytes | AsyncIterable[bytes] | None,
+                      headers: dict[str, str]) -> tuple[int, bytes]:
+        """One round trip: (status, body)."""
+        import aiohttp
+
+        try:
+            async with self.session().request(method, url, data=data, headers=headers) as resp:
+                return resp.status, await resp.read()
+        except aiohttp.ClientError as exc:
+            raise _connection_error(exc) from exc
+
+    async def stream(self, url: str, data: bytes, headers: dict[str, str]) -> RemoteStream:
+        """A POST whose answer is read as it comes, like the engine client's `EngineStream`."""
+        import aiohttp
+
+        try:
+            return RemoteStream(await self.session().post(url, data=data, headers=headers))
+        except aiohttp.ClientError as exc:
+            raise _connection_error(exc) from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class RemoteStream:
+    """A streamed aiohttp answer, read the way an `EngineStream` is."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self._resp = resp
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        import aiohttp
+
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except aiohttp.ClientError as exc:
+            raise _connection_error(exc) from exc
+
+    async def read(self) -> bytes:
+        import aiohttp
+
+        try:
+            return await self._resp.read()
+        except aiohttp.ClientError as exc:
+            raise _connection_error(exc) from exc
+        finally:
+            self._resp.close()
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+def _connection_error(exc: Any) -> EngineConnectionError:
+    return EngineConnectionError(str(exc) or type(exc).__name__)
