@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 SAMPLE_RATE = 16000
 FRAME_MS = 20
 FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
@@ -41,7 +39,10 @@ class VadEvent:
 
 
 def frame_rms(frame: bytes) -> float:
-    """RMS of little-endian PCM16 samples, scaled to [0, 1]."""
+    """RMS of little-endian PCM16 samples, scaled to [0, 1]. (numpy on first use: a server that never
+    opens a realtime session does not pay its import at start.)"""
+    import numpy as np
+
     samples = np.frombuffer(frame, dtype="<i2").astype(np.float32) / 32768.0
     return float(np.sqrt(np.mean(samples * samples))) if samples.size else 0.0
 
