@@ -4,6 +4,7 @@ machine, is `.ci/newuser`, which CI runs before the tests.)"""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,10 @@ def test_quickstart_refuses_a_server_of_another_installation(gemma_server, tmp_p
     installs anything into it or chats through it."""
     mine = tmp_path / "my-cache"
     env = cli_env(mine, LEMONADE_PORT=str(gemma_server.port), LEMONADE_VENV=sys.prefix)
+    # The venv running the tests has this package installed: stamped so, the script does not
+    # `pip install -e` it again (which would point the venv at ROOT when the tests run from another clone).
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    (Path(sys.prefix) / ".lemonade-quickstart").write_text(digest + "\n")
     with gemma_server.client() as c:
         before = c.get("/v1/health").json()["all_models_loaded"]
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env, input="Hello\n",

@@ -80,7 +80,32 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
 
     from lemonade.api.app import websocket_only
 
-    class Follower(uvicorn.Server):
+    class Quiet(uvicorn.Server):
+        """uvicorn's main loop wakes every 0.1 s to see whether it should stop (and refreshes its
+        Date header every tenth time); with the WebSocket port's server too, an idle Lemonade woke 20
+        times a second, which a laptop pays for in battery. These wake once a second for the header
+        and stop as soon as they are told (`request_exit`, or a signal through `handle_exit`)."""
+
+        _loop: asyncio.AbstractEventLoop | None = None
+        _stop: asyncio.Event | None = None
+
+        async def main_loop(self) -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            while not await self.on_tick(0):  # tick 0: the Date header is refreshed each time
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+
+        def request_exit(self) -> None:
+            self.should_exit = True
+            if self._loop is not None and self._stop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to wake
+                    self._loop.call_soon_threadsafe(self._stop.set)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            self.request_exit()
+
+    class Follower(Quiet):
         """The dedicated WebSocket port's server: it runs inside the main server's `serve` and stops
         with it, so it leaves the signals to the main one."""
 
@@ -88,8 +113,8 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
         def capture_signals(self) -> Any:
             yield
 
-    class Server(uvicorn.Server):
-        follower: tuple[uvicorn.Server, socket.socket] | None = None
+    class Server(Quiet):
+        follower: tuple[Quiet, socket.socket] | None = None
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
@@ -114,7 +139,7 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
             try:
                 await super().serve(sockets)
             finally:
-                other.should_exit = True
+                other.request_exit()
                 with contextlib.suppress(Exception, SystemExit):
                     await task
 

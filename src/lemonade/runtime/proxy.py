@@ -229,11 +229,15 @@ class Proxy:
         raise AssertionError("unreachable")
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
-        """Non-streamed: relay the engine's bytes as they are, after reading its stats."""
+        """Non-streamed: relay the engine's bytes as they are; its stats are read once they are sent
+        (the client's wait ends before that parse, and before the next request is read)."""
         content = await self._round_trip(model, path, body)
-        with contextlib.suppress(ValueError):
-            self._account(model, endpoint, json.loads(content))
-        return Response(content, media_type="application/json")
+
+        async def account() -> None:
+            with contextlib.suppress(ValueError):
+                self._account(model, endpoint, json.loads(content))
+
+        return Response(content, media_type="application/json", background=BackgroundTask(account))
 
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
