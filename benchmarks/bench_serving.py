@@ -2,15 +2,18 @@
 
 Why: Lemonade is a proxy in front of llama.cpp, so the only honest question is what the proxy
 costs. This script answers it in one run, on one model (the real Gemma 3 270M GGUF) and one
-`llama-server` binary: it starts our server, loads the model, copies the exact command line our
-server gave its engine, starts a second `llama-server` with that command line (another port),
-and then sends the same requests to both, alternating A/B then B/A so that load from the rest of
-the machine hits both sides equally. It prints figures with the spread of the paired rounds and
-the targets of issue 17, and says for each phase whether the rest of the machine left it alone
-(`LoadLog`); a busy phase's figures are reported but not judged. It never asserts (figures
-depend on the machine). Results: docs/performance.md.
+`llama-server` binary: it starts our server, loads the model, and then sends the same requests
+straight to the engine our server started and through our server, alternating A/B then B/A so
+that load from the rest of the machine hits both sides equally. One engine for both sides: two
+`llama-server` processes with the same command line (`--direct twin`, the method before
+2026-12-02) differed by more than the proxy costs (docs/performance.md, fourth round). Asked
+directly, that engine's output still passes through our server's log pump, a small cost
+(`cpu_per_request.py` measures all of ours) that the direct side then shares. It prints figures
+with the spread of the paired rounds and the targets of issue 17, and says for each phase whether
+the rest of the machine left it alone (`LoadLog`); a busy phase's figures are reported but not
+judged. It never asserts (figures depend on the machine). Results: docs/performance.md.
 
-    .venv/bin/python benchmarks/bench_serving.py [--quick]
+    .venv/bin/python benchmarks/bench_serving.py [--quick] [--max-load 1.5] [--direct engine|twin]
 
 Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
 """
@@ -722,23 +725,26 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         ours_argv = psutil.Process(engine_pid).cmdline()
         extra["rss_loaded"] = rss_mb(server.pid)
 
-        # The same command line on another port: both engines run identically.
-        direct_port = free_port()
-        direct_argv = list(ours_argv)
-        direct_argv[direct_argv.index("--port") + 1] = str(direct_port)
-        print("engine argv: " + " ".join(direct_argv))
-        engine = procs.start(direct_argv, log=root / "direct-llama-server.log", death_sig=signal.SIGKILL)
-        wait_ok(f"http://127.0.0.1:{direct_port}/health", engine, timeout=300, interval=0.1)
+        print("engine argv: " + " ".join(ours_argv))
+        direct_port = int(ours_argv[ours_argv.index("--port") + 1])
+        engine_pids = [engine_pid]
+        if args.direct == "twin":  # the same command line on another port: a second, identical engine
+            direct_port = free_port()
+            direct_argv = list(ours_argv)
+            direct_argv[direct_argv.index("--port") + 1] = str(direct_port)
+            engine = procs.start(direct_argv, log=root / "direct-llama-server.log", death_sig=signal.SIGKILL)
+            wait_ok(f"http://127.0.0.1:{direct_port}/health", engine, timeout=300, interval=0.1)
+            engine_pids.append(engine.pid)
 
         wait_for_load(args.max_load, args.load_wait - waited)
         direct = Side("direct", f"http://127.0.0.1:{direct_port}")
         ours = Side("ours", f"http://127.0.0.1:{port}")
         me = psutil.Process(server.pid)
         extra["cpu"] = CpuLog(lambda: sum(me.cpu_times()[:2]))
-        loadlog = extra["loadlog"] = LoadLog(lambda: [os.getpid(), server.pid, engine_pid, engine.pid])
+        loadlog = extra["loadlog"] = LoadLog(lambda: [os.getpid(), server.pid, *engine_pids])
         asyncio.run(traffic(direct, ours, plan, extra["cpu"], extra))
         extra["rss_after"] = rss_mb(server.pid)
-        extra["engine_rss"] = (rss_mb(engine.pid)[0], rss_mb(engine_pid)[0])
+        extra["engine_rss"] = (rss_mb(engine_pids[-1])[0], rss_mb(engine_pid)[0])
 
         print()
         print(report(direct, ours, extra))
@@ -780,6 +786,9 @@ def main() -> None:
     parser.add_argument("--engine-args", default="",
                         help="extra llama-server arguments for both sides (e.g. '--log-disable'); -np is set to 8")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) at the end")
+    parser.add_argument("--direct", choices=("engine", "twin"), default="engine",
+                        help="the direct side: the engine our server started (default), or a second llama-server "
+                             "with its command line")
     args = parser.parse_args()
 
     def on_term(signum: int, frame: Any) -> None:
