@@ -4,10 +4,10 @@ Why: Lemonade is a proxy in front of llama.cpp, so the only honest question is w
 costs. This script answers it in one run, on one model (the real Gemma 3 270M GGUF) and one
 `llama-server` binary: it starts our server, loads the model, and then sends the same requests
 straight to the engine our server started and through our server, alternating A/B then B/A so
-that load from the rest of the machine hits both sides equally. One engine for both sides: two
-`llama-server` processes with the same command line (`--direct twin`, the method before
-2026-12-02) differed by more than the proxy costs (docs/performance.md, fourth round). Asked
-directly, that engine's output still passes through our server's log pump, a small cost
+that load from the rest of the machine hits both sides equally. One engine for both sides: a
+second `llama-server` with the same command line (`--direct twin`, the method before 2026-12-02)
+adds differences that are not the proxy's (its own memory placement, slots and prompt cache).
+Asked directly, that engine's output still passes through our server's log pump, a small cost
 (`cpu_per_request.py` measures all of ours) that the direct side then shares. It prints figures
 with the spread of the paired rounds and the targets of issue 17, and says for each phase whether
 the rest of the machine left it alone (`LoadLog`); a busy phase's figures are reported but not
