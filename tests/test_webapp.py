@@ -269,9 +269,10 @@ def test_search_variants_pull_with_progress_then_listed(server, page, hub):
     expect(card).to_be_visible()
     seen: list[float] = []
     deadline = time.monotonic() + 180
-    while card.get_attribute("data-status") != "completed":
+    # One read of the status per turn: read twice, it could turn "completed" in between.
+    while (status := card.get_attribute("data-status")) != "completed":
         assert time.monotonic() < deadline, f"download did not complete; progress seen {seen}"
-        assert card.get_attribute("data-status") in ("downloading", None), card.inner_text()
+        assert status in ("downloading", None), card.inner_text()
         seen.append(card.locator("progress").evaluate("e => e.value"))
         time.sleep(0.1)
     expect(card.locator("progress")).to_have_js_property("value", 100)
