@@ -4,8 +4,8 @@ The collection is the real Gemma 3 270M (llama.cpp) as its LLM and the real Pipe
 as its TTS model, registered with `/v1/pull` like any `collection.omni`; the image tool runs on
 sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise).
 No scripted LLM turn: the small model itself emits the tool calls. An earlier exchange in the
-conversation (one call of the same tool) shows it the format, and `tool_choice` names the tool
-for the first round (later rounds are `auto`); without the example it writes prose. What Gemma
+conversation (one call of the same tool) shows it the format for the later (`auto`) rounds, and
+`tool_choice` names the tool for the first round, which the server forces with a grammar. What Gemma
 writes as the text to speak is its own, so the tests check that the server's speech is real audio
 (the mp3 decoded with PyAV from the Piper engine's venv), not which words it says.
 """
@@ -35,7 +35,7 @@ KIT = "user.OmniKit"
 
 def spoken_example() -> list[dict]:
     """One earlier exchange in which the assistant called text_to_speech: with it the 270M model calls
-    the tool in the same format (without it, it writes prose whatever `tool_choice` says)."""
+    the tool in the same format where nothing forces it."""
     call = {"id": "c0", "type": "function",
             "function": {"name": "text_to_speech", "arguments": json.dumps({"input": "Good morning"})}}
     return [{"role": "user", "content": 'Say "Good morning" out loud.'},
@@ -118,6 +118,14 @@ def test_speech_tool_non_streamed(client, tmp_path):
     assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
     assert_speech(choice.message.content, tmp_path)
     assert resp.usage.completion_tokens > 0
+
+
+def test_named_tool_choice_is_forced_without_an_example(client, tmp_path):
+    """No earlier call to imitate: on its own the 270M model writes prose (llama-server's `required`
+    lets text come before a call, until max_tokens). A named tool is forced all the same."""
+    joke = [{"role": "user", "content": "Tell me a joke about cats."}]
+    resp = client.chat.completions.create(model=KIT, messages=joke, tool_choice=SAY, max_tokens=TOKENS, temperature=0)
+    assert_speech(resp.choices[0].message.content, tmp_path)
 
 
 def test_speech_tool_streamed(client, tmp_path):

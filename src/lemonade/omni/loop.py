@@ -13,7 +13,11 @@ them to the LLM's closing words. At most `MAX_ROUNDS` LLM calls are made.
 Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
 short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
 The client's `tool_choice` applies to the first round only when it forces a call (`required` or a
-named tool); later rounds are `auto`, else a forced call would repeat until the round limit.
+named tool); later rounds are `auto`, else a forced call would repeat until the round limit. A named
+tool is forced for real: llama-server's `required` still lets the model write text before the call
+(its grammar allows any content ahead of `<tool_call>`), so a small model can talk until max_tokens
+and never call. The first round instead asks for the tool's arguments under a JSON-schema grammar
+(`response_format`, the tool still described in the prompt), and that answer becomes the call.
 """
 
 from __future__ import annotations
@@ -140,8 +144,8 @@ def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, 
 
 
 def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], Any]:
-    """The first round's (tools, tool_choice): a named tool becomes llama-server's form, `required`
-    with only that tool on offer (it reads `tool_choice` as a string); 400 for a name not offered."""
+    """The first round's (tools, tool_choice): a named tool is the only tool on offer, and its
+    arguments are asked for under a grammar (`forced_arguments`); 400 for a name not offered."""
     if not isinstance(choice, dict):
         return toolset.tools, choice
     function = choice.get("function")
@@ -151,7 +155,25 @@ def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], 
         offered = ", ".join(str((t.get("function") or {}).get("name")) for t in toolset.tools) or "none"
         raise APIError(400, f"Invalid value for 'tool_choice': it names the tool {name!r}, which is not offered "
                        f"(tools of {toolset.collection.public}: {offered})", code="invalid_argument")
-    return named, "required"
+    return named, choice
+
+
+def forced_arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    """The `response_format` whose grammar makes the LLM write exactly the arguments of `tool`."""
+    function = tool.get("function") or {}
+    schema = function.get("parameters") or {"type": "object"}
+    return {"type": "json_schema", "json_schema": {"name": function.get("name", "arguments"), "schema": schema}}
+
+
+def as_forced_call(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """The answer to a `forced_arguments` round, its content (the arguments) made the call to `name`."""
+    choices = data.get("choices") or [{}]
+    message = choices[0].get("message") or {}
+    arguments = message.get("content") if isinstance(message.get("content"), str) else ""
+    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments.strip()}}
+    return {**data, "choices": [{**choices[0], "finish_reason": "tool_calls",
+                                 "message": {"role": "assistant", "content": "", "tool_calls": [call]}}]}
 
 
 def _add_usage(total: dict[str, int], usage: Any) -> None:
@@ -194,12 +216,17 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
         else:  # a forced call is not forced again: the LLM now answers or calls what it wants
             tools, tool_choice = toolset.tools, "auto" if choice == "required" or isinstance(choice, dict) else choice
         call_body = {**body, "model": toolset.llm.name, "messages": messages, "stream": False}
+        named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
         if tools:
             call_body["tools"] = tools
-            if tool_choice is not None:
+            if named is not None:
+                call_body["response_format"] = forced_arguments(tools[0])
+            elif tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
         try:
             data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
+            if named is not None:
+                data = as_forced_call(data, named)
         except APIError as exc:
             if not turn.artifacts or exc.status < 500:
                 raise
