@@ -14,6 +14,10 @@ the rest of the machine left it alone (`LoadLog`); a busy phase's figures are re
 judged. It never asserts (figures depend on the machine). Results: docs/performance.md.
 
     .venv/bin/python benchmarks/bench_serving.py [--quick] [--max-load 1.5] [--direct engine|twin]
+        [--phases tiny,stream1,stream8]
+
+Each side streams prompts of its own (same length, different numbers): with one engine, the side
+that went second in a round would otherwise find the first side's prompts in the engine's cache.
 
 Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
 """
@@ -37,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,9 @@ MB = 1024 * 1024
 
 
 # ----- settings ------------------------------------------------------------------------------
+
+PHASES = ("start", "tiny", "stream1", "stream8", "short", "mixed", "stream32")
+
 
 @dataclass
 class Plan:
@@ -71,6 +78,7 @@ class Plan:
     mixed_rounds: int = 4
     start_runs: int = 5
     warmup: int = 5
+    phases: tuple[str, ...] = PHASES  # which measurements to make (--phases)
 
     @classmethod
     def quick(cls) -> Plan:
@@ -429,7 +437,10 @@ async def measure_streams(sides: tuple[Side, Side], key: str, rounds: int, strea
         side.rounds[key] = []
     for r, order in pairs(sides, rounds):
         for side in order:
-            bodies = [chat_body(f"Tell a long story about lemon tree number {r * streams + k}.", tokens, stream=True)
+            # Each side its own prompts: with one engine for both, the side that went second in a round
+            # would find the same prompts in the engine's cache (a head start that is not ours to claim).
+            number = 2 * (r * streams) + (side is not sides[0])
+            bodies = [chat_body(f"Tell a long story about lemon tree number {number + 2 * k}.", tokens, stream=True)
                       for k in range(streams)]
             cpu0 = cpu.server()
             done = asyncio.Event()
@@ -524,6 +535,8 @@ def report(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
     head = ("figure", "direct", "through us", "ratio", "paired spread min/p25/med/p75/max", "target", "")
     rows: list[tuple[str, ...]] = []
     for key, label in (("tiny", "max_tokens=1"), ("short", f"short prompt, {extra['short_tokens']} tokens")):
+        if key not in direct.latency:
+            continue
         d, u = direct.latency[key], ours.latency[key]
         diffs = [b - a for a, b in zip(d, u, strict=True)]
         rows.append((f"latency {label} p50 (ms)", fmt(pct(d, 50), 2), fmt(pct(u, 50), 2),
@@ -557,14 +570,16 @@ def report(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
             if sd and su:
                 rows.append(("latency max_tokens=1 among streams p50 (ms)", fmt(pct(sd, 50), 2), fmt(pct(su, 50), 2),
                              fmt(pct(su, 50) / pct(sd, 50), 3), f"n={len(sd)}/{len(su)}", "", ""))
-    rows.append(("our CPU per max_tokens=1 request (ms)", "", fmt(cpu.median("tiny"), 2), "", "", "", ""))
+    if cpu.per_unit.get("tiny"):
+        rows.append(("our CPU per max_tokens=1 request (ms)", "", fmt(cpu.median("tiny"), 2), "", "", "", ""))
     for key, label in (("stream1", "1 stream"), ("stream8", f"{extra['streams']} streams"),
                        ("stream32", f"{extra['stream32']} streams")):
         if cpu.per_unit.get(key):
             rows.append((f"our CPU per streamed token, {label} (ms)", "", fmt(cpu.median(key), 3), "", "", "", ""))
-    start = statistics.median(extra["start"])
-    rows.append(("start to /live (s, median)", "", fmt(start, 3), "", "", "< 1 s", ""))
-    rows.append(("import lemonade.api.app (s, median)", "", fmt(statistics.median(extra["import"]), 3), "", "", "", ""))
+    if "start" in extra:
+        rows.append(("start to /live (s, median)", "", fmt(statistics.median(extra["start"]), 3), "", "", "< 1 s", ""))
+        rows.append(("import lemonade.api.app (s, median)", "", fmt(statistics.median(extra["import"]), 3),
+                     "", "", "", ""))
     rows.append(("server RSS, idle, no model (MiB)", "", fmt(extra["rss_idle"][0]), "", "", "", ""))
     rows.append(("server RSS, model loaded, w/o engine (MiB)", "", fmt(extra["rss_loaded"][0]), "", "", "", ""))
     rows.append(("engine RSS after the run (MiB)", fmt(extra["engine_rss"][0]), fmt(extra["engine_rss"][1]),
@@ -577,7 +592,7 @@ def report(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
 
 def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
     out = []
-    for key in ("tiny", "short"):
+    for key in direct.latency:
         d, u = direct.latency[key], ours.latency[key]
         diffs = [b - a for a, b in zip(d, u, strict=True)]
         out.append(f"latency {key}: n={len(d)} per side; direct min/p50/p95/max "
@@ -600,9 +615,10 @@ def details(direct: Side, ours: Side, extra: dict[str, Any]) -> str:
     out.append("our server's CPU: " + ", ".join(f"{key} {cpu.median(key):.3f} ms per "
                                                  f"{'request' if key in ('tiny', 'short') else 'token'}"
                                                  for key in cpu.per_unit if cpu.per_unit[key]))
-    out.append(f"start to /live runs (s): {[round(t, 3) for t in extra['start']]}")
-    out.append(f"import lemonade.api.app runs (s): {[round(t, 3) for t in extra['import']]}; bare interpreter "
-               f"median {statistics.median(extra['bare']):.3f} s")
+    if "start" in extra:
+        out.append(f"start to /live runs (s): {[round(t, 3) for t in extra['start']]}")
+        out.append(f"import lemonade.api.app runs (s): {[round(t, 3) for t in extra['import']]}; bare interpreter "
+                   f"median {statistics.median(extra['bare']):.3f} s")
     out.append(f"server RSS/USS idle {extra['rss_idle'][0]:.1f}/{extra['rss_idle'][1]:.1f} MiB; with model, "
                f"before traffic {extra['rss_loaded'][0]:.1f}/{extra['rss_loaded'][1]:.1f} MiB, after "
                f"{extra['rss_after'][0]:.1f}/{extra['rss_after'][1]:.1f} MiB")
@@ -655,10 +671,11 @@ async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict
             for _ in range(plan.warmup):
                 await timed_request(side, chat_body("Hi", 1))
             await timed_stream(side, chat_body("Warm up.", 16, stream=True))
-        phase(f"latency, max_tokens=1, {plan.latency_n} requests per side", loads)
-        with log.phase("tiny"):
-            await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
-        print(phase_summary(direct, ours, "tiny", log), flush=True)
+        if "tiny" in plan.phases:
+            phase(f"latency, max_tokens=1, {plan.latency_n} requests per side", loads)
+            with log.phase("tiny"):
+                await measure_latency(sides, "tiny", plan.latency_n, lambda i: chat_body("Hi", 1), cpu)
+            print(phase_summary(direct, ours, "tiny", log), flush=True)
         # The phases of the targets first, so that a run cut short (a busy machine) still has them.
         phases = [("stream1", 1, plan.stream_tokens, plan.stream1_rounds, 0),
                   ("stream8", plan.streams, plan.stream_tokens, plan.stream8_rounds, 0),
@@ -666,6 +683,8 @@ async def traffic(direct: Side, ours: Side, plan: Plan, cpu: CpuLog, extra: dict
                   ("mixed", plan.mixed_streams, plan.stream_tokens, plan.mixed_rounds, plan.mixed_small_loops),
                   ("stream32", plan.stream32, plan.stream32_tokens, plan.stream32_rounds, 0)]
         for key, streams, tokens, rounds, loops in phases:
+            if key not in plan.phases:
+                continue
             if key == "short":
                 phase(f"latency, short prompt, {plan.short_n} requests per side", loads)
                 with log.phase("short"):
@@ -701,10 +720,11 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         print(f"engine: {backend / 'llama-server'} ({engine_version(backend)}); model: {models}")
         waited = wait_for_load(args.max_load, args.load_wait)  # --load-wait is the budget of both waits
 
-        phase(f"import time, {plan.start_runs} runs", extra["loads"])
-        extra["import"], extra["bare"] = measure_import(plan.start_runs)
-        phase(f"start to /live, {plan.start_runs} runs", extra["loads"])
-        extra["start"] = measure_start(root, backend, models, plan.start_runs, procs)
+        if "start" in plan.phases:
+            phase(f"import time, {plan.start_runs} runs", extra["loads"])
+            extra["import"], extra["bare"] = measure_import(plan.start_runs)
+            phase(f"start to /live, {plan.start_runs} runs", extra["loads"])
+            extra["start"] = measure_start(root, backend, models, plan.start_runs, procs)
 
         cache = new_cache(root, "main", backend)
         port = free_port()
@@ -789,14 +809,19 @@ def main() -> None:
     parser.add_argument("--direct", choices=("engine", "twin"), default="engine",
                         help="the direct side: the engine our server started (default), or a second llama-server "
                              "with its command line")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated measurements to make (default all: {','.join(PHASES)})")
     args = parser.parse_args()
+    phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
+    if unknown := set(phases) - set(PHASES):
+        parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # so the finally blocks stop every process we started
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        run(Plan.quick() if args.quick else Plan(), args)
+        run(replace(Plan.quick() if args.quick else Plan(), phases=phases), args)
     except KeyboardInterrupt:
         sys.exit(130)
 
