@@ -172,12 +172,20 @@ def test_tool_use_stream(client: anthropic.Anthropic) -> None:
 
 
 def test_tool_choice_names_a_tool(client: anthropic.Anthropic) -> None:
-    # A named tool_choice becomes llama-server's "required" with only that tool on offer.
-    msg = client.messages.create(model=GEMMA_NAME, max_tokens=40, extra_body=GREEDY, messages=weather_history(),
-                                 tools=[{**WEATHER_TOOL, "name": "get_time"}, WEATHER_TOOL],
-                                 tool_choice={"type": "tool", "name": "get_weather"})
-    uses = [b for b in msg.content if b.type == "tool_use"]
-    assert uses and all(u.name == "get_weather" for u in uses)
+    """A named tool is used, even where the model has no example to imitate and would rather tell a
+    joke (llama-server's "required" let it)."""
+    joke = [{"role": "user", "content": "Tell me a joke about cats."}]
+    tools = [{**WEATHER_TOOL, "name": "get_time"}, WEATHER_TOOL]
+    choice = {"type": "tool", "name": "get_weather"}
+    msg = client.messages.create(model=GEMMA_NAME, max_tokens=60, extra_body=GREEDY, messages=joke, tools=tools,
+                                 tool_choice=choice)
+    assert [b.type for b in msg.content] == ["tool_use"] and msg.stop_reason == "tool_use"
+    assert msg.content[0].name == "get_weather" and isinstance(msg.content[0].input["city"], str)
+    with client.messages.stream(model=GEMMA_NAME, max_tokens=60, extra_body=GREEDY, messages=joke, tools=tools,
+                                tool_choice=choice) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == "tool_use"
+    assert final.content[0].name == "get_weather" and final.content[0].input == msg.content[0].input
 
 
 # ----- compatibility -------------------------------------------------------------------------------

@@ -163,6 +163,20 @@ def test_chat_passes_tool_calls_through(server: Server) -> None:
     assert calls[0]["function"]["name"] == "get_weather"
 
 
+def test_chat_calls_the_tool_named_in_tool_choice(server: Server) -> None:
+    """No example to imitate: the model would write prose; a named tool is called all the same."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    result = call(server, "lemonade_chat", {"model": GEMMA_NAME, "messages": [{"role": "user", "content": "Hi!"}],
+                                            "tools": [tool], "max_tokens": 40, "temperature": 0,
+                                            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert result.is_error is False
+    blocks = texts(result)
+    assert blocks[-1].startswith("tool_calls: ")
+    (called,) = json.loads(blocks[-1][len("tool_calls: "):])
+    assert called["function"]["name"] == "get_weather" and "city" in json.loads(called["function"]["arguments"])
+
+
 # ----- tool failures are results -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "arguments", "mentions"), [

@@ -150,6 +150,53 @@ def test_streamed_tool_call_is_relayed_as_llama_server_sends_it(client, server):
     assert finish(ours) == finish(direct) and finish(ours)[0] in ("tool_calls", "length")  # budget may end it
 
 
+JOKE = [{"role": "user", "content": "Tell me a joke about cats."}]
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a city",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}
+
+
+def test_named_tool_choice_is_called_even_without_an_example(client):
+    """A tool named in tool_choice is called, as OpenAI promises. llama-server alone reads the object as
+    "auto", and this 270M model, with nothing to imitate, tells the joke instead."""
+    resp = client.chat.completions.create(
+        model=GEMMA_NAME, messages=JOKE, tools=[TIME_TOOL, *WEATHER_TOOLS], max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.id and call.type == "function" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    assert resp.usage.completion_tokens > 0
+
+
+def test_named_tool_choice_streamed(client):
+    """Streamed as OpenAI streams a forced call: id, type and name first, then the arguments in pieces."""
+    stream = client.chat.completions.create(
+        model=GEMMA_NAME, messages=JOKE, tools=[TIME_TOOL, *WEATHER_TOOLS], max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+    chunks = [c for c in stream if c.choices]
+    fragments = [f for c in chunks for f in c.choices[0].delta.tool_calls or []]
+    assert fragments[0].id and fragments[0].type == "function" and fragments[0].function.name == "get_weather"
+    assert all(f.index == 0 and f.id is None for f in fragments[1:]) and len(fragments) > 2
+    assert not any(c.choices[0].delta.content for c in chunks)
+    assert isinstance(json.loads("".join(f.function.arguments or "" for f in fragments))["city"], str)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+
+
+@pytest.mark.parametrize(("choice", "says"), [
+    ({"type": "function", "function": {"name": "get_tide"}}, "no function named 'get_tide'"),
+    ({"type": "function"}, "must be"),
+    ({"type": "allowed_tools"}, "must be"),
+], ids=["not-offered", "no-name", "other-type"])
+def test_bad_named_tool_choice_is_a_400(server, choice, says):
+    body = {"model": GEMMA_NAME, "messages": JOKE, "tools": WEATHER_TOOLS, "tool_choice": choice}
+    resp = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert says in err["message"] and err["param"] == "tool_choice" and err["type"] == "invalid_request_error"
+
+
 def engine_url(server) -> str:
     """The loaded model's llama-server, to ask it directly."""
     with httpx.Client(base_url=server.url) as c:

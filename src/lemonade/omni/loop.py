@@ -37,6 +37,7 @@ from lemonade.errors import APIError
 from lemonade.omni.definitions import MAX_ROUNDS
 from lemonade.omni.media import Artifact, Turn, run_tool
 from lemonade.omni.toolset import Toolset
+from lemonade.runtime import forced_call
 from lemonade.services import Services
 from lemonade.util.jsonparse import loads
 
@@ -144,8 +145,8 @@ def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, 
 
 
 def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], Any]:
-    """The first round's (tools, tool_choice): a named tool is the only tool on offer, and its
-    arguments are asked for under a grammar (`forced_arguments`); 400 for a name not offered."""
+    """The first round's (tools, tool_choice): a named tool is the only tool on offer, and its call is
+    forced (runtime/forced_call.py); 400 for a name not offered."""
     if not isinstance(choice, dict):
         return toolset.tools, choice
     function = choice.get("function")
@@ -156,24 +157,6 @@ def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], 
         raise APIError(400, f"Invalid value for 'tool_choice': it names the tool {name!r}, which is not offered "
                        f"(tools of {toolset.collection.public}: {offered})", code="invalid_argument")
     return named, choice
-
-
-def forced_arguments(tool: dict[str, Any]) -> dict[str, Any]:
-    """The `response_format` whose grammar makes the LLM write exactly the arguments of `tool`."""
-    function = tool.get("function") or {}
-    schema = function.get("parameters") or {"type": "object"}
-    return {"type": "json_schema", "json_schema": {"name": function.get("name", "arguments"), "schema": schema}}
-
-
-def as_forced_call(data: dict[str, Any], name: str) -> dict[str, Any]:
-    """The answer to a `forced_arguments` round, its content (the arguments) made the call to `name`."""
-    choices = data.get("choices") or [{}]
-    message = choices[0].get("message") or {}
-    arguments = message.get("content") if isinstance(message.get("content"), str) else ""
-    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments.strip()}}
-    return {**data, "choices": [{**choices[0], "finish_reason": "tool_calls",
-                                 "message": {"role": "assistant", "content": "", "tool_calls": [call]}}]}
 
 
 def _add_usage(total: dict[str, int], usage: Any) -> None:
@@ -219,14 +202,14 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
         named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
         if tools:
             call_body["tools"] = tools
-            if named is not None:
-                call_body["response_format"] = forced_arguments(tools[0])
-            elif tool_choice is not None:
+            if tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
+            if named is not None:
+                call_body = forced_call.forced(call_body, named)
         try:
             data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
             if named is not None:
-                data = as_forced_call(data, named)
+                data = forced_call.as_call(data, named)
         except APIError as exc:
             if not turn.artifacts or exc.status < 500:
                 raise

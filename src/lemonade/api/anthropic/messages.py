@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from lemonade.api.anthropic import translate
 from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from lemonade.api.openai.inference import chat_model
+from lemonade.runtime import forced_call
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.anthropic")
@@ -53,16 +54,22 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
     proxy = svc.proxy
+    name = forced_call.named_tool(tr.body)  # tool_choice {type: tool}: the call is forced (runtime/forced_call.py)
+    sent = forced_call.forced(tr.body, name) if name is not None else tr.body
     if body.stream:
-        payload = {**tr.body, "stream": True, "stream_options": {"include_usage": True}}
+        payload = {**sent, "stream": True, "stream_options": {"include_usage": True}}
 
         def transform(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            if name is not None:
+                source = forced_call.as_call_stream(name)(source)
             return translate.anthropic_stream(source, body.model, tr)
 
         resp = await proxy.stream(model, "/v1/chat/completions", payload, "chat/completions", transform=transform)
         resp.headers.update(headers)
         return resp
-    data = await proxy.post_json(model, "/v1/chat/completions", tr.body, "chat/completions")
+    data = await proxy.post_json(model, "/v1/chat/completions", sent, "chat/completions")
+    if name is not None:
+        data = forced_call.as_call(data, name)
     return JSONResponse(translate.to_anthropic(data, body.model, tr), headers=headers)
 
 
@@ -76,6 +83,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> Response:
     proxy = svc.proxy
     template_body: dict[str, Any] = {k: v for k, v in tr.body.items() if k in ("messages", "tools", "tool_choice",
                                                                                  "chat_template_kwargs")}
+    if not isinstance(template_body.get("tool_choice"), str):  # a named tool: llama-server takes strings only
+        template_body.pop("tool_choice", None)
     applied = await proxy.post_json(model, "/apply-template", template_body, "apply-template")
     tokens = await proxy.post_json(model, "/tokenize", {"content": applied.get("prompt", ""), "add_special": False,
                                                         "parse_special": True}, "tokenize")

@@ -225,13 +225,13 @@ def to_openai(req: CountTokensRequest, model_name: str) -> Translation:
         if "tools" not in tr.body and choice.type != "none":
             tr.warn("Ignored tool_choice: no tools were given")
         elif choice.type == "tool":
-            # llama-server takes tool_choice as a string only: "must call this tool" is "required" with
-            # that tool alone on offer.
+            # OpenAI's named choice, forced by runtime/forced_call.py (llama-server would read it as "auto");
+            # the tool alone on offer, so that count_tokens counts the prompt that is sent.
             named = [t for t in tr.body.get("tools", []) if t["function"]["name"] == choice.name]
             if not named:
                 raise bad("tool_choice.name", f"no tool named {choice.name!r} in 'tools'")
             tr.body["tools"] = named
-            tr.body["tool_choice"] = "required"
+            tr.body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
         else:
             tr.body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
         if choice.disable_parallel_tool_use and "tools" in tr.body:

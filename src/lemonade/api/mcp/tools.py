@@ -30,6 +30,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.omni import loop as omni_loop
 from lemonade.omni import toolset as omni_toolset
 from lemonade.omni.definitions import OMNI_RECIPE
+from lemonade.runtime import forced_call
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import ENDPOINT_FOR_MODE, Services
 from lemonade.util.atomic import atomic_write_bytes
@@ -220,21 +221,6 @@ def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
                     "that is not downloaded yet is downloaded first.")
 
 
-def _named_tool_choice(body: dict[str, Any]) -> None:
-    """OpenAI's `{"type": "function", "function": {"name": X}}` as llama-server understands it:
-    "required" with only X on offer (llama-server reads tool_choice as a string)."""
-    choice = body.get("tool_choice")
-    if not isinstance(choice, dict):
-        return
-    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
-    named = [t for t in body.get("tools") or [] if isinstance(t, dict)
-             and isinstance(t.get("function"), dict) and t["function"].get("name") == name]
-    if not name or not named:
-        raise ToolError(f"`tool_choice` names a tool that is not in `tools`: {name!r}")
-    body["tools"] = named
-    body["tool_choice"] = "required"
-
-
 # ----- tools ---------------------------------------------------------------------------------------
 
 async def list_models(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
@@ -273,9 +259,16 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model.name, "messages": _chat_messages(args["messages"])}
     body.update({k: args[k] for k in CHAT_PASSTHROUGH if k in args})
     body.setdefault("chat_template_kwargs", {"enable_thinking": False})
-    _named_tool_choice(body)
     try:
-        data = await svc.proxy.post_json(model, "/v1/chat/completions", body, "chat/completions")
+        name = forced_call.named_tool(body)  # a named tool is called, always (runtime/forced_call.py)
+    except APIError as exc:
+        raise ToolError(exc.message) from None
+    try:
+        if name is None:
+            data = await svc.proxy.post_json(model, "/v1/chat/completions", body, "chat/completions")
+        else:
+            data = forced_call.as_call(await svc.proxy.post_json(
+                model, "/v1/chat/completions", forced_call.forced(body, name), "chat/completions"), name)
     except APIError as exc:
         raise ToolError(f"Chat with {model.public} failed: {exc.message}") from None
     choice = (data.get("choices") or [{}])[0]

@@ -22,6 +22,7 @@ from lemonade.api.openai.protocol import (
 from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
 from lemonade.omni.definitions import OMNI_RECIPE
+from lemonade.runtime import forced_call
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
@@ -66,6 +67,14 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
     model = svc.check_model(target, "chat", "/chat/completions", images=has_image_parts(body))
     if "max_completion_tokens" in payload:
         payload["max_tokens"] = payload.pop("max_completion_tokens")
+    name = forced_call.named_tool(payload)
+    if name is not None:  # a named tool: asked for under a grammar, answered as its call (runtime/forced_call.py)
+        payload = forced_call.forced(payload, name)
+        if body.stream:
+            return await proxy(request).stream(model, "/v1/chat/completions", payload, "chat/completions",
+                                               transform=forced_call.as_call_stream(name))
+        data = await proxy(request).post_json(model, "/v1/chat/completions", payload, "chat/completions")
+        return JSONResponse(forced_call.as_call(data, name))
     return await relay(request, model, "/v1/chat/completions", payload, body.stream, "chat/completions")
 
 
