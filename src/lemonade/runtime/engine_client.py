@@ -41,6 +41,9 @@ class _Connection(asyncio.Protocol):
     status once its headers are in; `next_chunk` returns the body's pieces, then None."""
 
     def __init__(self) -> None:
+        # The loop, looked up once: Python 3.11 asks the kernel for its pid on every lookup (a
+        # `getpid` system call per relayed token otherwise).
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -113,7 +116,7 @@ class _Connection(asyncio.Protocol):
     # --- ours
     async def begin(self, head: bytes, body: bytes | None) -> int:
         assert self.transport is not None
-        self._head = asyncio.get_running_loop().create_future()
+        self._head = self._loop.create_future()
         self._parser = httptools.HttpResponseParser(self)
         self._chunks.clear()
         self._buffered = 0
@@ -128,7 +131,7 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             if self._done:
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
