@@ -14,7 +14,8 @@ the rest of the machine left it alone (`LoadLog`); a busy phase's figures are re
 judged. It never asserts (figures depend on the machine). Results: docs/performance.md.
 
     .venv/bin/python benchmarks/bench_serving.py [--quick] [--max-load 1.5] [--direct engine|twin]
-        [--phases tiny,stream1,stream8]
+        [--phases tiny,stream1,stream8] [--save run1.json]
+    .venv/bin/python benchmarks/bench_serving.py --pool run1.json run2.json ...   # all rounds together
 
 Each side streams prompts of its own (same length, different numbers): with one engine, the side
 that went second in a round would otherwise find the first side's prompts in the engine's cache.
@@ -71,7 +72,7 @@ class Plan:
     short_n: int = 100            # short-prompt requests per side
     short_tokens: int = 16
     stream_tokens: int = 128
-    stream1_rounds: int = 8       # paired rounds (one per side) of 1 stream
+    stream1_rounds: int = 12      # paired rounds (one per side) of 1 stream
     # Paired rounds of 8 concurrent streams. Twelve, not six: which requests of a burst make the
     # engine's first prompt batch is the engine's luck (docs/performance.md, sixth round), and with
     # six rounds that luck alone moved the TTFT p50 ratio by 20 %.
@@ -792,6 +793,8 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         print(report(direct, ours, extra))
         print()
         print(details(direct, ours, extra))
+        if args.save:
+            save(Path(args.save), direct, ours, loadlog)
     except BaseException:
         print(f"\nlogs kept in {root}", file=sys.stderr)
         args.keep = True
@@ -802,6 +805,50 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         procs.stop_all()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+# ----- several runs --------------------------------------------------------------------------
+
+def save(path: Path, direct: Side, ours: Side, loads: LoadLog) -> None:
+    """A run's raw figures (phases the machine left alone only), for `--pool`."""
+    data = {"when": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "latency": {key: [direct.latency[key], ours.latency[key]] for key in direct.latency if loads.reliable(key)},
+            "rounds": {key: [direct.rounds[key], ours.rounds[key]] for key in direct.rounds if loads.reliable(key)}}
+    path.write_text(json.dumps(data))
+    print(f"raw figures saved to {path}")
+
+
+def pool(paths: list[str]) -> str:
+    """The targets of issue 17 over several saved runs: one run's 8 or 12 paired rounds leave a
+    median that the engine's own round-to-round variation (±4 % in tokens/s, and which requests
+    make a burst's first batch) moves by a few per cent; all rounds of all runs together do not."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    out = [f"{len(runs)} runs: " + ", ".join(r["when"] for r in runs)]
+    diffs = [[b - a for a, b in zip(*r["latency"]["tiny"], strict=True)] for r in runs if "tiny" in r["latency"]]
+    if diffs:
+        added = [pct(r["latency"]["tiny"][1], 50) - pct(r["latency"]["tiny"][0], 50)
+                 for r in runs if "tiny" in r["latency"]]
+        out.append(f"added p50 latency, max_tokens=1 (target ≤ 1.5 ms): per run {[round(a, 2) for a in added]}; "
+                   f"median of runs {statistics.median(added):.2f} ms; all {sum(map(len, diffs))} pairs: "
+                   f"p50 of the paired differences {pct([d for ds in diffs for d in ds], 50):.2f} ms")
+    for key in ("stream1", "stream8", "stream32", "mixed"):
+        both = [r["rounds"][key] for r in runs if key in r["rounds"]]
+        if not both:
+            continue
+        rd = [rec for d, _ in both for rec in d]
+        ru = [rec for _, u in both for rec in u]
+        ratios = paired_ratios(rd, ru, "tps")
+        per_run = [round(statistics.median(paired_ratios(d, u, "tps")), 3) for d, u in both]
+        target = " (target ≥ 0.98)" if key in ("stream1", "stream8") else ""
+        out.append(f"{key} tokens/s ratio{target}: per run {per_run}; all {len(ratios)} paired rounds: median "
+                   f"{statistics.median(ratios):.3f}, min/p25/med/p75/max {spread(ratios)}")
+        low, high = ratio_interval(rd, ru, "ttfts")
+        per_run = [round(pct(pooled(u, "ttfts"), 50) / pct(pooled(d, "ttfts"), 50), 3) for d, u in both]
+        target = " (target ≤ 1.05)" if key == "stream8" else ""
+        out.append(f"{key} TTFT p50 ratio{target}: per run {per_run}; all {len(rd)} rounds: "
+                   f"{pct(pooled(ru, 'ttfts'), 50) / pct(pooled(rd, 'ttfts'), 50):.3f} (95% {low:.3f}-{high:.3f}; "
+                   f"direct {pct(pooled(rd, 'ttfts'), 50):.1f} ms, ours {pct(pooled(ru, 'ttfts'), 50):.1f} ms)")
+    return "\n".join(out)
 
 
 def cpu_model() -> str:
@@ -833,7 +880,13 @@ def main() -> None:
                              "with its command line")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated measurements to make (default all: {','.join(PHASES)})")
+    parser.add_argument("--save", metavar="FILE", help="also write the run's raw figures to FILE (JSON), for --pool")
+    parser.add_argument("--pool", nargs="+", metavar="FILE",
+                        help="measure nothing: the targets over the runs saved with --save, all rounds together")
     args = parser.parse_args()
+    if args.pool:
+        print(pool(args.pool))
+        return
     phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
     if unknown := set(phases) - set(PHASES):
         parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")

@@ -6,6 +6,7 @@ Gemma 3 270M is a base model, so assertions are about structure and behaviour, n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -590,6 +591,61 @@ def test_engine_death_mid_stream_gives_sse_error(make_server, gemma_dir):
         chat(c, GEMMA_NAME)  # the next request is served by a new engine; the killed one is reaped, no zombie
         assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
         wait_for(lambda: not psutil.pid_exists(pid), timeout=10)
+
+
+LONG_PROMPT = [{"role": "user", "content": "lemon " * 3000 + "\nHow many lemons?"}]  # seconds of prompt work
+
+
+def processing(c) -> bool:
+    return any(s.get("is_processing") for s in c.get("/v1/slots").json())
+
+
+def test_engine_death_before_the_first_token_is_retried(make_server, gemma_dir):
+    """Our response starts with the engine's first chunk, so an engine that dies while it reads the
+    prompt has sent nothing the client saw: it is started again and the stream comes from the new one."""
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+        pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
+        box: dict = {}
+
+        def ask() -> None:
+            with srv.client() as own, own.stream("POST", "/v1/chat/completions", timeout=300, json={
+                    "model": GEMMA_NAME, "messages": LONG_PROMPT, "max_tokens": 8, "stream": True}) as resp:
+                box["status"], box["lines"] = resp.status_code, list(resp.iter_lines())
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_for(lambda: processing(c), timeout=30, interval=0.02)
+        os.kill(pid, signal.SIGKILL)
+        asker.join(300)
+        assert box["status"] == 200 and "event: error" not in box["lines"], box
+        events = [json.loads(line[6:]) for line in box["lines"] if line.startswith("data: {")]
+        assert any(e["choices"] and e["choices"][0]["delta"].get("content") for e in events)
+        assert box["lines"][-1] == "data: [DONE]" or "data: [DONE]" in box["lines"]
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
+
+
+def test_client_gone_before_the_first_token_stops_the_engine(make_server, gemma_dir):
+    """A client that hangs up while the engine reads its prompt (no byte of the answer sent yet)
+    stops the engine's work: the slot is free long before 2000 tokens could have been made."""
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    with srv.client() as c:
+        chat(c, GEMMA_NAME)
+
+        def ask() -> None:
+            with contextlib.suppress(httpx.TimeoutException):
+                srv.client().post("/v1/chat/completions", timeout=0.5, json={
+                    "model": GEMMA_NAME, "messages": LONG_PROMPT, "max_tokens": 2000, "stream": True,
+                    "ignore_eos": True})
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_for(lambda: processing(c), timeout=30, interval=0.02)
+        asker.join(30)  # the client gave up (0.5 s timeout) and closed its connection
+        wait_for(lambda: not processing(c), timeout=20)
+        health = c.get("/v1/health").json()["all_models_loaded"][0]
+        assert not health["is_busy"] and not health["is_streaming"]
 
 
 def test_client_disconnect_cancels_generation(make_server, gemma_dir):

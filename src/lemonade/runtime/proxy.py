@@ -281,17 +281,30 @@ class Proxy:
 
             trace = request_trace.get()
             span = None if trace is None else engine_span(trace, lm, path, body)
+            t0 = time.perf_counter()
+            opened: EngineStream | RemoteStream | None = None
             try:
                 refuse_oversized_prompt(lm, body)
-                resp = await self._open_stream(lm, path, body)
+                resp = opened = await self._open_stream(lm, path, body)
+                chunks = aiter(resp)
+                # Our response starts with the engine's first chunk, not with its headers: llama-server
+                # sends those before it reads the prompt, and starting a response (ours, and the client
+                # reading it) meanwhile took CPU from the prompt's batch, a few ms of every stream's
+                # first token on 2 cores (docs/performance.md, sixth round). An engine that dies before
+                # its first chunk is started again and asked again, as for a non-streamed request.
+                first = await cancelled_when_gone(anext(chunks, None)) if resp.status == 200 else None
                 break
             except ENGINE_ERRORS as exc:
+                if opened is not None:
+                    opened.close()
                 await release()
                 if span is not None:
                     trace.fail(span, exc)  # type: ignore[union-attr]
                 if attempt or not await self.router.confirm_crash(lm):
                     raise crash_error(lm, exc) from None
             except BaseException as exc:
+                if opened is not None:
+                    opened.close()
                 await release()
                 if span is not None:
                     trace.fail(span, exc)  # type: ignore[union-attr]
@@ -312,11 +325,11 @@ class Proxy:
             tail: collections.deque[bytes] = collections.deque()  # the last chunks, about TAIL_BYTES of them
             kept = 0
             started = False
-            t0 = time.perf_counter()
-            chunks = 0
+            count = 0
+            chunk = first
             try:
-                async for chunk in resp:
-                    chunks += 1
+                while chunk is not None:
+                    count += 1
                     if not started:
                         started = True
                         lm.streaming += 1
@@ -328,6 +341,7 @@ class Proxy:
                         kept -= len(tail.popleft())
                     lm.last_progress = time.monotonic()
                     yield chunk
+                    chunk = await anext(chunks, None)
             except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)
                 log.error("%s", err.message)
@@ -343,7 +357,7 @@ class Proxy:
                 final = _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"')
                 self._account(model, endpoint, final)
                 if span is not None:
-                    span.set_attribute("lemonade.stream.chunks", chunks)
+                    span.set_attribute("lemonade.stream.chunks", count)
                     trace.usage(span, *tokens_of(final), started=t0)  # type: ignore[union-attr]
                     span.end()
                 resp.close()
