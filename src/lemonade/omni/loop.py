@@ -144,19 +144,10 @@ def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, 
     return out
 
 
-def forced_choice(toolset: Toolset, choice: Any) -> tuple[list[dict[str, Any]], Any]:
-    """The first round's (tools, tool_choice): a named tool is the only tool on offer, and its call is
-    forced (runtime/forced_call.py); 400 for a name not offered."""
-    if not isinstance(choice, dict):
-        return toolset.tools, choice
-    function = choice.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
-    named = [t for t in toolset.tools if (t.get("function") or {}).get("name") == name]
-    if choice.get("type") != "function" or not name or not named:
-        offered = ", ".join(str((t.get("function") or {}).get("name")) for t in toolset.tools) or "none"
-        raise APIError(400, f"Invalid value for 'tool_choice': it names the tool {name!r}, which is not offered "
-                       f"(tools of {toolset.collection.public}: {offered})", code="invalid_argument")
-    return named, choice
+def forced_tool(toolset: Toolset, choice: Any) -> str | None:
+    """The tool a named `tool_choice` forces in the first round (runtime/forced_call.py); a 400 for a
+    name the collection's tools do not offer."""
+    return forced_call.named_tool({"tools": toolset.tools, "tool_choice": choice})
 
 
 def _add_usage(total: dict[str, int], usage: Any) -> None:
@@ -187,7 +178,7 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
     if request.get("max_completion_tokens") is not None:
         body["max_tokens"] = request["max_completion_tokens"]
     choice = request.get("tool_choice")
-    first_tools, first_choice = forced_choice(toolset, choice)
+    forced_name = forced_tool(toolset, choice)
     turn = Turn(artifacts=[], history_image=last_image(request["messages"]))
     usage: dict[str, int] = {}
     done: set[str] = set()  # the calls that made a medium in this turn (name + arguments)
@@ -195,13 +186,12 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
                     created=int(time.time()))
     for round_no in range(MAX_ROUNDS):
         if round_no == 0:
-            tools, tool_choice = first_tools, first_choice
+            tool_choice, named = choice, forced_name
         else:  # a forced call is not forced again: the LLM now answers or calls what it wants
-            tools, tool_choice = toolset.tools, "auto" if choice == "required" or isinstance(choice, dict) else choice
+            tool_choice, named = "auto" if choice == "required" or isinstance(choice, dict) else choice, None
         call_body = {**body, "model": toolset.llm.name, "messages": messages, "stream": False}
-        named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
-        if tools:
-            call_body["tools"] = tools
+        if toolset.tools:
+            call_body["tools"] = toolset.tools
             if tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
             if named is not None:

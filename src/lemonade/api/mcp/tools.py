@@ -263,14 +263,13 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         name = forced_call.named_tool(body)  # a named tool is called, always (runtime/forced_call.py)
     except APIError as exc:
         raise ToolError(exc.message) from None
+    sent = forced_call.forced(body, name) if name is not None else body
     try:
-        if name is None:
-            data = await svc.proxy.post_json(model, "/v1/chat/completions", body, "chat/completions")
-        else:
-            data = forced_call.as_call(await svc.proxy.post_json(
-                model, "/v1/chat/completions", forced_call.forced(body, name), "chat/completions"), name)
+        data = await svc.proxy.post_json(model, "/v1/chat/completions", sent, "chat/completions")
     except APIError as exc:
         raise ToolError(f"Chat with {model.public} failed: {exc.message}") from None
+    if name is not None:
+        data = forced_call.as_call(data, name)
     choice = (data.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content = message.get("content") or ""
