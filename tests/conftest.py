@@ -190,9 +190,9 @@ class ServerFactory:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
         full_env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"),
                          "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"})
-        # Auto-tune off: what a test expects must not depend on the archetype of the machine it runs
-        # on (test_autotune turns it back on with LEMONADE_AUTO_TUNE="").
-        full_env["LEMONADE_AUTO_TUNE"] = "false"
+        # No other setting: a test server runs with the defaults a user gets, auto-tune and its profile
+        # for this machine's archetype included. A test that needs another setting passes it in `env`,
+        # `args` or `config` and says why.
         full_env.update(env or {})
         server = Server(cache, port or free_port(), full_env, args or [])
         self.servers.append(server)
@@ -223,6 +223,19 @@ def module_servers(tmp_path_factory: pytest.TempPathFactory, llama_backend: Path
 def gemma_server(module_servers: ServerFactory, gemma_dir: Path) -> Server:
     """A server whose extra models dir holds the real Gemma 3 270M GGUF (`gemma-3-270m-q4_k_m`)."""
     return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+
+
+def tuned_args(recipe: str = "llamacpp", backend: str = "cpu", model: str = GEMMA_ID) -> str:
+    """The `*_args` this machine's shipped auto-tune profile gives a model ("" where none applies):
+    what a test server adds under the admin's and the user's own flags."""
+    from lemonade.autotune.tuner import AutoTune
+    from lemonade.backends.registry import Engines
+    from lemonade.backends.tuning import args_option
+    from lemonade.config import Config
+
+    config = Config(TEST_CACHE, environ={})
+    tune = AutoTune(TEST_CACHE / "no-local-profiles", config, engines=Engines(TEST_CACHE, config))
+    return str(tune.values(model, recipe, backend).get(args_option(recipe) or "", ""))
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

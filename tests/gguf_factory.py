@@ -14,7 +14,10 @@ import numpy as np
 
 
 def write_gguf(path: Path, arch: str = "llama", *, context_length: int = 2048, pooling_type: int | None = None,
-               clip: bool = False, split: tuple[int, int] | None = None, chat_template: str | None = None) -> Path:
+               clip: bool = False, split: tuple[int, int] | None = None, chat_template: str | None = None,
+               meta: dict[str, int | list[int] | list[bool]] | None = None) -> Path:
+    """`meta`: more keys, by name without the architecture prefix (`"block_count": 32`,
+    `"attention.head_count_kv": [8, 0, ...]`): unsigned integers, or arrays of them or of booleans."""
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "clip" if clip else arch)
     writer.add_name(path.stem)
@@ -26,6 +29,11 @@ def write_gguf(path: Path, arch: str = "llama", *, context_length: int = 2048, p
             writer.add_pooling_type(gguf.PoolingType(pooling_type))
     if chat_template:
         writer.add_chat_template(chat_template)
+    for key, value in (meta or {}).items():
+        if isinstance(value, list):
+            writer.add_array(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
     if split:
         writer.add_uint16("split.no", split[0] - 1)
         writer.add_uint16("split.count", split[1])

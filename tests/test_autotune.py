@@ -268,10 +268,9 @@ def server(module_servers, gemma_dir, tmp_path_factory):
             "recipes": {"llamacpp": {"models": {GEMMA_NAME: {"cpu": {"llamacpp_args": "-np 3"}}}}}}
     (folder / f"{arch.id}.json").write_text(json.dumps(mine))
     (folder / "broken.json").write_text(json.dumps({"schema_version": 1, "archetype": "broken"}))
-    # LEMONADE_AUTO_TUNE="": not the harness's "false", so the product default (on) and `config set` apply
     # llamacpp.args "-t 1": on a CI machine whose other jobs hold the CPU, llama-server's default of
     # one thread per core stalls (docs/performance.md, Auto-tune); one thread keeps the bench test fast.
-    srv = module_servers(cache=cache, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_AUTO_TUNE": ""},
+    srv = module_servers(cache=cache, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
                          config={"llamacpp": {"args": "-t 1"}})
     srv.archetype = arch.id
     return srv

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from lemonade.backends.llamacpp import build_argv
-from lemonade.backends.llamacpp_flags import SAFE_FLAGS, check_llamacpp_args, installed_flags, unknown_flags
+from lemonade.backends.llamacpp_flags import (
+    LEGACY_LOAD_MODE,
+    SAFE_FLAGS,
+    check_llamacpp_args,
+    installed_flags,
+    place_slot_folders,
+    translate_legacy_flags,
+    unknown_flags,
+)
 from lemonade.model_info import ModelInfo
 from tests.gguf_factory import write_gguf
 
@@ -62,7 +70,7 @@ def test_mtp_label_adds_draft_defaults_unless_overridden(tmp_path):
     assert argv.count("--spec-type") == 1
 
 
-@pytest.mark.parametrize("bad", ["-m x", "--port 1", "--ctx-size 5", "-ngl 99", "--jinja", "--mmproj a",
+@pytest.mark.parametrize("bad", ["-m x", "--port 1", "--ctx-size 5", "--jinja", "--mmproj a",
                                  "--embeddings", "--reranking", "--model=x"])
 def test_forbidden_user_args(tmp_path, bad):
     with pytest.raises(ValueError) as err:
@@ -98,6 +106,38 @@ def test_request_args_cannot_touch_files_or_the_network(args):
     assert "llamacpp.args" in str(err.value)  # says where an admin can set it instead
 
 
+@pytest.mark.parametrize("args", ["--no-mmap", "--mlock", "--no-mmap --mlock", "-ngl 20", "--n-gpu-layers 12",
+                                  "--gpu-layers all", "--load-mode mmap+mlock", "-t 2 --no-mmap --flash-attn on",
+                                  "--slot-save-path my-chats", "--slot-save-path=team/chats"])
+def test_memory_offload_and_confined_slot_flags_are_accepted(args):
+    """Flags that only tune memory or offload, and slot saves inside the server's slot folder: the
+    spec's own examples (`--no-mmap`, `--mlock`) and partial offload (`-ngl 20`)."""
+    assert check_llamacpp_args(args) == args.split()
+
+
+@pytest.mark.parametrize("path", ["/tmp/x", "../x", "a/../../x", "C:\\x"])
+def test_slot_saves_outside_the_slot_folder_are_refused(path):
+    with pytest.raises(ValueError, match="inside the server's slot folder"):
+        check_llamacpp_args(f"--slot-save-path {path}")
+    check_llamacpp_args(f"--slot-save-path {path}", trusted=True)  # the admin's choice
+
+
+def test_slot_folders_are_placed_under_the_servers(tmp_path):
+    argv = place_slot_folders(["--slot-save-path", "chats", "-t", "2", "--slot-save-path=/admin/saves"], tmp_path)
+    assert argv == ["--slot-save-path", str(tmp_path / "chats"), "-t", "2", "--slot-save-path=/admin/saves"]
+    assert (tmp_path / "chats").is_dir()
+
+
+def test_documented_spellings_are_translated_for_a_build_that_renamed_them():
+    new = frozenset({"--load-mode", "-t"})
+    assert translate_legacy_flags(["-t", "2", "--no-mmap"], new) == ["-t", "2", "--load-mode", "none"]
+    assert translate_legacy_flags(["--mlock"], new) == ["--load-mode", "mmap+mlock"]
+    assert translate_legacy_flags(["--no-mmap", "--mlock"], new) == ["--load-mode", "mlock"]
+    old = frozenset({"--no-mmap", "--mlock", "--load-mode"})
+    assert translate_legacy_flags(["--no-mmap"], old) == ["--no-mmap"]  # a build that knows them keeps them
+    assert translate_legacy_flags(["--no-mmap"], frozenset()) == ["--no-mmap"]  # unreadable --help: as given
+
+
 def test_rpc_flag_is_ours():
     """`--rpc` comes from the rpc_workers option (checked for reachability first), never from args."""
     for trusted in (False, True):
@@ -117,8 +157,9 @@ def test_allow_list_is_known_to_the_pinned_llama_server(llama_backend):
     binary = llama_backend / "llama-server"
     known = installed_flags(binary)
     assert "--threads" in known and "-kvo" in known and "--no-kv-offload" in known  # aliases on one help line
-    assert sorted(SAFE_FLAGS - known) == []
+    assert sorted(SAFE_FLAGS - known - set(LEGACY_LOAD_MODE)) == []  # the documented spellings are translated
     assert unknown_flags(["--no-mmap", "--threads", "2", "-1"], binary) == ["--no-mmap"]
+    assert unknown_flags(translate_legacy_flags(["--no-mmap", "--mlock"], known), binary) == []
 
 
 def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):

@@ -19,7 +19,8 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_ID, GEMMA_NAME
+from lemonade.catalog.gguf_meta import gguf_info
+from tests.conftest import GEMMA_ID, GEMMA_NAME, tuned_args
 from tests.gguf_factory import write_gguf
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
@@ -384,6 +385,56 @@ def test_slot_save_restore(make_server, gemma_dir, tmp_path):
         restored = c.post("/v1/slots/0?action=restore", json={"filename": "conv.bin"}).json()
         assert restored["n_restored"] == saved.json()["n_saved"]
         assert c.post("/v1/slots/0?action=erase").json()["id_slot"] == 0
+        # A folder of the user's choice for one load (llamacpp-newer.md): inside the server's slot folder.
+        mine = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": "-np 1 --slot-save-path team"})
+        assert mine.status_code == 200, mine.text
+        c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 2})
+        assert c.post("/v1/slots/0?action=save", json={"filename": "t.bin"}).status_code == 200
+        assert (srv.cache / "slots" / "team" / "t.bin").exists()
+
+
+def test_spec_engine_flags_work_per_load_and_paths_stay_refused(server):
+    """The spec's own examples (`--no-mmap`, `--mlock`, llamacpp.md/api-lemonade.md) and partial offload
+    (`-ngl 20`) load, translated to the pinned build's `--load-mode`; a flag that names a file, a folder
+    or a network address is refused before anything starts."""
+    with server.client() as c:
+        for args, expected in (("--flash-attn on --no-mmap", ["--load-mode", "none"]),
+                               ("--no-context-shift --mlock", ["--load-mode", "mmap+mlock"]),
+                               ("-ngl 20", ["-ngl", "20"])):
+            resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": args})
+            assert resp.status_code == 200, resp.text
+            (entry,) = c.get("/v1/health").json()["all_models_loaded"]
+            command = " ".join(entry["launch_command"])
+            assert " ".join(expected) in command, command
+            answer = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 4})
+            assert answer.status_code == 200, answer.text
+        for args, says in (("--lora adapter.gguf", "file or folder"), ("--log-file /tmp/x.log", "file or folder"),
+                           ("-hf owner/repo", "network address"), ("--tools all", "file or folder"),
+                           ("--slot-save-path /etc", "inside the server's slot folder")):
+            resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": args})
+            assert resp.status_code == 400 and says in resp.json()["error"]["message"], (args, resp.text)
+
+
+def test_a_saved_option_is_checked_when_saved_and_never_dropped_at_load(make_server, gemma_dir):
+    """recipe_options.json written by an older version may hold a flag today's rule refuses: the load
+    says so (400, naming the option and how to clear it) instead of loading without the user's setting."""
+    cache_seed = make_server.tmp.mktemp("saved-options")
+    (cache_seed / "recipe_options.json").write_text(json.dumps({GEMMA_ID: {"llamacpp_args": "--log-file /tmp/x"}}))
+    srv = make_server(cache=cache_seed, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    url = f"/v1/models/{GEMMA_NAME}/options"
+    with srv.client() as c:
+        refused = c.post("/v1/load", json={"model_name": GEMMA_NAME})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_saved_option" and "llamacpp_args" in error["message"]
+        assert f"POST /v1/models/{GEMMA_ID}/options" in error["message"]
+        auto = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "messages": CHAT, "max_tokens": 2})
+        assert auto.status_code == 400 and "llamacpp_args" in auto.json()["error"]["message"]  # auto-load too
+        # This request's own value stands in for the saved one.
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": "-t 1"}).status_code == 200
+        assert c.post(url, json={"llamacpp_args": "--log-file /tmp/y"}).status_code == 400  # checked when saved
+        assert c.post(url, json={"llamacpp_args": None}).status_code == 200  # cleared: loads as usual
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME}).status_code == 200
 
 
 def test_tokenize_without_model_is_400(make_server):
@@ -400,7 +451,8 @@ def test_load_options_and_health_fields(make_server, gemma_dir):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with srv.client() as c:
         resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1024, "pinned": True})
-        assert resp.json() == {"status": "success", "message": f"Loaded model: {GEMMA_NAME}"}
+        assert resp.json() == {"status": "success", "message": f"Loaded model: {GEMMA_NAME}",
+                               "context_length": 1024, "context_reason": "ctx_size 1024 as configured"}
         health = c.get("/v1/health").json()
         assert health["model_loaded"] == GEMMA_NAME and health["pinned_models"]["llm"] == 1
         (m,) = health["all_models_loaded"]
@@ -445,14 +497,19 @@ def test_options_endpoints(make_server, gemma_dir):
     with srv.client() as c:
         view = c.get(url).json()
         assert view["saved"] == {} and view["recipe"] == "llamacpp" and view["model_name"] == GEMMA_NAME
-        assert view["effective"]["ctx_size"] == -1 and view["resolved_ctx_size"] == 8192
-        assert view["effective"]["llamacpp_args"] == "--threads 2" and view["effective"]["model_name"] == GEMMA_NAME
+        trained = gguf_info(gemma_dir / f"{GEMMA_NAME}.gguf").context_length
+        # automatic: as much as the free memory holds, up to the trained length (test_context.py: exactly)
+        assert view["effective"]["ctx_size"] == -1 and 4096 <= view["resolved_ctx_size"] <= trained
+        # the admin's flags over this machine's auto-tune profile, if it has one
+        admin = " ".join(filter(None, [tuned_args(), "--threads 2"]))
+        assert view["effective"]["llamacpp_args"] == admin
+        assert view["effective"]["model_name"] == GEMMA_NAME
         assert view["load_command"].startswith("curl -X POST $LEMONADE_BASE_URL/v1/load")
         dry = c.post(url, json={"ctx_size": 2048, "dry_run": True}).json()
         assert dry["effective"]["ctx_size"] == 2048 and dry["saved"] == {} and not path.exists()
         saved = c.post(url, json={"ctx_size": 2048, "llamacpp_args": "-b 256"}).json()
         assert saved["saved"] == {"ctx_size": 2048, "llamacpp_args": "-b 256"}
-        assert saved["effective"]["llamacpp_args"] == "--threads 2 -b 256"  # merge_args
+        assert saved["effective"]["llamacpp_args"] == admin + " -b 256"  # merge_args
         assert json.loads(path.read_text())[GEMMA_ID] == saved["saved"]
         assert c.post(url, json={"ctx_size": None}).json()["saved"] == {"llamacpp_args": "-b 256"}
         before = path.read_bytes()
@@ -463,7 +520,7 @@ def test_options_endpoints(make_server, gemma_dir):
         # a load uses the saved options; an explicit null skips the saved value for that load only
         c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_args": None})
         opts = c.get("/v1/health").json()["all_models_loaded"][0]["recipe_options"]
-        assert opts["llamacpp_args"] == "--threads 2"
+        assert opts["llamacpp_args"] == admin
         assert json.loads(path.read_text())[GEMMA_ID] == {"llamacpp_args": "-b 256"}
         c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1536, "save_options": True})
         assert json.loads(path.read_text())[GEMMA_ID] == {"ctx_size": 1536}

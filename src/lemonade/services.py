@@ -201,19 +201,18 @@ class Services:
 
     def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None,
                        files: dict[str, list[Path]] | None | object = NOT_LOOKED_UP) -> int | None:
-        """The context a model has: the value it was loaded with, else what its options (`options`, or
-        the effective ones) would give, automatic sizing resolved; None when unknown. `files`: the
+        """The context a model has: for a loaded model the engine's own figure (tokens one request may
+        use), else what its options (`options`, or the effective ones) would give, automatic sizing
+        resolved; None when unknown. `files`: the
         model's files when the caller has looked them up already."""
         loaded = self.router.loaded.get(model.name)
-        if loaded is not None and options is None:
-            ctx = loaded.options.get("resolved_ctx_size") or loaded.options.get("ctx_size")
-            if isinstance(ctx, int) and ctx > 0:
-                return ctx
+        if loaded is not None and options is None and loaded.context_length is not None:
+            return loaded.context_length
         engine = self.engines.get(model.recipe)
         if engine is None or model.is_collection:
             return None
         if options is None:
-            options = self.options.resolve(model.name, model.recipe)
+            options = self.options.resolve(model.name, model.recipe, for_load=False)
         if files is NOT_LOOKED_UP:
             files = self.catalog.local_files(model)
         return engine.context_length(options, files)  # type: ignore[arg-type]

@@ -85,6 +85,13 @@ class Launch:
     options: dict[str, Any]
     backend: str
     device: str = "cpu"
+    # Tokens one request may use, as the running engine reports it (None: the engine does not say;
+    # the options' ctx_size stands), and how the context was chosen, for the load answer.
+    context_length: int | None = None
+    context_reason: str = ""
+    # (tokens, slots) of a KV cache that all of the engine's slots share (llama-server with a unified
+    # cache and several slots): requests reserve a part of it before they are sent (runtime/kv_pool.py).
+    shared_kv: tuple[int, int] | None = None
 
 
 def install_action(recipe: str, backend: str) -> str:

@@ -27,7 +27,21 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
-from lemonade.backends.llamacpp_flags import EngineArgsError, check_llamacpp_args, unknown_flags
+from lemonade.backends.llamacpp_context import (
+    ContextChoice,
+    auto_context,
+    explicit_context,
+    free_memory,
+    served_context,
+)
+from lemonade.backends.llamacpp_flags import (
+    EngineArgsError,
+    check_llamacpp_args,
+    installed_flags,
+    place_slot_folders,
+    translate_legacy_flags,
+    unknown_flags,
+)
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
 from lemonade.backends.llamacpp_rpc import (
     HEALTH_TIMEOUT,
@@ -42,7 +56,7 @@ from lemonade.backends.llamacpp_rpc import (
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.system.devices import detect_devices
+from lemonade.system.devices import detect_devices, gpu_usage
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -51,8 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lemonade.llamacpp")
 
-AUTO_CTX_CAP = 8192       # automatic context: the model's trained length, capped to keep RAM modest
-FALLBACK_CTX = 4096       # when the GGUF does not say
 # Jinja templates we ship for GGUFs that carry none (base models), by architecture prefix.
 TEMPLATES = resources.files("lemonade.backends").joinpath("templates")
 MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"]
@@ -64,16 +76,40 @@ def fallback_template(architecture: str) -> Path:
     return Path(str(TEMPLATES.joinpath(name)))
 
 
-def resolved_ctx_size(ctx_size: int, main_file: Path | None) -> int:
-    if ctx_size != -1:
-        return ctx_size
-    trained = None
-    if main_file is not None:
-        try:
-            trained = gguf_info(main_file).context_length
-        except (OSError, GGUFError):
-            trained = None
-    return min(trained, AUTO_CTX_CAP) if trained else FALLBACK_CTX
+def _parallel(llamacpp_args: str) -> int:
+    """The slots `-np` asks for (llama-server's automatic choice is 4)."""
+    argv = llamacpp_args.split()
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag in ("-np", "--parallel") and value.lstrip("-").isdigit() and int(value) > 0:
+            return int(value)
+    return 4
+
+
+def _gpu_free_bytes(backend: str) -> int | None:
+    """Free memory of the GPUs a GPU backend runs on: dedicated memory (plus the shared pool of an
+    integrated GPU) less what is in use; None on the CPU or when the GPUs do not report it."""
+    if backend not in GPU_BACKENDS:
+        return None
+    report = detect_devices()
+    if not uses_gpu(backend, report):
+        return None  # a software Vulkan device (lavapipe) computes in system RAM
+    gpus = [g for g in report.gpus if g.vram_bytes]
+    if not gpus:
+        return None
+    total = sum((g.vram_bytes or 0) + ((g.shared_bytes or 0) if g.integrated else 0) for g in gpus)
+    used = gpu_usage().vram_used_bytes or 0
+    return max(0, total - used)
+
+
+def choose_context(options: dict[str, Any], files: dict[str, list[Path]] | None, backend: str = "cpu") -> ContextChoice:
+    """The context to ask llama-server for: `ctx_size` as given, or for -1 the largest that fits the
+    free memory of the device the model runs on, up to its trained length (llamacpp_context.py)."""
+    ctx = options.get("ctx_size", -1)
+    if isinstance(ctx, int) and ctx > 0:
+        return explicit_context(ctx)
+    main = files["main"][0] if files and files.get("main") else None
+    args = str(options.get("llamacpp_args") or "")
+    return auto_context(main, files, args, free_memory(_gpu_free_bytes(backend)), _parallel(args))
 
 
 def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
@@ -109,12 +145,14 @@ def refuse_damaged_files(model: ModelInfo, files: dict[str, list[Path]]) -> None
 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
-               port: int, backend: str = "cpu", slot_dir: Path | None = None) -> list[str]:
+               port: int, backend: str = "cpu", slot_dir: Path | None = None, ctx_size: int | None = None) -> list[str]:
     """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
-    llama-server refuses file names with a path in them)."""
+    llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
+    load (`choose_context`), else the options' own."""
     main = files["main"][0]
+    ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend).ctx_size
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
-            "--ctx-size", str(resolved_ctx_size(options.get("ctx_size", -1), main)),
+            "--ctx-size", str(ctx),
             "--alias", model.public, "--metrics", "--slots", "--no-webui"]
     if slot_dir is not None:
         argv += ["--slot-save-path", str(slot_dir)]
@@ -135,10 +173,21 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     workers = worker_list(options.get("rpc_workers") or [])
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
     argv += rpc_args(workers)
-    user_args = check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True)  # checked when set
+    user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
     if "mtp" in model.labels and "--spec-type" not in user_args:
         argv += MTP_ARGS  # user_args come last, so the user's own values still win
     return argv + user_args
+
+
+def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[str]:
+    """The `llamacpp_args` (checked when they were set) as this binary takes them: documented
+    spellings it renamed translated, per-load slot folders placed under the server's slot folder."""
+    argv = check_llamacpp_args(text, trusted=True)
+    if binary.is_file():
+        argv = translate_legacy_flags(argv, installed_flags(binary))
+    if slot_dir is not None:
+        argv = place_slot_folders(argv, slot_dir.parent)
+    return argv
 
 
 def _check_ctx(value: int) -> str | None:
@@ -229,7 +278,8 @@ class LlamaCppEngine(Engine):
         argv = check_llamacpp_args(text, trusted=trusted)
         binary = self.installer.llama_server_path(backend or self.default_backend())
         if binary is not None:
-            self._refuse_unknown_flags(argv, binary, backend or self.default_backend())
+            self._refuse_unknown_flags(translate_legacy_flags(argv, installed_flags(binary)), binary,
+                                       backend or self.default_backend())
         return argv
 
     @staticmethod
@@ -270,15 +320,13 @@ class LlamaCppEngine(Engine):
                                extra={"unreachable_workers": [d["address"] for d in down]})
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
-        argv = build_argv(binary, model, files, options, port, backend, slot_dir)
+        choice = choose_context(options, files, backend)
+        argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size)
         try:
-            self._refuse_unknown_flags(check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True), binary,
-                                       backend)
+            self._refuse_unknown_flags(engine_args(options.get("llamacpp_args", ""), binary), binary, backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
         resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
-        if resolved.get("ctx_size") == -1:
-            resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
         env = None
         report = detect_devices()
         if backend == "vulkan" and (visible := vulkan_visible_devices(report)) is not None:
@@ -288,7 +336,29 @@ class LlamaCppEngine(Engine):
             env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start()
-        return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu")
+        served, slots = await served_context(server.base_url)
+        reason = choice.reason
+        if served is not None and served != choice.ctx_size:
+            reason += (f"; llama-server gives each request {served} tokens" + (
+                f" ({slots} slots{self._split_note(str(options.get('llamacpp_args') or ''))})" if slots else ""))
+        context = served or choice.ctx_size
+        resolved["resolved_ctx_size"] = context
+        log.info("Context of %s: %d tokens per request (%s)", model.public, context, reason)
+        # Unified cache: each slot may use all of it (so more than its share), and they share it.
+        shared = (choice.ctx_size, slots) if served and slots and slots > 1 and served * slots > choice.ctx_size \
+            else None
+        return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu",
+                      context_length=context, context_reason=reason, shared_kv=shared)
+
+    @staticmethod
+    def _split_note(args: str) -> str:
+        """Why a context can come out smaller than asked: an explicit slot count without a unified
+        KV cache divides it between the slots."""
+        flags = args.split()
+        if any(f in ("-np", "--parallel") for f in flags) and not any(f in ("-kvu", "--kv-unified") for f in flags):
+            return ": -np without --kv-unified divides the context between the slots; add -kvu to give each " \
+                   "request all of it"
+        return ""
 
     def system_info(self) -> dict[str, Any]:
         """Adds the configured RPC workers and whether they answer (a TCP connect each)."""
@@ -317,8 +387,8 @@ class LlamaCppEngine(Engine):
         return {"rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
-        main = files["main"][0] if files and files.get("main") else None
-        return resolved_ctx_size(options.get("ctx_size", -1), main)
+        backend = self.requested_backend(options)
+        return choose_context(options, files, backend).ctx_size
 
     async def downsize(self, base_url: str, client: EngineClient) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""

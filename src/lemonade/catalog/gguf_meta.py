@@ -82,8 +82,13 @@ def _skip_value(fh: IO[bytes], vtype: int) -> None:
         raise GGUFError(f"unknown GGUF value type {vtype}")
 
 
-def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
-    """All scalar/string metadata (arrays skipped), or only the `wanted` keys when given."""
+MAX_ARRAY_ITEMS = 1 << 16  # per-layer arrays have a few hundred items; a vocabulary has far more
+
+
+def read_metadata(path: Path, wanted: set[str] | None = None, arrays: bool = False) -> dict[str, Any]:
+    """All scalar/string metadata, or only the `wanted` keys when given. Arrays are skipped unless
+    `arrays`: then arrays of numbers or booleans (per-layer head counts, sliding-window patterns) of
+    at most MAX_ARRAY_ITEMS items are read as lists."""
     out: dict[str, Any] = {}
     with open(path, "rb", buffering=1 << 16) as fh:
         if fh.read(4) != GGUF_MAGIC:
@@ -102,9 +107,31 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
                 out[key] = _read(fh, _SCALARS[vtype])
             elif vtype == _STRING:
                 out[key] = _read_str(fh)
+            elif arrays and vtype == _ARRAY:
+                value = _read_scalar_array(fh)
+                if value is not None:
+                    out[key] = value
             else:
                 _skip_value(fh, vtype)
     return out
+
+
+def _read_scalar_array(fh: IO[bytes]) -> list[Any] | None:
+    """An array of scalars as a list; any other array is skipped (None)."""
+    item_type = _read(fh, "<I")
+    count = _read(fh, "<Q")
+    if item_type not in _SCALARS or count > MAX_ARRAY_ITEMS:
+        if item_type in _SCALARS:
+            fh.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
+        else:
+            for _ in range(count):
+                _skip_value(fh, item_type)
+        return None
+    fmt = "<" + _SCALARS[item_type].lstrip("<") * count
+    data = fh.read(struct.calcsize(fmt))
+    if len(data) != struct.calcsize(fmt):
+        raise GGUFError("truncated GGUF header")
+    return list(struct.unpack(fmt, data))
 
 
 @lru_cache(maxsize=512)

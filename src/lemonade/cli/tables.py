@@ -40,13 +40,13 @@ def models_table(models: list[dict[str, Any]], title: str) -> Table:
 
 def loaded_table(loaded: list[dict[str, Any]]) -> Table:
     table = Table(title="Loaded models", title_justify="left")
-    for col in ("Model", "Type", "Recipe", "Backend", "Device", "PID", "Pinned", "Busy", "Last use"):
+    for col in ("Model", "Type", "Recipe", "Backend", "Device", "Context", "PID", "Pinned", "Busy", "Last use"):
         table.add_column(col, no_wrap=col == "Model", style="bold" if col == "Model" else None)
     for m in loaded:
         busy = "streaming" if m.get("is_streaming") else yes_no(m.get("is_busy"))
         table.add_row(_t(m.get("model_name")), _t(m.get("type")), _t(m.get("recipe")), _t(m.get("backend")),
-                      _t(m.get("device")), _t(m.get("pid")), yes_no(m.get("pinned")), busy,
-                      fmt_age(m.get("last_use")))
+                      _t(m.get("device")), _t(m.get("context_length")), _t(m.get("pid")), yes_no(m.get("pinned")),
+                      busy, fmt_age(m.get("last_use")))
     return table
 
 

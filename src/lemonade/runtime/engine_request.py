@@ -84,8 +84,8 @@ def _text_size(value: Any) -> int:
 def refuse_oversized_prompt(lm: LoadedModel, body: dict[str, Any] | None) -> None:
     """A prompt that cannot possibly fit the model's context is refused before it reaches the engine,
     which would otherwise tokenize all of it (minutes for tens of MB) before saying so."""
-    ctx = lm.options.get("resolved_ctx_size") or lm.options.get("ctx_size")
-    if not body or not isinstance(ctx, int) or ctx <= 0:
+    ctx = lm.context_length
+    if not body or ctx is None:
         return
     chars = sum(_text_size(body.get(key)) for key in ("messages", "prompt", "input"))
     if chars > ctx * MAX_CHARS_PER_TOKEN:

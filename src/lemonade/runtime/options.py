@@ -21,6 +21,7 @@ from lemonade.backends.engine import Option, is_number
 from lemonade.backends.registry import all_option_names, args_options, recipe_modes, recipe_options
 from lemonade.backends.tuning import backend_option
 from lemonade.config import Config
+from lemonade.errors import APIError
 from lemonade.util.atomic import atomic_write_json, read_json
 
 log = logging.getLogger("lemonade.options")
@@ -178,13 +179,16 @@ class RecipeOptions:
         return out
 
     def resolve(self, model_name: str, recipe: str, request: dict[str, Any] | None = None,
-                saved: dict[str, Any] | None = None) -> dict[str, Any]:
+                saved: dict[str, Any] | None = None, *, for_load: bool = True) -> dict[str, Any]:
         """The effective options: request > saved > config > auto-tune > defaults, args merged per
         merge_args. Auto-tune fills only what the user left alone: a key given in the request or the
         saved options, or set in the config (file, env, flags), keeps the user's value; for `*_args`
-        the profile's flags go under the server-wide ones, flag by flag."""
+        the profile's flags go under the server-wide ones, flag by flag. `for_load`: a saved option
+        that today's checks refuse stops the load with a 400 saying so (views pass False: they show
+        the options without it)."""
         request = request or {}
-        saved = self._usable(model_name, recipe, self.saved(model_name) if saved is None else saved)
+        saved = self._usable(model_name, recipe, self.saved(model_name) if saved is None else saved,
+                             strict=for_load, overridden=set(request))
         effective = self.defaults(recipe)
         user: dict[str, Any] = {}
         for key in effective:
@@ -231,16 +235,24 @@ class RecipeOptions:
         return self.tuning(model_name, recipe, backend)
 
     @staticmethod
-    def _usable(model_name: str, recipe: str, saved: dict[str, Any]) -> dict[str, Any]:
-        """Saved values that pass today's checks. An entry written before a check existed (say, a
-        `llamacpp_args` flag that is no longer allowed) is skipped with a warning, not used."""
+    def _usable(model_name: str, recipe: str, saved: dict[str, Any], *, strict: bool,
+                overridden: set[str]) -> dict[str, Any]:
+        """Saved values that pass today's checks (values are checked when saved; an entry written
+        before a check existed can still fail it). `strict` (a load): such a value is never dropped
+        silently; the load is refused, naming it and how to clear it, unless this request gives the
+        key a value of its own."""
         out: dict[str, Any] = {}
         for key, value in saved.items():
             try:
                 if key != "pinned":  # stored next to the options, not one of them
                     validate_option(recipe, key, value)
             except OptionsError as exc:
-                log.warning("Ignoring the saved option %s of %s: %s", key, model_name, exc)
+                if strict and key not in overridden:
+                    raise APIError(400, f"The saved option {key} of {model_name} is not accepted any more, so the "
+                                   f"model was not loaded: {exc} Change it or clear it with POST "
+                                   f"/v1/models/{model_name}/options {{\"{key}\": null}}, or give {key} in this "
+                                   "request.", code="invalid_saved_option") from None
+                log.warning("The saved option %s of %s is not accepted any more: %s", key, model_name, exc)
                 continue
             out[key] = value
         return out

@@ -119,6 +119,32 @@ class Proxy:
         """One round trip to the engine; its failures become client-facing errors. A client that
         hangs up meanwhile cancels the engine request (closing its connection stops llama-server)."""
         refuse_oversized_prompt(lm, body)
+        held = await self._reserve(lm, body)
+        try:
+            return await self._send(lm, method, path, body, raw, content_type)
+        finally:
+            if held:
+                lm.kv.release(held)  # type: ignore[union-attr]
+
+    async def _reserve(self, lm: LoadedModel, body: dict[str, Any] | None) -> int:
+        """Room in the engine's shared KV cache for this request (0: it has none, or needs none);
+        waits while earlier requests hold it (runtime/kv_pool.py)."""
+        if lm.kv is None or not body:
+            return 0
+        return await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
+
+    async def _count_tokens(self, lm: LoadedModel, text: str) -> int | None:
+        """Tokens of `text` by the engine's own tokenizer (None: it did not say)."""
+        try:
+            status, content = await self.client.request("POST", lm.base_url, "/tokenize",
+                                                        encode({"content": text, "add_special": False}))
+            tokens = json.loads(content).get("tokens") if status == 200 else None
+        except (*ENGINE_ERRORS, ValueError, AttributeError):
+            return None
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def _send(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
+                    raw: bytes | FileBody | Framed | None, content_type: str) -> bytes:
         streamed = lm.engine.streamed_for_cancel.get(path) if may_run_long(body) else None
         data: Any = raw if raw is not None else encode(body) if body is not None else None
         headers = {"Content-Type": content_type}
@@ -272,11 +298,14 @@ class Proxy:
             use = self.router.use(model, self._options(model))
             lm = await use.__aenter__()
             released = False
+            held = [0]  # KV cache tokens reserved for this attempt, given back with the model
 
-            async def release(use: Any = use) -> None:
+            async def release(use: Any = use, lm: LoadedModel = lm, held: list[int] = held) -> None:
                 nonlocal released
                 if not released:
                     released = True
+                    if held[0]:
+                        lm.kv.release(held[0])  # type: ignore[union-attr]
                     await use.__aexit__(None, None, None)
 
             trace = request_trace.get()
@@ -285,6 +314,7 @@ class Proxy:
             opened: EngineStream | RemoteStream | None = None
             try:
                 refuse_oversized_prompt(lm, body)
+                held[0] = await self._reserve(lm, body)
                 resp = opened = await self._open_stream(lm, path, body)
                 chunks = aiter(resp)
                 # Our response starts with the engine's first chunk, not with its headers: llama-server

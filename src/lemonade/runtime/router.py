@@ -43,6 +43,7 @@ from lemonade.labels import MODEL_TYPES
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
+from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
 
 log = logging.getLogger("lemonade.router")
@@ -69,12 +70,15 @@ class LoadedModel:
     downsized: bool = False
     last_progress: float = field(default_factory=time.monotonic)  # last byte relayed from the engine
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    kv: KvPool | None = None  # the engine's shared KV cache, when its slots share one (runtime/kv_pool.py)
     _cpu_seen: float = -1.0
     _cpu_changed_at: float = field(default_factory=time.monotonic)
     _ps: psutil.Process | None = None  # the engine process, for the watchdog
 
     def __post_init__(self) -> None:
         self.idle.set()
+        if self.kv is None and self.launch.shared_kv:
+            self.kv = KvPool(*self.launch.shared_kv)
 
     @property
     def name(self) -> str:
@@ -95,6 +99,15 @@ class LoadedModel:
     @property
     def base_url(self) -> str:
         return self.server.base_url
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens one request may use: the running engine's own figure where it reports one, else the
+        context it was started with; None when neither is known (an engine without a context)."""
+        if self.launch.context_length:
+            return self.launch.context_length
+        ctx = self.options.get("ctx_size")
+        return ctx if isinstance(ctx, int) and ctx > 0 else None
 
     @property
     def usable(self) -> bool:
@@ -118,6 +131,8 @@ class LoadedModel:
             "launch_command": self.engine.launch_command(self.launch),
             "load_seconds": round(self.load_seconds, 3),
             "downsized": self.downsized,
+            **({"context_length": self.context_length} if self.context_length is not None else {}),
+            **({"kv_cache": self.kv.describe()} if self.kv is not None else {}),
         }
 
 

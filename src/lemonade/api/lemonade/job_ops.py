@@ -136,9 +136,8 @@ class ServerOps:
         out: dict[str, Any] = {"loaded": lm is not None, "model": body.model_name}
         if lm is not None:
             out["backend"] = lm.backend
-            ctx = lm.options.get("resolved_ctx_size") or lm.options.get("ctx_size")
-            if ctx is not None:
-                out["ctx_size"] = ctx
+            if lm.context_length is not None:
+                out["ctx_size"] = lm.context_length
         return out
 
     async def unload(self, params: dict[str, Any], state: RunState) -> Any:

@@ -12,6 +12,7 @@ from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.sse import progress_stream
 from lemonade.runtime.options import OptionsError
+from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
 
 router = APIRouter(tags=["residency"])
@@ -57,12 +58,22 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
         current = svc.router.loaded.get(model.name)
         reload = current is not None and \
             {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} != effective
-        await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
+        lm = await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
         if body.save_options:
             svc.options.save_from_load(model.name, requested, body.pinned)
-        return done
+        return {**done, **context_fields(lm)}
 
     return load_model
+
+
+def context_fields(lm: LoadedModel) -> dict[str, Any]:
+    """What context the load gave the model and why (`ctx_size: -1` is sized to the free memory)."""
+    out: dict[str, Any] = {}
+    if lm.context_length is not None:
+        out["context_length"] = lm.context_length
+    if lm.launch.context_reason:
+        out["context_reason"] = lm.launch.context_reason
+    return out
 
 
 def load_events(run: Any) -> Any:

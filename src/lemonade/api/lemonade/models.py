@@ -36,7 +36,8 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
 def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effective: dict[str, Any],
                  base_url_key: bool) -> dict[str, Any]:
     body = {"model_name": model.public, **effective}
-    defaults = {"model_name": model.public, **svc.options.resolve(model.name, model.recipe, saved={})}
+    defaults = {"model_name": model.public,
+                **svc.options.resolve(model.name, model.recipe, saved={}, for_load=False)}
     payload = json.dumps(dict(sorted(body.items())), separators=(",", ":")).replace("'", "'\\''")
     auth = ' -H "Authorization: Bearer $LEMONADE_API_KEY"' if base_url_key else ""
     view: dict[str, Any] = {
@@ -66,7 +67,8 @@ async def get_options(request: Request, model_id: str) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = _model_for_options(svc, model_id)
     saved = svc.options.saved(model.name)
-    return options_view(svc, model, saved, svc.options.resolve(model.name, model.recipe), bool(svc.api_key))
+    effective = svc.options.resolve(model.name, model.recipe, for_load=False)
+    return options_view(svc, model, saved, effective, bool(svc.api_key))
 
 
 @router.post("/models/{model_id}/options")
@@ -80,7 +82,7 @@ async def set_options(request: Request, model_id: str, body: OptionsRequest = Bo
     except OptionsError as exc:
         raise bad_request(str(exc)) from None
     entry = svc.options.merge_saved(model.name, changes, dry_run=dry_run)
-    effective = svc.options.resolve(model.name, model.recipe, saved=entry)
+    effective = svc.options.resolve(model.name, model.recipe, saved=entry, for_load=False)
     return options_view(svc, model, svc.options.saved(model.name), effective, bool(svc.api_key))
 
 
@@ -89,7 +91,8 @@ async def reset_options(request: Request, model_id: str) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = _model_for_options(svc, model_id)
     svc.options.reset(model.name)
-    return options_view(svc, model, {}, svc.options.resolve(model.name, model.recipe), bool(svc.api_key))
+    effective = svc.options.resolve(model.name, model.recipe, for_load=False)
+    return options_view(svc, model, {}, effective, bool(svc.api_key))
 
 
 # ----- files ---------------------------------------------------------------------------------------
