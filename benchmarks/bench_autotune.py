@@ -6,11 +6,13 @@ the model and copies the engine command line the server built (profile flags inc
 `auto_tune=false`, loads again and copies that command line (the same but for the profile). Both
 `llama-server`s then run side by side on their own ports, and the same traffic goes to both,
 alternating A/B then B/A per round (bench_serving's `pairs`) so the rest of the machine's load hits
-both alike: 1 stream, then 8 concurrent streams. For each phase it reports how much CPU other
+both alike: 1 stream, then 8 concurrent streams, then the same with long prompts (a profile must not
+cost the context or the speed of a long prompt either). For each phase it reports how much CPU other
 processes took (`LoadLog`); a busy phase's figures are shown but marked unreliable. It never
 asserts. Results: docs/performance.md.
 
-    .venv/bin/python benchmarks/bench_autotune.py [--rounds N] [--tokens N] [--engine-args ARGS] [--json FILE]
+    .venv/bin/python benchmarks/bench_autotune.py [--rounds N] [--tokens N] [--prompt-words N] [--engine-args ARGS]
+                                                  [--json FILE]
 
 Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
 """
@@ -94,6 +96,13 @@ async def traffic(tuned: Side, stock: Side, args: argparse.Namespace, loads: Loa
         await measure_streams((tuned, stock), "stream1", args.rounds, 1, args.tokens, cpu)
     with loads.phase("stream8"):
         await measure_streams((tuned, stock), "stream8", args.rounds, 8, args.tokens, cpu)
+    if args.prompt_words:
+        with loads.phase("long1"):
+            await measure_streams((tuned, stock), "long1", args.rounds, 1, args.tokens, cpu,
+                                  prompt_words=args.prompt_words)
+        with loads.phase("long8"):
+            await measure_streams((tuned, stock), "long8", args.rounds, 8, args.tokens, cpu,
+                                  prompt_words=args.prompt_words)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,12 +142,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (tuned, tuned_proc), (stock, stock_proc) = sides
         loads = LoadLog(lambda: [os.getpid(), tuned_proc.pid, stock_proc.pid])
         asyncio.run(traffic(tuned, stock, args, loads))
-        figures = {name: {k: summarize(side, k) for k in ("stream1", "stream8")} | {"rss_mb": rss_mb(proc.pid)[0]}
+        figures = {name: {k: summarize(side, k) for k in phases(args)} | {"rss_mb": rss_mb(proc.pid)[0]}
                    for name, side, proc in (("tuned", tuned, tuned_proc), ("stock", stock, stock_proc))}
         result = {"started": started, "archetype": archetype, "overrides": applied, "rounds": args.rounds,
-                  "engine_args_both": args.engine_args,
+                  "engine_args_both": args.engine_args, "prompt_words": args.prompt_words,
                   "tokens": args.tokens, "figures": figures, "machine_load": loads.phases,
-                  "tuned_argv": tuned_argv[1:], "stock_argv": stock_argv[1:]}
+                  "tuned_argv": tuned_argv[1:], "stock_argv": stock_argv[1:], "phases": phases(args)}
         print()
         print(report(result, loads))
         return result
@@ -154,10 +163,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def phases(args: argparse.Namespace) -> dict[str, str]:
+    """Phase key -> its label in the report."""
+    out = {"stream1": "1 stream", "stream8": "8 streams"}
+    if args.prompt_words:
+        out |= {"long1": f"1 stream, {args.prompt_words}-word prompt",
+                "long8": f"8 streams, {args.prompt_words}-word prompts"}
+    return out
+
+
 def report(result: dict[str, Any], loads: LoadLog) -> str:
     f = result["figures"]
     rows = []
-    for key, label in (("stream1", "1 stream"), ("stream8", "8 streams")):
+    for key, label in result["phases"].items():
         t, s = f["tuned"][key], f["stock"][key]
         tps = paired_ratios(s["rounds"], t["rounds"], "tps")
         ttft = paired_ratios(s["rounds"], t["rounds"], "ttft_ms")
@@ -175,6 +193,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="paired rounds per phase (default 6)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream (default 64)")
+    parser.add_argument("--prompt-words", type=int, default=2000,
+                        help="also measure 1 and 8 streams whose prompts start with this many words of text "
+                             "(about as many tokens; 0 skips the long-prompt phases; default 2000)")
     parser.add_argument("--engine-args", default="",
                         help="llama-server arguments added to both sides (e.g. '-t 1' on a machine whose other "
                              "tenants leave too little CPU for the default thread count)")

@@ -436,10 +436,20 @@ async def small_loop(side: Side, until: asyncio.Event, out: list[float]) -> None
         out.append(await timed_request(side, chat_body("Hi", 1)))
 
 
+FILLER = ("lemon tree garden river stone cloud market window yellow quiet morning story bridge paper candle "
+          "winter orange harbor valley music").split()
+
+
+def long_text(words: int, seed: int) -> str:
+    """About `words` tokens of varied text, different for each `seed` (so no engine finds it cached)."""
+    return " ".join(FILLER[(i * 7 + seed + i // 20) % len(FILLER)] for i in range(words)) + f" (text {seed})"
+
+
 async def measure_streams(sides: tuple[Side, Side], key: str, rounds: int, streams: int, tokens: int, cpu: CpuLog,
-                          small_loops: int = 0) -> None:
+                          small_loops: int = 0, prompt_words: int = 0) -> None:
     """`rounds` paired rounds of `streams` concurrent streams of `tokens` tokens each, and with
-    `small_loops` > 0, as many loops of max_tokens=1 requests running alongside (mixed phase)."""
+    `small_loops` > 0, as many loops of max_tokens=1 requests running alongside (mixed phase).
+    `prompt_words` > 0: each prompt starts with that many words of text (a long prompt)."""
     cpu.per_unit[key] = []
     for side in sides:
         side.rounds[key] = []
@@ -448,7 +458,8 @@ async def measure_streams(sides: tuple[Side, Side], key: str, rounds: int, strea
             # Each side its own prompts: with one engine for both, the side that went second in a round
             # would find the same prompts in the engine's cache (a head start that is not ours to claim).
             number = 2 * (r * streams) + (side is not sides[0])
-            bodies = [chat_body(f"Tell a long story about lemon tree number {number + 2 * k}.", tokens, stream=True)
+            bodies = [chat_body((long_text(prompt_words, number + 2 * k) + "\n" if prompt_words else "")
+                                + f"Tell a long story about lemon tree number {number + 2 * k}.", tokens, stream=True)
                       for k in range(streams)]
             cpu0 = cpu.server()
             done = asyncio.Event()
