@@ -26,6 +26,8 @@ FORBIDDEN_FLAGS = {
     "-a": "--alias", "--alias": "--alias", "-dev": "--device (use the llamacpp_device option)",
     "--device": "--device (use the llamacpp_device option)",
     "--rpc": "--rpc (use the rpc_workers option or llamacpp.rpc_workers)",
+    "-md": "--model-draft (a model's `draft` checkpoint)", "--model-draft": "--model-draft (a model's `draft` "
+    "checkpoint)", "--spec-draft-model": "--model-draft (a model's `draft` checkpoint)",
 }
 
 # Performance, sampling, context, speculative decoding, reasoning and logging-verbosity flags:

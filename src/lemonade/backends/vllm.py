@@ -47,6 +47,9 @@ NO_GPU_HINT = ("vLLM serves on CUDA or ROCm GPUs only. On this machine use the l
                "and llama.cpp RPC workers (`lemonade worker`, llamacpp.rpc_workers) to spread a model over several "
                "machines; see docs/scale-out.md.")
 
+# The `mtp` runtime label: the checkpoint's own multi-token-prediction head as vLLM's speculator
+# (upstream Lemonade's vllm_model_config.json gives its `-vLLM-*conc` FP8 entries this config).
+MTP_ARGS = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
 # Flags Lemonade sets itself.
 FORBIDDEN_FLAGS = {"--host": "--host", "--port": "--port", "--model": "the model", "--served-model-name":
                    "--served-model-name", "--max-model-len": "--max-model-len (use ctx_size)"}
@@ -180,7 +183,10 @@ class VllmEngine(Engine):
         ctx = options.get("ctx_size", -1)
         if isinstance(ctx, int) and ctx > 0:
             argv += ["--max-model-len", str(ctx)]
-        argv += self.check_args(str(options.get("vllm_args") or ""), trusted=True)
+        user_args = self.check_args(str(options.get("vllm_args") or ""), trusted=True)
+        if "mtp" in model.labels and "--speculative-config" not in user_args:
+            argv += MTP_ARGS  # the `mtp` label's default, as llama.cpp's engine has its own
+        argv += user_args
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health")
         await server.start(timeout=START_TIMEOUT)
         return Launch(server, {**options, "vllm_backend": backend}, backend, device="gpu")
