@@ -202,9 +202,11 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
         return None
     files = svc.catalog.local_files(model)
     ctx = svc.context_length(model, files=files)
-    entry = {"name": tagged(model), "model": tagged(model), "size": _size_bytes(model, files),
+    size = _size_bytes(model, files)
+    # Ollama's share of the model held in GPU memory: a GPU backend offloads every layer (-ngl 99).
+    entry = {"name": tagged(model), "model": tagged(model), "size": size,
              "digest": _digest(model, files), "details": details(model, files), "expires_at": FAR_FUTURE,
-             "size_vram": 0}
+             "size_vram": size if loaded.get("device") == "gpu" else 0}
     if ctx is not None:
         entry["context_length"] = ctx
     return entry
