@@ -194,10 +194,14 @@ def test_every_name_round_trips_through_every_api(server) -> None:
             assert oai.models.retrieve(name).id == name
             assert http.get(f"/api/v1/models/{name}").json()["id"] == name
             options = http.get(f"/v1/models/{name}/options")
-            assert options.status_code == 200 and options.json()["model_name"] == name, options.text
+            if ENTRIES[name]["recipe"] in COLLECTION_RECIPES:  # options belong to its components
+                assert options.status_code == 400 and f"Model {name} is a collection" in options.text
+            else:
+                assert options.status_code == 200 and options.json()["model_name"] == name, options.text
             for asked in (name, f"{name}:latest"):
                 shown = oll.show(asked)
                 assert shown.details is not None and shown.modelfile, asked
+                assert shown.details.family == ENTRIES[name].get("architecture", ENTRIES[name]["recipe"])
             entry, obj = ENTRIES[name], listed[name]
             assert obj["owned_by"] == "lemonade" and obj["recipe"] == entry["recipe"]
             assert obj["labels"] == entry["labels"] and obj["size"] == entry["size"] and obj["downloaded"] is False
@@ -237,10 +241,34 @@ def test_registry_backed_collection_is_pulled_through_its_file(hub, make_server)
         resp = http.post("/v1/pull", json={"model_name": "RPG-HaloTales-V1"}, timeout=120)
         assert resp.status_code == 200, resp.text
         after = http.get("/v1/models/RPG-HaloTales-V1").json()
-        assert after["components"] == ["user.Tiny-Narrator"] and after["downloaded"] is True
+        assert after["components"] == ["Tiny-Narrator"] and after["downloaded"] is True  # a user.* model now
         assert [m["id"] for m in after["models"]] == ["Tiny-Narrator"] and after["models"][0]["downloaded"]
         assert http.get("/v1/models/user.Tiny-Narrator").json()["checkpoint"] == f"{fx.MULTIQUANT_REPO}:Q4_0"
     srv.stop()
     again = make_server(env=hub.env(), cache=srv.cache)  # the pulled file is read at start
     with again.client() as http:
-        assert http.get("/v1/models/RPG-HaloTales-V1").json()["components"] == ["user.Tiny-Narrator"]
+        assert http.get("/v1/models/RPG-HaloTales-V1").json()["components"] == ["Tiny-Narrator"]
+
+
+def test_readme_models_pull_from_their_repositories(hub, make_server, tmp_path) -> None:
+    """`lemonade pull Gemma-4-E2B-it-GGUF` (upstream's README model) and `Qwen3.5-4B-GGUF` fetch what
+    their entries name from repositories laid out as upstream's (tiny random GGUFs under the real file
+    names, beside other quantizations that must not be fetched), model and projector."""
+    layouts = {
+        "Gemma-4-E2B-it-GGUF": ("unsloth/gemma-4-E2B-it-GGUF", "gemma-4-E2B-it-Q4_K_M.gguf",
+                                ["gemma-4-E2B-it-UD-Q4_K_XL.gguf", "gemma-4-E2B-it-Q8_0.gguf"]),
+        "Qwen3.5-4B-GGUF": ("unsloth/Qwen3.5-4B-GGUF", "Qwen3.5-4B-UD-Q4_K_XL.gguf", ["Qwen3.5-4B-Q4_K_M.gguf"]),
+    }
+    for name, (repo, wanted, others) in layouts.items():
+        files: dict[str, Path] = {}
+        for file in (wanted, "mmproj-F16.gguf", *others):
+            [files[file]] = fx.write_tiny_gguf(tmp_path / repo / file, arch=ENTRIES[name]["architecture"], name=file)
+        hub.create_repo(repo, {**files, "README.md": b"# test layout\n"})
+    srv = make_server(env=hub.env())
+    with srv.client() as http:
+        for name, (repo, wanted, _others) in layouts.items():
+            resp = http.post("/v1/pull", json={"model_name": name}, timeout=120)
+            assert resp.status_code == 200, resp.text
+            assert http.get(f"/v1/models/{name}").json()["downloaded"] is True
+            fetched = {e["file"] for e in hub.downloads(repo=repo) if e["status"] in (200, 206)}
+            assert fetched == {wanted, "mmproj-F16.gguf"}, fetched

@@ -421,10 +421,10 @@ class Catalog:
     def adopt_collection_file(self, model: ModelInfo, register: bool = True) -> bool:
         """Take a registry-backed collection's components from its pulled file; with `register`, the
         components this server does not know become `user.*` models defined by the file (in the
-        collection's registry unless they name their own). False when the file is not on disk."""
+        collection's registry unless they name their own). False when the file is not on disk; a bad
+        file raises CollectionFileError or RegistrationError (both ValueErrors, which a pull reports)."""
         checkpoint = collection_file.file_checkpoint(model)
         found = resolve_local(self.hub_cache(), checkpoint, model.source) if checkpoint else None
-        # (CollectionFileError and RegistrationError are ValueErrors: a pull reports them as a bad file)
         if found is None:
             return False
         data = collection_file.read_file(found[1][0])
@@ -440,7 +440,7 @@ class Catalog:
                 if definition.get("recipe") in COLLECTION_RECIPES:
                     raise RegistrationError(f"Collection {model.public}: component '{comp}' is a collection; "
                                             "collections cannot be nested")
-                known = self.register({**{"source": model.source}, **definition, "model_name": USER_PREFIX + bare})
+                known = self.register({"source": model.source, **definition, "model_name": USER_PREFIX + bare})
             names.append(comp if known is None or self.find(comp) is known else USER_PREFIX + bare)
         with self._lock:
             model.components = names

@@ -137,7 +137,8 @@ def _parameter_size(meta: dict[str, Any], model: ModelInfo) -> str:
 def details(model: ModelInfo, files: dict[str, list[Path]] | None,
             meta: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = gguf_metadata(files) if meta is None else meta
-    family = str(meta.get("general.architecture") or model.recipe)
+    # the file's architecture; before a download, the catalog's (llama.cpp entries name theirs)
+    family = str(meta.get("general.architecture") or model.definition.get("architecture") or model.recipe)
     return {"parent_model": "", "format": file_format(model.recipe) or model.recipe,
             "family": family, "families": [family], "parameter_size": _parameter_size(meta, model),
             "quantization_level": _quantization(meta, model, files)}
