@@ -151,6 +151,9 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             info = None
         if info is not None and not info.has_chat_template:
             argv += ["--chat-template-file", str(fallback_template(info.architecture))]
+    # One projector file may hold a vision and an audio encoder (Qwen2.5-Omni's): llama.cpp's mtmd loads
+    # both from --mmproj, so upstream's `hf_load` (letting llama-server fetch the files with -hf) is not
+    # needed: the pull fetched the same files.
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
     draft = (files.get("draft") or [None])[0]
