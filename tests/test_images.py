@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import psutil
 import pytest
 from PIL import Image
 
-from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings
+from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings, model_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
 from tests.conftest import GEMMA_NAME, TEST_CACHE
@@ -142,6 +144,20 @@ def test_multi_file_checkpoints_become_diffusion_model_llm_and_vae():
     assert checkpoint_args(flux, files) == ["--diffusion-model", "/m/flux.safetensors", "--llm",
                                             "/m/qwen.safetensors", "--vae", "/m/vae.safetensors"]
     assert checkpoint_args(flux, {"main": [Path("/m/sd.safetensors")]}) == ["-m", "/m/sd.safetensors"]
+
+
+def test_catalog_sampler_and_memory_flags_reach_sd_server(tmp_path):
+    """Qwen-Image's entry: a flow model sampled with euler (image_defaults) and upstream's memory flags
+    (recipe_options.sdcpp_args, trusted from the built-in catalog, never from a registered model)."""
+    from lemonade.catalog.catalog import Catalog, build_model
+
+    qwen = Catalog(tmp_path).resolve("Qwen-Image-GGUF")
+    assert model_args(qwen) == ["--sampling-method", "euler", "--flow-shift", "3.0", "--diffusion-fa",
+                                "--offload-to-cpu"]
+    mine = build_model("user.Mine", {**qwen.definition, "recipe_options": {"sdcpp_args": "--lora-model-dir /"}},
+                       "user")
+    assert "--lora-model-dir" not in model_args(mine)
+    assert model_args(Catalog(tmp_path).resolve("SD-Turbo")) == []
 
 
 # ----- the engine ----------------------------------------------------------------------------------------
@@ -337,6 +353,10 @@ def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
     with zipfile.ZipFile(folder / asset, "w") as zf:
         for exe in ("sd-server", "sd-cli"):
             zf.write(sdcpp_backend / exe, exe)
+    # our own build, so pinned by us (release_digests.py): checked before it is unpacked
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({f"{SDCPP_VERSION}/{asset}": hashlib.sha256((folder / asset).read_bytes()).hexdigest()}))
+    monkeypatch.setenv("LEMONADE_RELEASE_DIGESTS", str(pins))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

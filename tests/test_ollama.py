@@ -133,6 +133,7 @@ def test_chat_maps_options_and_reports_timings(client: ollama.Client) -> None:
     running = {m.model.removesuffix(":latest"): m for m in client.ps().models}
     assert running[GEMMA_NAME].context_length == 2048
     assert running[GEMMA_NAME].details.family == "gemma3" and running[GEMMA_NAME].expires_at is not None
+    assert running[GEMMA_NAME].size > 0 and running[GEMMA_NAME].size_vram == 0  # the cpu backend: no GPU memory
 
 
 def test_chat_stream(client: ollama.Client) -> None:

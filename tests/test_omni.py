@@ -106,7 +106,9 @@ def test_collection_is_listed_with_its_components(server):
     with server.client() as http:
         kit = http.get(f"/v1/models/{KIT}").json()
         assert kit["recipe"] == "collection.omni" and kit["components"] == [GEMMA_NAME, PIPER] and kit["downloaded"]
-        assert kit["id"] in {m["id"] for m in http.get("/v1/models").json()["data"]}
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert kit["id"] in listed  # with its components' objects, as /v1/models/{id} has them (api-openai.md)
+        assert [m["id"] for m in listed[kit["id"]]["models"]] == [GEMMA_NAME, PIPER] == [m["id"] for m in kit["models"]]
 
 
 def test_speech_tool_non_streamed(client, tmp_path):

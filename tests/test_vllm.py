@@ -54,3 +54,29 @@ def test_load_and_install_refused_with_reason(make_server):
         assert r.status_code == 400 and "--trust-remote-code" in r.json()["error"]["message"], r.text
         r = c.post("/v1/install", json={"recipe": "vllm", "backend": "cuda"})
         assert r.status_code == 400 and "GPU" in r.json()["error"]["message"], r.text
+
+
+def test_catalog_vllm_entries_bring_their_parser_and_mtp(tmp_path):
+    """Upstream's per-model vLLM arguments (its vllm_model_config.json) are the entries' recipe_options,
+    under what a user saves; the `mtp` label adds the MTP speculative config unless the user sets one."""
+    from pathlib import Path
+
+    from lemonade.backends.vllm import MTP_ARGS, build_argv
+    from lemonade.config import Config
+    from lemonade.observability.logs import LogBuffer
+    from lemonade.services import Services
+
+    svc = Services(tmp_path, Config(tmp_path, environ={}), LogBuffer())
+    model = svc.catalog.resolve("Qwen3.6-27B-FP8-vLLM-lowconc")
+    options = svc.options.resolve(model.name, model.recipe)
+    assert options["vllm_args"] == "--enable-auto-tool-choice --tool-call-parser qwen3_coder --max-num-seqs 8"
+    engine = svc.engines.get("vllm")
+    user_args = engine.check_args(options["vllm_args"])
+    argv = build_argv(Path("/bin/vllm"), model, Path("/m"), options, 4242, user_args)
+    at = argv.index("--speculative-config")
+    assert argv[at:at + 2] == MTP_ARGS and argv[at + 2:] == user_args  # the user's flags last
+    svc.options.merge_saved(model.name, {"vllm_args": "--max-num-seqs 4"})
+    mine = svc.options.resolve(model.name, model.recipe)["vllm_args"]
+    assert mine == "--max-num-seqs 4"  # the user's saved value replaces the catalog's
+    plain = svc.catalog.resolve("Qwen3.5-0.8B-FP16-vLLM")
+    assert "--speculative-config" not in build_argv(Path("/bin/vllm"), plain, Path("/m"), {}, 4242, [])

@@ -102,6 +102,8 @@ def test_gemma_served_through_vulkan_with_layers_offloaded(vulkan_server: Server
         argv = loaded["launch_command"]
         assert argv[argv.index("-ngl") + 1] == "99"
         assert loaded["device"] == ("gpu" if report.vulkan_gpus else "cpu")  # lavapipe is the CPU
+        [running] = c.get("/api/ps").json()["models"]  # Ollama: GPU memory only on a real GPU
+        assert running["size_vram"] == (running["size"] if loaded["device"] == "gpu" else 0) and running["size"] > 0
 
         # the same greedy completion on the CPU backend: the Vulkan device computed the same thing
         assert c.post("/v1/unload", json={"model_name": GEMMA_NAME}).status_code == 200

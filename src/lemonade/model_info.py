@@ -9,6 +9,10 @@ from typing import Any
 from lemonade.labels import model_type
 
 CREATED = 1744173590  # the timestamp Lemonade reports for catalog entries
+# Checkpoint roles a pull does not fetch: an NPU backend's side cache (Whisper's `npu_cache`) is
+# fetched by that backend itself when it loads, as upstream Lemonade does; CPU and GPU machines never
+# need it, so it is neither downloaded nor required for a model to count as downloaded.
+SIDE_ROLES = frozenset({"npu_cache"})
 
 
 @dataclass
@@ -44,6 +48,11 @@ class ModelInfo:
     @property
     def checkpoint(self) -> str:
         return self.checkpoints.get("main", "")
+
+    @property
+    def file_checkpoints(self) -> dict[str, str]:
+        """role -> checkpoint of the files a pull fetches (every role but SIDE_ROLES)."""
+        return {role: ckpt for role, ckpt in self.checkpoints.items() if role not in SIDE_ROLES}
 
     @property
     def type(self) -> str:

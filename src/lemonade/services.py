@@ -64,6 +64,7 @@ class Services:
         self.options.migrate_keys(self.catalog.canonical_key)
         self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
+        self.options.model_defaults = self._catalog_options
         self.stats = Stats()
         self.policies = Policies()  # parsed collection.router policies (api/openai/routing.py)
         self.metrics = Metrics()
@@ -139,6 +140,19 @@ class Services:
                                  "lemonade.mode": model.mode})
             span.end()
         return model
+
+    def _catalog_options(self, model_name: str) -> dict[str, Any]:
+        """A built-in model's `recipe_options` from the catalog (user definitions keep theirs in
+        recipe_options.json, where registration saved them)."""
+        model = self.catalog.find(model_name)
+        own = model.definition.get("recipe_options") if model is not None and model.origin == "builtin" else None
+        return dict(own) if isinstance(own, dict) else {}
+
+    async def ready_collection(self, model: ModelInfo) -> None:
+        """A registry-backed collection (catalog/collection_file.py) names its components only once its
+        file is pulled: on first use, pull it (file and components), as a load of any model downloads it."""
+        if self.catalog.collection_file(model) is not None:
+            await self.downloads.ensure_downloaded(model)
 
     def component_names(self, model: ModelInfo) -> list[str]:
         """The canonical ids of a collection's components (stored as the names they were given)."""

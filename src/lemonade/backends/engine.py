@@ -224,6 +224,11 @@ class Engine(ABC):
         return check_flags(text, {})
 
     # ----- running a model ---------------------------------------------------------------------------
+    def check_model(self, model: ModelInfo, backend: str) -> None:
+        """Refuse, before any install or download, a model this engine's `backend` is known not to
+        load (EngineUnavailable, a 400 naming why and what to do); by default every model is tried."""
+        return None
+
     @abstractmethod
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:

@@ -27,6 +27,7 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
+from lemonade.backends.llamacpp_arch import refusal
 from lemonade.backends.llamacpp_context import (
     ContextChoice,
     auto_context,
@@ -68,6 +69,9 @@ log = logging.getLogger("lemonade.llamacpp")
 # Jinja templates we ship for GGUFs that carry none (base models), by architecture prefix.
 TEMPLATES = resources.files("lemonade.backends").joinpath("templates")
 MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"]
+# A model with a `draft` checkpoint runs it as llama-server's draft model (`--model-draft`): the MTP
+# head of an `mtp` model (Gemma 4's assistant GGUFs), or a DFlash drafter with the `dflash` label.
+DFLASH_ARGS = ["--spec-type", "draft-dflash"]
 
 
 def fallback_template(architecture: str) -> Path:
@@ -131,8 +135,9 @@ def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
 
 def refuse_damaged_files(model: ModelInfo, files: dict[str, list[Path]]) -> None:
     """A file that does not start with the GGUF magic is never handed to llama-server (which could
-    crash on it, or worse); the user is told how to repair the download."""
-    for path in (p for paths in files.values() for p in paths):
+    crash on it, or worse); the user is told how to repair the download. Only `.gguf` files count: a
+    whole-repository checkpoint brings its README and the like along."""
+    for path in (p for paths in files.values() for p in paths if p.name.lower().endswith(".gguf")):
         try:
             with open(path, "rb") as fh:
                 magic = fh.read(4)
@@ -142,6 +147,22 @@ def refuse_damaged_files(model: ModelInfo, files: dict[str, list[Path]]) -> None
             raise BackendStartError(f"{path.name} of {model.public} is not a GGUF file (it starts with {magic!r}): the "
                                     f"file on disk is damaged. Run `lemonade pull {model.public}` to check and repair "
                                     "the download.")
+
+
+def refuse_unknown_architecture(model: ModelInfo, files: dict[str, list[Path]]) -> None:
+    """The GGUF header's `general.architecture` of the model (and of its draft model) must be one the
+    pinned llama.cpp loads; else EngineUnavailable (a 400) instead of a llama-server that fails to load."""
+    for role in ("main", "draft"):
+        path = (files.get(role) or [None])[0]
+        if path is None or not path.name.lower().endswith(".gguf"):
+            continue
+        try:
+            architecture = gguf_info(path).architecture
+        except (OSError, GGUFError):
+            continue  # refuse_damaged_files names an unreadable file
+        message = refusal(model.public, architecture, f"{path.name} says so") if architecture else None
+        if message:
+            raise EngineUnavailable(message, code="unsupported_model_architecture")
 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
@@ -168,14 +189,24 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             info = None
         if info is not None and not info.has_chat_template:
             argv += ["--chat-template-file", str(fallback_template(info.architecture))]
+    # One projector file may hold a vision and an audio encoder (Qwen2.5-Omni's): llama.cpp's mtmd loads
+    # both from --mmproj, so upstream's `hf_load` (letting llama-server fetch the files with -hf) is not
+    # needed: the pull fetched the same files.
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
+    draft = (files.get("draft") or [None])[0]
+    dflash = draft is not None and "dflash" in model.labels and is_dflash_draft(draft)
+    if draft is not None and (dflash or not is_dflash_draft(draft)):
+        argv += ["--model-draft", str(draft)]
     workers = worker_list(options.get("rpc_workers") or [])
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
     argv += rpc_args(workers)
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
-    if "mtp" in model.labels and "--spec-type" not in user_args:
-        argv += MTP_ARGS  # user_args come last, so the user's own values still win
+    if "--spec-type" not in user_args:  # user_args come last, so the user's own values still win
+        if dflash:
+            argv += DFLASH_ARGS
+        elif "mtp" in model.labels:
+            argv += MTP_ARGS
     return argv + user_args
 
 
@@ -188,6 +219,13 @@ def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[s
     if slot_dir is not None:
         argv = place_slot_folders(argv, slot_dir.parent)
     return argv
+
+
+def is_dflash_draft(path: Path) -> bool:
+    """A DFlash drafter (`dflash-*.gguf`, as upstream names them): used only with the `dflash` label,
+    which selects llama.cpp's DFlash speculative decoding for it."""
+    name = path.name.lower()
+    return name.startswith("dflash-") or name == "dflash.gguf"
 
 
 def _check_ctx(value: int) -> str | None:
@@ -303,8 +341,19 @@ class LlamaCppEngine(Engine):
                                     action=st.action)
         return requested
 
+    def check_model(self, model: ModelInfo, backend: str) -> None:
+        """The catalog's `architecture` of a model the pinned llama.cpp cannot load: refused before
+        its download (a `system` llama-server may be newer, so it is let through)."""
+        architecture = model.definition.get("architecture")
+        if backend != "system" and architecture:
+            message = refusal(model.public, architecture, "as the catalog says")
+            if message:
+                raise EngineUnavailable(message, code="unsupported_model_architecture")
+
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
+        if backend != "system":
+            refuse_unknown_architecture(model, files)
         binary = self.installer.llama_server_path(backend)
         if binary is None:
             st = self.state(backend)

@@ -164,7 +164,7 @@ def fetch_release(downloads_dir: Path, work_dir: Path, blog: BuildLog, progress:
             raise RuntimeError(f"no llama.cpp release archive for {sys.platform}/{platform.machine()}")
         url = release_url(asset)
     exe = exe or ("llama-server.exe" if sys.platform == "win32" else "llama-server")
-    return _fetch_release(url, exe, downloads_dir, work_dir, blog, progress)
+    return _fetch_release(url, exe, downloads_dir, work_dir, blog, progress, no_release_env=ENV_NO_RELEASE)
 
 
 def sdist_filename() -> str:

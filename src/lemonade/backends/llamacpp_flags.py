@@ -35,6 +35,8 @@ FORBIDDEN_FLAGS = {
     "-a": "--alias", "--alias": "--alias", "-dev": "--device (use the llamacpp_device option)",
     "--device": "--device (use the llamacpp_device option)",
     "--rpc": "--rpc (use the rpc_workers option or llamacpp.rpc_workers)",
+    "-md": "--model-draft (a model's `draft` checkpoint)", "--model-draft": "--model-draft (a model's `draft` "
+    "checkpoint)", "--spec-draft-model": "--model-draft (a model's `draft` checkpoint)",
 }
 
 # Flags that name a file or folder the engine would read or write (b11312 `--help`: FNAME, PATH,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from lemonade.backends import release_digests
 from lemonade.backends.engine import InstallError
 from lemonade.util.process_group import signal_group
 
@@ -177,17 +178,30 @@ def _resolve_quickly(url: str, timeout: float) -> None:
         raise outcome[0]
 
 
-def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog: BuildLog,
-                  progress: Progress | None) -> Path:
-    """Download (once; the archive is kept in `downloads_dir`) and unpack a release archive into
-    `work_dir`; return the folder holding `exe`.
+class ReleaseNotPinned(RuntimeError):
+    """No SHA-256 digest is pinned for this release archive, so it is not used (release_digests.py)."""
 
-    Raises any exception on failure (network, HTTP status, bad archive): the caller falls back to
-    the source build. An unreachable host fails within RELEASE_CONNECT_TIMEOUT.
+
+def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog: BuildLog,
+                  progress: Progress | None, no_release_env: str = "") -> Path:
+    """Download (once; the archive is kept in `downloads_dir`), check against its pinned SHA-256
+    (release_digests.py) and unpack a release archive into `work_dir`; return the folder holding `exe`.
+
+    Raises InstallError when the archive does not match its pin (`digest_mismatch`: deleted, nothing
+    unpacked) or the pins file is unusable; any other exception (no pin, network, HTTP status, bad
+    archive) means the caller falls back to the source build. An unreachable host fails within
+    RELEASE_CONNECT_TIMEOUT. `no_release_env` names the engine's switch to skip release archives.
     """
     import httpx  # a project dependency; imported here so the module loads fast
 
     asset = url.rsplit("/", 1)[-1]
+    try:
+        want = release_digests.expected(url)
+    except release_digests.DigestError as exc:
+        raise InstallError(str(exc), code="release_digests_invalid") from None
+    if want is None:
+        raise ReleaseNotPinned(f"no SHA-256 digest is pinned for {release_digests.asset_key(url)} "
+                               f"(release_digests.py, ${release_digests.ENV_DIGESTS})")
     downloads_dir.mkdir(parents=True, exist_ok=True)
     target = downloads_dir / asset
     blog.write(f"== release archive: {url}")
@@ -213,6 +227,15 @@ def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog:
         blog.write(f"downloaded {target} ({target.stat().st_size} bytes)")
     else:
         blog.write(f"using cached {target}")
+    got = release_digests.sha256_of(target)
+    if got != want:
+        target.unlink(missing_ok=True)  # never unpacked, never reused
+        switch = f"set {no_release_env}=1 and install again" if no_release_env else "install again without the mirror"
+        raise InstallError(f"The release archive {asset} from {url} does not match the SHA-256 digest this Lemonade "
+                           f"pins for it (expected {want}, got {got}), so it was deleted and nothing was installed. "
+                           f"If you use a mirror, check that it serves the official file; to build from the pinned "
+                           f"sources instead, {switch}.", code="digest_mismatch")
+    blog.write(f"sha256 {got}: matches the pinned digest")
     emit(progress, "install", f"Unpacking {asset}", None)
     unpack = work_dir / "release"
     unpack.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lemonade.backends import release_digests
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
 from lemonade.backends.native_install import NativeInstall
 
@@ -51,11 +52,16 @@ class NativeCpuBackend:
                                         f"Lemonade uses {version}).",
                                 action=action, version=installed, devices=["cpu"])
         how = (f"downloads the official {self.product} release archive, or builds it from source when that is "
-               f"unreachable" if self.release_asset() else f"builds {self.product} from source")
+               f"unreachable" if self._release_pinned() else f"builds {self.product} from source")
         return BackendState(self.recipe, "cpu", "installable",
                             message=f"Backend is supported but not installed. Installing it {how} "
                                     f"({self.build_minutes} minutes on 2 cores; needs cmake and a C++ compiler).",
                             action=action, version=version, devices=["cpu"])
+
+    def _release_pinned(self) -> bool:
+        """A release archive exists for this machine and its SHA-256 is pinned (release_digests.py)."""
+        asset = self.release_asset()
+        return asset is not None and release_digests.is_pinned(self.installer.release_url(asset))
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
         self.check_request(backend)

@@ -155,7 +155,7 @@ class NativeInstall:
         if asset is not None and release_allowed(self.source.env_sdist, self.env_no_release, asset):
             try:
                 folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
-                                       progress)
+                                       progress, no_release_env=self.env_no_release)
                 copy_tree_contents(folder, staging)
                 for exe in self.executables:  # a zip archive keeps no Unix modes
                     if (staging / exe).is_file():

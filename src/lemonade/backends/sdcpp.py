@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import tempfile
 import uuid
 from pathlib import Path
@@ -106,6 +107,23 @@ def generation_settings(model: ModelInfo, options: dict[str, Any], config_defaul
         else:
             out[key] = value if value is not None else fallback
     return out
+
+
+def model_args(model: ModelInfo) -> list[str]:
+    """sd-server defaults the catalog entry carries beyond the four settings: `image_defaults`'
+    `sampling_method` and `flow_shift` (Qwen-Image is a flow model sampled with euler), and a built-in
+    entry's `recipe_options.sdcpp_args` (memory flags upstream Lemonade ships with it; ours to trust,
+    unlike a registered model's)."""
+    image_defaults = model.image_defaults or {}
+    argv: list[str] = []
+    if image_defaults.get("sampling_method"):
+        argv += ["--sampling-method", str(image_defaults["sampling_method"])]
+    if image_defaults.get("flow_shift"):
+        argv += ["--flow-shift", str(image_defaults["flow_shift"])]
+    own = model.definition.get("recipe_options") if model.origin == "builtin" else None
+    if isinstance(own, dict) and own.get("sdcpp_args"):
+        argv += shlex.split(str(own["sdcpp_args"]))
+    return argv
 
 
 def extra_args(steps: int | None, cfg_scale: float | None, seed: int) -> str:
@@ -230,7 +248,7 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         settings = generation_settings(model, options, self.config_defaults())
         argv = [str(binary), *checkpoint_args(model, files), "--listen-ip", "127.0.0.1", "--listen-port", str(port),
                 "--steps", str(settings["steps"]), "--cfg-scale", str(settings["cfg_scale"]),
-                "-W", str(settings["width"]), "-H", str(settings["height"])]
+                "-W", str(settings["width"]), "-H", str(settings["height"]), *model_args(model)]
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
                                env=self.engine_env(backend))
         try:

@@ -47,6 +47,9 @@ NO_GPU_HINT = ("vLLM serves on CUDA or ROCm GPUs only. On this machine use the l
                "and llama.cpp RPC workers (`lemonade worker`, llamacpp.rpc_workers) to spread a model over several "
                "machines; see docs/scale-out.md.")
 
+# The `mtp` runtime label: the checkpoint's own multi-token-prediction head as vLLM's speculator
+# (upstream Lemonade's vllm_model_config.json gives its `-vLLM-*conc` FP8 entries this config).
+MTP_ARGS = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
 # Flags Lemonade sets itself.
 FORBIDDEN_FLAGS = {"--host": "--host", "--port": "--port", "--model": "the model", "--served-model-name":
                    "--served-model-name", "--max-model-len": "--max-model-len (use ctx_size)"}
@@ -74,6 +77,19 @@ def _check_args(value: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def build_argv(program: Path, model: ModelInfo, folder: Path, options: dict[str, Any], port: int,
+               user_args: list[str]) -> list[str]:
+    """`vllm serve` for a model folder; the user's (checked) `vllm_args` last, so they win."""
+    argv = [str(program), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", model.public]
+    ctx = options.get("ctx_size", -1)
+    if isinstance(ctx, int) and ctx > 0:
+        argv += ["--max-model-len", str(ctx)]
+    if "mtp" in model.labels and "--speculative-config" not in user_args:
+        argv += MTP_ARGS  # the `mtp` label's default, as llama.cpp's engine has its own
+    return argv + user_args
 
 
 def model_folder(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
@@ -174,13 +190,8 @@ class VllmEngine(Engine):
             raise EngineUnavailable(f"vLLM ({backend}) is not installed here: {st.message} "
                                     f"{st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
-        folder = model_folder(model, files)
-        argv = [str(program), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", model.public]
-        ctx = options.get("ctx_size", -1)
-        if isinstance(ctx, int) and ctx > 0:
-            argv += ["--max-model-len", str(ctx)]
-        argv += self.check_args(str(options.get("vllm_args") or ""), trusted=True)
+        argv = build_argv(program, model, model_folder(model, files), options, port,
+                          self.check_args(str(options.get("vllm_args") or ""), trusted=True))
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health")
         await server.start(timeout=START_TIMEOUT)
         return Launch(server, {**options, "vllm_backend": backend}, backend, device="gpu")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.registry import file_format
+from lemonade.catalog import collection_file
 from lemonade.catalog.extra_dir import scan_extra_dir
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
@@ -71,6 +72,24 @@ def _checkpoints_of(name: str, definition: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _collection_pointer(name: str, definition: dict[str, Any], origin: str) -> dict[str, str]:
+    """A built-in collection may name, as its `checkpoint`, the repository holding its collection file
+    (`<RepoName>.json`, catalog/collection_file.py), as upstream Lemonade's do; its components then come
+    from that file when it gives none inline. {"main": repo} or {} (an exported file's `"main": ""`)."""
+    raw = definition.get("checkpoint")
+    if raw is None and isinstance(definition.get("checkpoints"), dict):
+        raw = definition["checkpoints"].get("main")
+    if not raw:
+        return {}
+    if origin != "builtin":
+        return {}  # a registered collection lists its components; the pointer is only kept as given
+    try:
+        pointer = parse_checkpoint(raw)
+    except ValueError as exc:
+        raise RegistrationError(f"Model '{name}': checkpoint: {exc}") from None
+    return {"main": pointer.repo}
+
+
 def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo:
     """Validate one stored or submitted definition and turn it into a ModelInfo."""
     if not isinstance(definition, dict):
@@ -99,11 +118,12 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
     if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
         raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")
     if recipe in COLLECTION_RECIPES:
-        if not isinstance(components, list) or not components or not all(isinstance(c, str) and c
-                                                                          for c in components):
+        checkpoints = _collection_pointer(name, definition, origin)
+        if not (components is None and checkpoints) and (
+                not isinstance(components, list) or not components
+                or not all(isinstance(c, str) and c for c in components)):
             raise RegistrationError(f"Model '{name}': a collection needs 'components', a non-empty array of "
                                     "model names")
-        checkpoints: dict[str, str] = {}
         if recipe == ROUTER_RECIPE:
             try:
                 parse_policy(definition)
@@ -125,6 +145,9 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
                 parse_checkpoint(ckpt)
             except ValueError as exc:
                 raise RegistrationError(f"Model '{name}': checkpoint '{role}': {exc}") from None
+    architecture = definition.get("architecture")
+    if architecture is not None and (not isinstance(architecture, str) or not architecture):
+        raise RegistrationError(f"Model '{name}': 'architecture' must be a GGUF architecture name such as 'qwen3'")
     size = definition.get("size")
     return ModelInfo(
         name=name, recipe=recipe, mode=mode, checkpoints=checkpoints, labels=labels,
@@ -158,6 +181,7 @@ class Catalog:
         self._load_user()
         self._load_aliases()
         self.rescan_extra()
+        self._adopt_collection_files()
 
     # ----- state files -------------------------------------------------------------------------
     def _load_user(self) -> None:
@@ -210,6 +234,7 @@ class Catalog:
     def set_dirs(self, extra_models_dir: str | None = None, models_dir: str | None = None) -> None:
         if models_dir is not None:
             self.models_dir = models_dir
+            self._adopt_collection_files()
         if extra_models_dir is not None:
             self.extra_models_dir = extra_models_dir
             self.rescan_extra()
@@ -376,6 +401,51 @@ class Catalog:
             self._user = user
             self._reindex()
 
+    # ----- registry-backed collections (catalog/collection_file.py) ------------------------------
+    def _adopt_collection_files(self) -> None:
+        """Components of the built-in collections whose file an earlier pull left in the cache."""
+        for model in self._builtin.values():
+            if model.components is None and collection_file.file_checkpoint(model):
+                try:
+                    self.adopt_collection_file(model, register=False)
+                except (collection_file.CollectionFileError, RegistrationError) as exc:
+                    log.error("Collection %s: %s (pull it again to fetch a good copy)", model.public, exc)
+
+    def collection_file(self, model: ModelInfo) -> ModelInfo | None:
+        """The file a pull of `model` fetches first: a registry-backed collection's definition, while
+        its components are unknown (once adopted, the components are what a pull fetches)."""
+        if model.components is None and collection_file.file_checkpoint(model):
+            return collection_file.file_model(model)
+        return None
+
+    def adopt_collection_file(self, model: ModelInfo, register: bool = True) -> bool:
+        """Take a registry-backed collection's components from its pulled file; with `register`, the
+        components this server does not know become `user.*` models defined by the file (in the
+        collection's registry unless they name their own). False when the file is not on disk; a bad
+        file raises CollectionFileError or RegistrationError (both ValueErrors, which a pull reports)."""
+        checkpoint = collection_file.file_checkpoint(model)
+        found = resolve_local(self.hub_cache(), checkpoint, model.source) if checkpoint else None
+        if found is None:
+            return False
+        data = collection_file.read_file(found[1][0])
+        names: list[str] = []
+        for comp in data["components"]:
+            bare = comp.removeprefix(USER_PREFIX)
+            known = self.find(comp) or self.find(USER_PREFIX + bare)
+            if known is None and register:
+                definition = data["definitions"].get(comp) or data["definitions"].get(bare)
+                if definition is None:
+                    raise RegistrationError(f"Collection {model.public}: its file names the component '{comp}' "
+                                            "but does not define it")
+                if definition.get("recipe") in COLLECTION_RECIPES:
+                    raise RegistrationError(f"Collection {model.public}: component '{comp}' is a collection; "
+                                            "collections cannot be nested")
+                known = self.register({"source": model.source, **definition, "model_name": USER_PREFIX + bare})
+            names.append(comp if known is None or self.find(comp) is known else USER_PREFIX + bare)
+        with self._lock:
+            model.components = names
+        return True
+
     # ----- aliases -----------------------------------------------------------------------------
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
@@ -425,7 +495,7 @@ class Catalog:
             return None
         cache = self.hub_cache()
         out: dict[str, list[Path]] = {}
-        for role, ckpt in model.checkpoints.items():
+        for role, ckpt in model.file_checkpoints.items():
             found = resolve_local(cache, ckpt, model.source)
             if found is None:
                 return None
@@ -433,9 +503,9 @@ class Catalog:
         return out
 
     def is_downloaded(self, model: ModelInfo) -> bool:
-        if model.is_collection:
+        if model.is_collection:  # a registry-backed one lists no components before its file is pulled
             comps = [self.find(c) for c in model.components or []]
-            return all(c is not None and self.is_downloaded(c) for c in comps)
+            return bool(comps) and all(c is not None and self.is_downloaded(c) for c in comps)
         return self.local_files(model) is not None
 
     def max_context_window(self, model: ModelInfo, files: dict[str, list[Path]] | None) -> int | None:

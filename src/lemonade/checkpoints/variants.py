@@ -2,7 +2,8 @@
 
 A checkpoint is `owner/repo`, `owner/repo:VARIANT` (a quantization such as `Q4_K_M`, matched
 against file names or a variant folder), `owner/repo:path/file.ext` (one exact file) or
-`owner/repo:folder/` (every file under that folder, e.g. Kokoro's `voices/`).
+`owner/repo:folder/` (every file under that folder, e.g. Kokoro's `voices/`) or `owner/repo:*` (every
+GGUF of the repository: a model published as one shard set, e.g. ggml-org's gpt-oss-120b).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def is_mmproj(path: str) -> bool:
     return "mmproj" in path.rsplit("/", 1)[-1].lower()
 
 
+def _is_model_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf") and not is_mmproj(path)
+
+
 def shard_info(path: str) -> tuple[int, int] | None:
     """(index, count) for `...-0000N-of-0000M.gguf`, else None."""
     m = _SHARD_RE.search(path)
@@ -54,13 +59,15 @@ def is_exact_file_variant(variant: str) -> bool:
 def match_variant(files: list[str], variant: str | None) -> list[str]:
     """Repo-relative files that make up `variant`, main file first; [] when nothing matches.
 
-    `None` means the whole repository; `folder/` every file under it. A file variant matches that
-    path (or a unique basename). A quantization matches a variant folder (`Q8_0/...`) or files whose
-    name, shard suffix removed, ends in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj
-    files never match.
+    `None` means the whole repository (its model GGUFs first); `*` its GGUF files (mmproj files aside);
+    `folder/` every file under it. A file variant matches that path (or a unique basename). A
+    quantization matches a variant folder (`Q8_0/...`) or files whose name, shard suffix removed, ends
+    in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj files never match.
     """
-    if variant is None:
-        return sorted(files)
+    if variant is None:  # a GGUF repository's model file is its main file, whatever sorts first
+        return sorted(files, key=lambda f: (not _is_model_gguf(f), f))
+    if variant == "*":
+        return sorted(f for f in files if _is_model_gguf(f))
     if variant.endswith("/"):
         return sorted(f for f in files if f.startswith(variant))
     if is_exact_file_variant(variant):

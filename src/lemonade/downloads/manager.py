@@ -42,6 +42,8 @@ class ModelFiles(Protocol):
     def local_files(self, model: ModelInfo) -> dict[str, list[Path]] | None: ...
     def is_downloaded(self, model: ModelInfo) -> bool: ...
     def all(self, rescan: bool = True) -> list[ModelInfo]: ...
+    def collection_file(self, model: ModelInfo) -> ModelInfo | None: ...
+    def adopt_collection_file(self, model: ModelInfo, register: bool = True) -> bool: ...
 
 
 log = logging.getLogger("lemonade.downloads")
@@ -185,6 +187,14 @@ class DownloadManager:
         registry is asked for the current files, and only what changed is fetched.
         """
         if model.is_collection:
+            file = self.catalog.collection_file(model)
+            if file is not None:  # a registry-backed collection: its file names the components
+                async for event in self.pull_events(file, upgrade=upgrade, job=job):
+                    yield event
+                try:
+                    await asyncio.to_thread(self.catalog.adopt_collection_file, model)
+                except ValueError as exc:
+                    raise APIError(422, str(exc), code="invalid_collection_file") from None
             for comp_name in model.components or []:
                 comp = self.catalog.find(comp_name)
                 if comp is None:
@@ -298,7 +308,7 @@ class DownloadManager:
         for folder, commit in {(pf.folder, pf.listing.commit) for pf in plan}:
             cache_ops.write_ref(folder, commit)
             cache_ops.clear_pending(folder, key)
-        for text in model.checkpoints.values():  # an update leaves the previous version behind: drop it
+        for text in model.file_checkpoints.values():  # an update leaves the previous version behind: drop it
             commit = next(pf.listing.commit for pf in plan if pf.listing.repo == parse_checkpoint(text).repo)
             cache_ops.prune_old_snapshots(self.cache, text, model.source, commit)
         elapsed = time.monotonic() - started
@@ -432,7 +442,7 @@ class DownloadManager:
         if model.local_files is not None:
             return dict(model.local_files)
         cache = self.cache
-        for role, text in model.checkpoints.items():
+        for role, text in model.file_checkpoints.items():
             try:
                 ckpt = parse_checkpoint(text)
             except ValueError:
@@ -473,7 +483,7 @@ class DownloadManager:
         cache = self.cache
         key = cache_ops.pending_key(model.name)
         anything = False
-        for text in model.checkpoints.values():
+        for text in model.file_checkpoints.values():
             ckpt = parse_checkpoint(text)
             folder = repo_folder(cache, ckpt.repo, model.source)
             if not folder.is_dir():

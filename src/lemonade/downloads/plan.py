@@ -33,7 +33,7 @@ def plan_model(model: ModelInfo, cache: Path) -> list[PlannedFile]:
     listings: dict[str, RepoListing] = {}
     out: list[PlannedFile] = []
     seen: set[tuple[str, str]] = set()
-    roles = sorted(model.checkpoints.items(), key=lambda kv: kv[0] != "main")
+    roles = sorted(model.file_checkpoints.items(), key=lambda kv: kv[0] != "main")
     for role, text in roles:
         ckpt = parse_checkpoint(text)
         if ckpt.repo not in listings:

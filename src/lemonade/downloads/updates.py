@@ -51,7 +51,7 @@ def find_updates(models: list[ModelInfo], cache: Path) -> tuple[set[str], list[s
     problems: list[str] = []
     outdated: set[str] = set()
     for model in models:
-        for checkpoint in model.checkpoints.values():
+        for checkpoint in model.file_checkpoints.values():
             repo = parse_checkpoint(checkpoint).repo
             key = (model.source, repo)
             if key not in listings:

@@ -1,6 +1,7 @@
 """Recipe options and their priority chain (lemonade.md, "Setting Priority").
 
-1. values in the load request, 2. the model's entry in `recipe_options.json`, 3. server config
+1. values in the load request, 2. the model's entry in `recipe_options.json` (over the built-in
+catalog entry's own `recipe_options`, e.g. a vLLM model's tool-call parser), 3. server config
 (file, env, flags), 4. the auto-tune profile of this machine's archetype (`autotune/`; only keys
 the user left at their default), 5. built-in defaults. A request value of `null` skips layer 2 for that key.
 This module is the only place that knows the chain; `/v1/load`, `/v1/models/{id}/options` and
@@ -127,6 +128,8 @@ class RecipeOptions:
         self._saved: dict[str, dict[str, Any]] = raw if isinstance(raw, dict) else {}
         # Auto-tune's layer: (model name, recipe, backend or None) -> options; None = no auto-tune.
         self.tuning: Callable[[str, str, str | None], dict[str, Any]] | None = None
+        # A built-in model's own `recipe_options` (catalog), under the saved ones: model name -> options.
+        self.model_defaults: Callable[[str], dict[str, Any]] = lambda _name: {}
 
     def migrate_keys(self, canonical_key: Callable[[str], str | None]) -> int:
         """Rewrite keys written under an older naming to the model's canonical id, in one atomic write
@@ -187,7 +190,9 @@ class RecipeOptions:
         that today's checks refuse stops the load with a 400 saying so (views pass False: they show
         the options without it)."""
         request = request or {}
-        saved = self._usable(model_name, recipe, self.saved(model_name) if saved is None else saved,
+        specs = options_for(recipe)
+        own = {k: v for k, v in self.model_defaults(model_name).items() if k in specs}
+        saved = self._usable(model_name, recipe, {**own, **(self.saved(model_name) if saved is None else saved)},
                              strict=for_load, overridden=set(request))
         effective = self.defaults(recipe)
         user: dict[str, Any] = {}
@@ -197,7 +202,6 @@ class RecipeOptions:
             elif key in saved and request.get(key, UNSET) is UNSET:
                 user[key] = saved[key]
         tuned = self._tuned(model_name, recipe, effective, user)
-        specs = options_for(recipe)
         args_keys = args_options()
         for key, value in tuned.items():
             spec = specs.get(key)

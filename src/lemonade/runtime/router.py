@@ -335,6 +335,7 @@ class Router:
         opts = options() if callable(options) else options
         try:
             backend = engine.ready_backend(engine.requested_backend(opts))
+            engine.check_model(model, backend)
         except EngineUnavailable as exc:
             raise APIError(400, str(exc), code=exc.code) from None
         if engine.needs_install(backend):

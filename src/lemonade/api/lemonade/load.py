@@ -40,6 +40,9 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
         components = [svc.resolve(comp) for comp in model.components or []]
 
         async def load_collection() -> dict[str, Any]:
+            if svc.catalog.collection_file(model) is not None:  # its file names the components
+                await svc.ready_collection(model)
+                components.extend(svc.resolve(comp) for comp in model.components or [])
             for comp in components:
                 await svc.router.ensure_loaded(comp, lambda c=comp: svc.options.resolve(c.name, c.recipe),
                                                pinned=pinned)

@@ -65,7 +65,9 @@ async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
         options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body.ctx_size})
         await svc.router.ensure_loaded(model, options)
     data = await p.post_json(model, "/v1/rerank", payload, "rerank")
-    results = sorted(data.get("results", []), key=lambda r: r.get("relevance_score", 0), reverse=True)
+    # llama-server ranks by score (and `top_n` keeps the best); the spec answers in input order,
+    # since clients index the results by position (api-llamacpp.md).
+    results = sorted(data.get("results", []), key=lambda r: r.get("index", 0))
     return {"model": model.public, "object": "list", "results": results, "usage": data.get("usage", {})}
 
 

@@ -137,7 +137,8 @@ def _parameter_size(meta: dict[str, Any], model: ModelInfo) -> str:
 def details(model: ModelInfo, files: dict[str, list[Path]] | None,
             meta: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = gguf_metadata(files) if meta is None else meta
-    family = str(meta.get("general.architecture") or model.recipe)
+    # the file's architecture; before a download, the catalog's (llama.cpp entries name theirs)
+    family = str(meta.get("general.architecture") or model.definition.get("architecture") or model.recipe)
     return {"parent_model": "", "format": file_format(model.recipe) or model.recipe,
             "family": family, "families": [family], "parameter_size": _parameter_size(meta, model),
             "quantization_level": _quantization(meta, model, files)}
@@ -202,9 +203,11 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
         return None
     files = svc.catalog.local_files(model)
     ctx = svc.context_length(model, files=files)
-    entry = {"name": tagged(model), "model": tagged(model), "size": _size_bytes(model, files),
+    size = _size_bytes(model, files)
+    # Ollama's share of the model held in GPU memory: a GPU backend offloads every layer (-ngl 99).
+    entry = {"name": tagged(model), "model": tagged(model), "size": size,
              "digest": _digest(model, files), "details": details(model, files), "expires_at": FAR_FUTURE,
-             "size_vram": 0}
+             "size_vram": size if loaded.get("device") == "gpu" else 0}
     if ctx is not None:
         entry["context_length"] = ctx
     return entry

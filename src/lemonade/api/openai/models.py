@@ -21,8 +21,10 @@ def shown_checkpoint(model: ModelInfo, include_paths: bool = False) -> str:
     return model.local_files["main"][0].name
 
 
-def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
+def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
                  include_paths: bool = False) -> dict[str, Any]:
+    """A model as `/v1/models` lists it; a collection embeds its components' objects (`models`), in
+    the list as in `/v1/models/{id}` (api-openai.md), one level deep (components are never collections)."""
     files = svc.catalog.local_files(model) if not model.is_collection else None
     downloaded = files is not None if not model.is_collection else svc.catalog.is_downloaded(model)
     obj: dict[str, Any] = {
@@ -45,9 +47,8 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
     obj["suggested"] = model.suggested
     obj["update_available"] = downloaded and model.name in svc.downloads.updates_available
     obj["labels"] = list(model.labels)
-    if "cloud_provider" in model.definition:  # served by a cloud provider (api-openai.md)
-        obj["cloud_provider"] = model.definition["cloud_provider"]
-        obj["owned_by"] = model.definition["cloud_provider"]
+    if "cloud_provider" in model.definition:  # served by a cloud provider (api-openai.md); `owned_by`
+        obj["cloud_provider"] = model.definition["cloud_provider"]  # stays "lemonade", as for every model
         if "context_length" in model.definition:
             obj["context_length"] = model.definition["context_length"]
     if len(model.checkpoints) > 1:
@@ -65,7 +66,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
             obj["system_prompt"] = model.definition["system_prompt"]
         if with_components:
             comps = [svc.catalog.find(c) for c in model.components or []]
-            obj["models"] = [model_object(svc, c) for c in comps if c is not None]
+            obj["models"] = [model_object(svc, c, with_components=False) for c in comps if c is not None]
     return obj
 
 
@@ -89,7 +90,7 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
 
 
 def alias_object(svc: Services, alias: str, target: ModelInfo, include_paths: bool = False,
-                 with_components: bool = False) -> dict[str, Any]:
+                 with_components: bool = True) -> dict[str, Any]:
     """An alias as its own entry: the target's object under the alias's id (`alias_target` names it)."""
     obj = model_object(svc, target, with_components=with_components, include_paths=include_paths)
     return {"id": alias, **{k: v for k, v in obj.items() if k != "id"}, "alias_target": target.public}
