@@ -45,6 +45,7 @@ def _no_env_overrides(monkeypatch):
         "LEMONADE_LLAMACPP_RELEASE_BASE_URL",
         "LEMONADE_LLAMACPP_NO_RELEASE",
         "LEMONADE_RELEASE_DIGESTS",
+        "LEMONADE_GITHUB_API_URL",
     ):
         monkeypatch.delenv(var, raising=False)
 
@@ -393,11 +394,43 @@ def test_release_archive_with_another_digest_installs_nothing(release_mirror, tm
     assert _leftovers(inst) == [] and not (inst.root / "_build").exists()  # nothing was compiled either
 
 
+def publish(mirror_root: Path, key: str, digest: str) -> None:
+    """What GitHub's release API answers for the tag (`/repos/<owner>/<repo>/releases/tags/<tag>`): each
+    asset's name and `digest`. The mirror's web server stands in for api.github.com."""
+    tag, asset = key.split("/", 1)
+    folder = mirror_root / "repos" / "ggml-org" / "llama.cpp" / "releases" / "tags"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / tag).write_text(json.dumps({"tag_name": tag, "assets": [{"name": asset, "digest": f"sha256:{digest}"},
+                                                                      {"name": "other.zip", "digest": None}]}))
+
+
+def test_unpinned_release_archive_is_checked_against_githubs_digest(release_mirror, tmp_path, monkeypatch):
+    """No pin: the digest GitHub publishes for the asset decides (the official archive, verified, for a
+    user online); a different one is refused like a wrong pin."""
+    url, key, digest = release_mirror
+    monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", url)
+    monkeypatch.setenv("LEMONADE_GITHUB_API_URL", url)
+    mirror_root = tmp_path / "mirror"
+    publish(mirror_root, key, "f" * 64)
+    inst = BackendInstaller(tmp_path / "wrong")
+    with pytest.raises(InstallError) as err:
+        inst.install("llamacpp", "cpu")
+    assert err.value.code == "digest_mismatch" and "GitHub publishes" in str(err.value)
+    assert inst.llama_server_path("cpu") is None
+    publish(mirror_root, key, digest)
+    inst = BackendInstaller(tmp_path / "right")
+    inst.install("llamacpp", "cpu")
+    assert inst.read_install_info("cpu")["source"] == "release"
+    assert f"sha256 {digest}: matches the published digest" in inst.log_path("cpu").read_text()
+
+
 def test_unpinned_release_archive_is_not_downloaded(release_mirror, tmp_path, monkeypatch):
-    """No pin, no download: the install goes to the source build (here without a compiler, so it
-    fails fast, saying why the archive was not used)."""
+    """Neither a pin nor a published digest (GitHub states none for the tag here): no download, the
+    install goes to the source build (here without a compiler, so it fails fast, saying why the
+    archive was not used)."""
     url, _key, _digest = release_mirror
     monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", url)
+    monkeypatch.setenv("LEMONADE_GITHUB_API_URL", url)  # answers 404 for the release: no digest stated
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))

@@ -18,8 +18,9 @@ An install is built in a temp sibling folder (`.cpu.tmp-*`) and renamed into pla
 a failed or interrupted install never leaves something that looks installed.
 
 Two ways to get the pinned llama.cpp (see `llamacpp_build`): the official GitHub release archive
-(tried first, with a short connect timeout, and only when its SHA-256 is pinned in
-`release_digests.py`: one that does not match is refused and nothing is installed) and a source
+(tried first, with a short connect timeout, and used only when its SHA-256 matches the one pinned in
+`release_digests.py` or, for an asset without a pin, the one GitHub publishes for it: one that does not
+match is refused and nothing is installed) and a source
 build of the `llama-cpp-python` sdist's `vendor/llama.cpp`. Environment knobs:
 
 - `LEMONADE_LLAMACPP_SDIST=<path>`: use this local sdist tarball instead of `pip download`; the
@@ -40,7 +41,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lemonade.backends import release_digests
 from lemonade.backends.engine import BackendState
 from lemonade.backends.llamacpp_build import (
     ENV_NO_RELEASE,
@@ -240,10 +240,10 @@ class BackendInstaller(NativeInstall):
 
     @staticmethod
     def _how(backend: str) -> str:
-        if not any(release_digests.is_pinned(release_url(a)) for a in _assets(backend)):
+        if not _assets(backend):
             return "builds llama.cpp from source (about 10 minutes on 2 cores; longer for GPU backends)"
-        return ("downloads the official llama.cpp release archive, or builds it from source "
-                "when that is unreachable (about 10 minutes on 2 cores; longer for GPU backends)")
+        return ("downloads the official llama.cpp release archive (checked against its SHA-256), or builds it "
+                "from source when that is unreachable (about 10 minutes on 2 cores; longer for GPU backends)")
 
     def default_backend(self) -> str:
         """The best backend for this machine's devices (llamacpp_gpu.best_backend: CUDA, ROCm, Vulkan

@@ -164,7 +164,8 @@ def fetch_release(downloads_dir: Path, work_dir: Path, blog: BuildLog, progress:
             raise RuntimeError(f"no llama.cpp release archive for {sys.platform}/{platform.machine()}")
         url = release_url(asset)
     exe = exe or ("llama-server.exe" if sys.platform == "win32" else "llama-server")
-    return _fetch_release(url, exe, downloads_dir, work_dir, blog, progress, no_release_env=ENV_NO_RELEASE)
+    return _fetch_release(url, exe, downloads_dir, work_dir, blog, progress, no_release_env=ENV_NO_RELEASE,
+                          publisher=RELEASE_BASE_URL)
 
 
 def sdist_filename() -> str:

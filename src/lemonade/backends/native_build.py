@@ -179,13 +179,15 @@ def _resolve_quickly(url: str, timeout: float) -> None:
 
 
 class ReleaseNotPinned(RuntimeError):
-    """No SHA-256 digest is pinned for this release archive, so it is not used (release_digests.py)."""
+    """No SHA-256 digest is pinned or published for this release archive, so it is not used
+    (release_digests.py)."""
 
 
 def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog: BuildLog,
-                  progress: Progress | None, no_release_env: str = "") -> Path:
-    """Download (once; the archive is kept in `downloads_dir`), check against its pinned SHA-256
-    (release_digests.py) and unpack a release archive into `work_dir`; return the folder holding `exe`.
+                  progress: Progress | None, no_release_env: str = "", publisher: str = "") -> Path:
+    """Download (once; the archive is kept in `downloads_dir`), check against its pinned SHA-256, else
+    the one GitHub publishes for it in the release folder `publisher` (release_digests.py), and unpack
+    a release archive into `work_dir`; return the folder holding `exe`.
 
     Raises InstallError when the archive does not match its pin (`digest_mismatch`: deleted, nothing
     unpacked) or the pins file is unusable; any other exception (no pin, network, HTTP status, bad
@@ -199,9 +201,13 @@ def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog:
         want = release_digests.expected(url)
     except release_digests.DigestError as exc:
         raise InstallError(str(exc), code="release_digests_invalid") from None
+    source = "pinned"
+    if want is None and publisher:
+        _resolve_quickly(release_digests.api_url(), RELEASE_CONNECT_TIMEOUT)
+        want, source = release_digests.published(publisher, url), "published"
     if want is None:
-        raise ReleaseNotPinned(f"no SHA-256 digest is pinned for {release_digests.asset_key(url)} "
-                               f"(release_digests.py, ${release_digests.ENV_DIGESTS})")
+        raise ReleaseNotPinned(f"no SHA-256 digest is pinned (release_digests.py, ${release_digests.ENV_DIGESTS}) "
+                               f"or published by GitHub for {release_digests.asset_key(url)}")
     downloads_dir.mkdir(parents=True, exist_ok=True)
     target = downloads_dir / asset
     blog.write(f"== release archive: {url}")
@@ -231,11 +237,12 @@ def fetch_release(url: str, exe: str, downloads_dir: Path, work_dir: Path, blog:
     if got != want:
         target.unlink(missing_ok=True)  # never unpacked, never reused
         switch = f"set {no_release_env}=1 and install again" if no_release_env else "install again without the mirror"
-        raise InstallError(f"The release archive {asset} from {url} does not match the SHA-256 digest this Lemonade "
-                           f"pins for it (expected {want}, got {got}), so it was deleted and nothing was installed. "
+        said = "this Lemonade pins for it" if source == "pinned" else "GitHub publishes for it"
+        raise InstallError(f"The release archive {asset} from {url} does not match the SHA-256 digest {said} "
+                           f"(expected {want}, got {got}), so it was deleted and nothing was installed. "
                            f"If you use a mirror, check that it serves the official file; to build from the pinned "
                            f"sources instead, {switch}.", code="digest_mismatch")
-    blog.write(f"sha256 {got}: matches the pinned digest")
+    blog.write(f"sha256 {got}: matches the {source} digest")
     emit(progress, "install", f"Unpacking {asset}", None)
     unpack = work_dir / "release"
     unpack.mkdir(parents=True, exist_ok=True)

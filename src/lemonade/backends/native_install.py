@@ -141,6 +141,10 @@ class NativeInstall:
     def release_url(self, asset: str) -> str:
         raise NotImplementedError
 
+    # The official release folder (https://github.com/<owner>/<repo>/releases/download), whose stated
+    # digests check an archive that has no pin (release_digests.py).
+    publisher: str = ""
+
     def _heading(self, backend: str) -> str:
         """The build log's first line: what is installed, from which sources."""
         return f"Lemonade install of {self.recipe}:{backend} {self.version}"
@@ -155,7 +159,7 @@ class NativeInstall:
         if asset is not None and release_allowed(self.source.env_sdist, self.env_no_release, asset):
             try:
                 folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
-                                       progress, no_release_env=self.env_no_release)
+                                       progress, no_release_env=self.env_no_release, publisher=self.publisher)
                 copy_tree_contents(folder, staging)
                 for exe in self.executables:  # a zip archive keeps no Unix modes
                     if (staging / exe).is_file():

@@ -7,8 +7,11 @@ Lemonade pins one per asset (`checksums` in its backend_versions.json):
 - pinned and equal: unpacked;
 - pinned and different: refused (InstallError `digest_mismatch`), the archive deleted, nothing
   installed; the message says how to build from source instead;
-- not pinned: not downloaded at all; the install builds the pinned sources instead, as it does when
-  GitHub is unreachable (the build log says which asset had no digest).
+- not pinned: checked against the digest its publisher states for it instead (GitHub's release API
+  gives each asset's `digest`, asked over HTTPS of api.github.com before the download), so a user
+  online still gets the official archive, verified; where neither a pin nor a published digest is
+  to be had (offline, an older release that states none), it is not downloaded at all and the install
+  builds the pinned sources instead, as it does when GitHub is unreachable (the build log says why).
 
 Keys are `<release tag>/<asset>` (both in the URL, so a mirror given by `*_RELEASE_BASE_URL` is
 checked against the same pins); values are lowercase hex. Add pins for the assets of a version
@@ -32,6 +35,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 ENV_DIGESTS = "LEMONADE_RELEASE_DIGESTS"
+GITHUB_API = "https://api.github.com"
+ENV_GITHUB_API = "LEMONADE_GITHUB_API_URL"  # GitHub's API, or a stand-in for it (the tests')
+PUBLISHED_TIMEOUT = 10.0
 # BEGIN PINS (scripts/pin_release_digests.py rewrites this block)
 PINNED: dict[str, str] = {}
 # END PINS
@@ -89,3 +95,34 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def api_url() -> str:
+    return os.environ.get(ENV_GITHUB_API) or GITHUB_API
+
+
+def published(publisher: str, url: str, timeout: float = PUBLISHED_TIMEOUT) -> str | None:
+    """The SHA-256 digest GitHub states for the asset at `url` (the same tag and file name in the
+    release folder `publisher`, `https://github.com/<owner>/<repo>/releases/download`): its release
+    API's `digest` field. None when GitHub states none or cannot be asked; the caller then builds
+    from source. A mirror's URL is checked against the official asset's digest."""
+    import httpx  # a project dependency; imported here so the module loads fast
+
+    parts = [p for p in urlsplit(publisher).path.split("/") if p]
+    if len(parts) < 2 or urlsplit(publisher).hostname != "github.com":
+        return None
+    tag, asset = asset_key(url).split("/", 1) if "/" in asset_key(url) else ("", "")
+    api = api_url()
+    try:
+        resp = httpx.get(f"{api.rstrip('/')}/repos/{parts[0]}/{parts[1]}/releases/tags/{tag}", timeout=timeout,
+                         headers={"Accept": "application/vnd.github+json"}, follow_redirects=True)
+        release = resp.json() if resp.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    for item in release.get("assets") or [] if isinstance(release, dict) else []:
+        if isinstance(item, dict) and item.get("name") == asset and isinstance(item.get("digest"), str):
+            try:
+                return _normalise(item["digest"], f"GitHub's digest of {asset}")
+            except DigestError:
+                return None
+    return None

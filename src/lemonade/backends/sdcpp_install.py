@@ -108,6 +108,8 @@ class SdCppInstall(NativeInstall):
     def release_url(self, asset: str) -> str:
         return release_url(asset)
 
+    publisher = RELEASE_BASE_URL
+
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of sd-cpp:{backend} {SDCPP_VERSION} (stable-diffusion.cpp {SDCPP_COMMIT}, "
                 f"stable-diffusion-cpp-python {SDCPP_PYTHON_VERSION})")

@@ -103,6 +103,8 @@ class WhisperCppInstall(NativeInstall):
     def release_url(self, asset: str) -> str:
         return release_url(asset)
 
+    publisher = RELEASE_BASE_URL
+
     def server_path(self, backend: str = "cpu") -> Path | None:
         return self.binary(EXE, backend)
 
