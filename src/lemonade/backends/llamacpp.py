@@ -287,7 +287,7 @@ class LlamaCppEngine(Engine):
                         report.vulkan[0].name)
             env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
-        await server.start()
+        await server.start(self.ready_timeout)
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu")
 
     def system_info(self) -> dict[str, Any]:
