@@ -54,7 +54,10 @@ DEFAULTS: dict[str, Any] = {
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
     # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
-    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": []},
+    # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
+    # your own build (backends/llamacpp_bins.py)
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": [],
+                 "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
     "whispercpp": {"backend": "cpu", "args": ""},
     "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
@@ -146,6 +149,15 @@ def validate_value(key: str, value: Any) -> Any:
         return _validate_type_map(key, value)
     if key == "websocket_port":
         return _websocket_port(value)
+    if key.startswith("llamacpp.") and key.endswith("_bin"):
+        from lemonade.backends.llamacpp_bins import check_bin_value
+
+        if not isinstance(value, str):
+            raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
+        problem = check_bin_value(key, value)
+        if problem:
+            raise ConfigError(f"Config key {problem}")
+        return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")

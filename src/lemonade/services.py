@@ -85,6 +85,7 @@ class Services:
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
         self.telemetry = Telemetry(config)  # OpenTelemetry traces, when `telemetry.enabled`
+        self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
@@ -114,6 +115,10 @@ class Services:
         if "extra_models_dir" in changed or "models_dir" in changed:
             values = self.config.values
             self.catalog.set_dirs(values["extra_models_dir"], values["models_dir"])
+        rebinned = {k.split(".", 1)[1].removesuffix("_bin") for k in changed
+                    if k.startswith("llamacpp.") and k.endswith("_bin")}
+        if rebinned:
+            self._reload_on_new_binary(rebinned)
         if "log_level" in changed:
             logging.getLogger("lemonade").setLevel(level_number(self.config.get("log_level")))
         log.info("Configuration changed: %s", ", ".join(f"{k}={v!r}" for k, v in changed.items()))
@@ -129,6 +134,29 @@ class Services:
         """Whether listings show `model`: everything but a built-in too big for this machine that is
         not downloaded (a downloaded one stays visible, so it can be used or deleted)."""
         return budget is None or too_big(model, budget) is None or self.catalog.is_downloaded(model)
+
+    def _reload_on_new_binary(self, backends: set[str]) -> None:
+        """A changed `llamacpp.<backend>_bin` applies live (guide-configuration-README.md): models running
+        on that backend are loaded again, on the newly selected llama.cpp (installed first if needed)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # set outside a running server: the next start uses it
+        affected = [lm for lm in self.router.loaded.values()
+                    if lm.model.recipe == "llamacpp" and lm.backend in backends]
+
+        async def reload() -> None:
+            for lm in affected:
+                log.info("Loading %s again: llamacpp.%s_bin changed", lm.model.public, lm.backend)
+                try:
+                    await self.router.ensure_loaded(lm.model, dict(lm.options), pinned=lm.pinned, reload=True)
+                except Exception as exc:  # reported; the next request tries again (and says why it fails)
+                    log.warning("Could not load %s on the new llama.cpp: %s", lm.model.public, exc)
+
+        if affected:
+            task = loop.create_task(reload())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     @property
     def offline(self) -> bool:
