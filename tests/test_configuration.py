@@ -223,6 +223,20 @@ def test_params_are_live_and_never_written(make_server):
     assert params["llamacpp"]["args"] == "" and params["max_loaded_models"] == 2  # live values gone, saved kept
 
 
+def test_params_changes_need_the_admin_key_and_paths_stay_hidden(make_server, gemma_dir):
+    srv = make_server(env={"LEMONADE_API_KEY": "user-key", "LEMONADE_ADMIN_API_KEY": "admin-key",
+                           "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    user, admin = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
+    with srv.client() as c:
+        assert c.get("/v1/params").status_code == 401
+        seen = c.get("/v1/params", headers=user).json()
+        assert seen["extra_models_dir"] == "<extra_models_dir>" and str(gemma_dir) not in json.dumps(seen)
+        assert c.get("/v1/params", headers=admin).json()["extra_models_dir"] == str(gemma_dir)
+        refused = c.post("/v1/params", json={"llamacpp_args": "--threads 2"}, headers=user)
+        assert refused.status_code == 403 and "admin key" in refused.json()["error"]
+        assert c.post("/v1/params", json={"llamacpp_args": "--threads 2"}, headers=admin).status_code == 200
+
+
 @pytest.mark.parametrize(("body", "needle"), [
     ({"telemetry": {"enabled": "yes"}}, "enabled"),
     ({"telemetry": {"otlp": {"endpoint": 123}}}, "endpoint"),
