@@ -91,7 +91,8 @@ def test_config_on_disk_without_a_server(nowhere):
     assert ok(lemonade("config", "get", "llamacpp.args", env=nowhere)).stdout.strip() == "--slot-save-path /x"
     everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)
     assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "prefer_system": False,
-                                      "rpc_workers": []}
+                                      "rpc_workers": [], "cpu_bin": "builtin", "vulkan_bin": "builtin",
+                                      "rocm_bin": "builtin", "cuda_bin": "builtin"}
     assert everything["port"] == 13305  # defaults are filled in
     ok(lemonade("config", "set", "offline=true", "sdcpp.cfg_scale=5", env=nowhere))
     saved = json.loads((cache / "config.json").read_text())

@@ -202,6 +202,11 @@ class Engine(ABC):
     @abstractmethod
     def uninstall(self, backend: str) -> dict[str, Any]: ...
 
+    def uninstall_refusal(self, backend: str) -> str | None:
+        """Why `uninstall(backend)` would refuse, asked before the models using it are unloaded (a
+        backend that is not Lemonade's to remove); None when it would go ahead."""
+        return None
+
     def default_backend(self) -> str:
         return self.backends[0]
 

@@ -22,6 +22,7 @@ from lemonade.backends.engine import (
     BackendState,
     Engine,
     EngineUnavailable,
+    InstallError,
     Launch,
     Option,
     Progress,
@@ -267,6 +268,14 @@ class LlamaCppEngine(Engine):
 
     def uninstall(self, backend: str) -> dict[str, Any]:
         return self.installer_for(backend).uninstall(self.recipe, backend)
+
+    def uninstall_refusal(self, backend: str) -> str | None:
+        try:
+            if backend == "system" or isinstance(self.installer_for(backend), OwnBuild):
+                self.uninstall(backend)  # raises, saying whose it is
+        except InstallError as exc:
+            return str(exc)
+        return None
 
     def check_request(self, backend: str, force: bool = False) -> None:
         chosen = self.installer_for(backend)

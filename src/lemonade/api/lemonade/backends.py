@@ -122,6 +122,9 @@ async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     if body.backend == "cloud":
         return await cloud.uninstall_provider(svc, body.provider)
     engine = _engine(svc, body)
+    refusal = engine.uninstall_refusal(body.backend)
+    if refusal:  # before the models using it are unloaded for nothing
+        raise APIError(400, refusal, code="uninstall_failed")
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
     try:
         result = await asyncio.to_thread(engine.uninstall, body.backend)
