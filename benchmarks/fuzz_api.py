@@ -76,6 +76,7 @@ _ADMIN = "(no key is set in this run, so every caller is the admin, who sees thi
 PATHS_ASKED_FOR = {
     "GET /v1/system-info": "model_storage.path (spec) " + _ADMIN, "GET /internal/config": "the settings (admin)",
     "POST /internal/set": "answers with the settings (admin)", "GET /v1/models": _EXTRA_FILE,
+    "GET /v1/params": "the settings " + _ADMIN,
     "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/health": "a loaded model's launch_command " + _ADMIN,
     "GET /v1/models/{model_id}/files": "the model's files, asked for",
     "DELETE /api/delete": "the refusal to delete a user's extra-dir file names it",
@@ -308,8 +309,9 @@ def main() -> int:
         settings_before = httpx.get(url + "/internal/config", timeout=30).json()
 
         def restore_settings() -> None:
-            """Put the settings back after each `/internal/set` case, so later operations still find the
-            model servable (a fuzzed `llamacpp.backend` would otherwise refuse every load)."""
+            """Put the settings back after each `/internal/set` and `/v1/params` case, so later operations
+            still find the model servable (a fuzzed `llamacpp.backend` would otherwise refuse every load;
+            a persisted setting also replaces a live one)."""
             httpx.post(url + "/internal/set", json=settings_before, timeout=30).raise_for_status()
 
         for result in schema.get_all_operations():
@@ -326,7 +328,7 @@ def main() -> int:
                     "the mounts); pass --all-prefixes to fuzz them too")
                 continue
             print(f"fuzzing {op.label} ...", flush=True)
-            after = restore_settings if op.path == "/internal/set" else (lambda: None)
+            after = restore_settings if op.path in ("/internal/set", "/v1/params") else (lambda: None)
             try:
                 fuzz_operation(op, url, root, figures, args.examples, keep, after)
             except KeyboardInterrupt:

@@ -106,6 +106,7 @@ class Server:
 
     def __init__(self, cache: Path, port: int, env: dict[str, str], args: list[str]) -> None:
         self.cache = cache
+        self.config_dir = Path(env.get("LEMONADE_CONFIG_DIR") or cache)  # config.json, user_models.json, ...
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = cache / "server.log"
@@ -177,6 +178,9 @@ class ServerFactory:
                  wait: bool = True, engines: tuple[str, ...] = ("llamacpp", "fasterwhisper")) -> Server:
         """`engines`: installed backends of the test cache to link into the server's cache dir."""
         cache = cache or self.tmp.mktemp("lemonade-cache")
+        # Persistent JSON goes to a config dir of its own next to the cache dir (found again when a test
+        # restarts a server on the same cache), never to the user's ~/.config/lemonade.
+        config_dir = cache.with_name(cache.name + "-config")
         for recipe in engines:
             installed = self.backend if recipe == "llamacpp" else TEST_CACHE / "backends" / recipe / "cpu"
             link = cache / "backends" / recipe / "cpu"
@@ -186,9 +190,11 @@ class ServerFactory:
         if config is not None:
             import json
 
-            (cache / "config.json").write_text(json.dumps(config))
+            config_dir.mkdir(parents=True, exist_ok=True)
+            (config_dir / "config.json").write_text(json.dumps(config))
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-        full_env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"),
+        full_env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(config_dir),
+                         "HF_HOME": str(cache / "hf"),
                          "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"})
         # No other setting: a test server runs with the defaults a user gets, auto-tune and its profile
         # for this machine's archetype included. A test that needs another setting passes it in `env`,

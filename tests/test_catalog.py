@@ -122,7 +122,7 @@ def test_register_user_model(make_server):
         assert body["model"] == {"id": "Phi-4-Mini-GGUF", "recipe": "llamacpp", "downloaded": False}
         model = c.get("/v1/models/user.Phi-4-Mini-GGUF").json()
         assert model["labels"] == ["reasoning"] and model["downloaded"] is False
-    stored = json.loads((srv.cache / "user_models.json").read_text())
+    stored = json.loads((srv.config_dir / "user_models.json").read_text())
     assert stored["Phi-4-Mini-GGUF"]["checkpoint"] == "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M"
 
 
@@ -148,7 +148,7 @@ def test_register_user_model(make_server):
      "recipe 'whispercpp' cannot serve 'chat'"),
 ])
 def test_invalid_registration_is_400_and_writes_nothing(server, body, message):
-    path = server.cache / "user_models.json"
+    path = server.config_dir / "user_models.json"
     before = path.read_bytes() if path.exists() else None
     with server.client() as c:
         resp = c.post("/v1/models/register", json=body)
@@ -158,17 +158,17 @@ def test_invalid_registration_is_400_and_writes_nothing(server, body, message):
 
 
 def test_invalid_stored_entry_is_skipped_and_file_untouched(make_server, tmp_path):
-    cache = tmp_path / "cache"
-    cache.mkdir()
+    config = tmp_path / "config"
+    config.mkdir()
     content = json.dumps({
         "Good": {"recipe": "llamacpp", "checkpoint": "a/good:Q4_K_M"},
         "Bad": {"recipe": "llamacpp", "checkpoint": "a/bad:Q4_K_M", "labels": ["chat", "embeddings"]},
     }, indent=1)
-    (cache / "user_models.json").write_text(content)
-    srv = make_server(cache=cache)
+    (config / "user_models.json").write_text(content)
+    srv = make_server(env={"LEMONADE_CONFIG_DIR": str(config)})
     models = listing(srv, show_all=True)
     assert models["Good"]["checkpoint"] == "a/good:Q4_K_M" and "Bad" not in models
-    assert (cache / "user_models.json").read_text() == content
+    assert (config / "user_models.json").read_text() == content
     assert "user.Bad" in srv.log() and "Skipping invalid entry" in srv.log()
 
 
@@ -198,7 +198,7 @@ def test_aliases_crud_and_resolution(server):
         assert c.delete("/internal/aliases/prod").json() == {"status": "deleted", "alias": "prod"}
         assert c.delete("/internal/aliases/prod").status_code == 404
         assert c.get("/v1/models/prod").status_code == 404
-    assert json.loads((server.cache / "aliases.json").read_text()) == {}
+    assert json.loads((server.config_dir / "aliases.json").read_text()) == {}
 
 
 def test_extra_dir_change_is_picked_up(make_server, tmp_path, gemma_dir):
@@ -217,14 +217,15 @@ def test_shadowing_through_the_api(make_server, tmp_path):
     and the options file show, the reserved prefixes refused, and the same ids after a restart."""
     root = tmp_path / "models"
     write_gguf(root / "Qwen3-0.6B-GGUF.gguf")
-    cache = tmp_path / "cache"
+    cache, config = tmp_path / "cache", tmp_path / "config"
     cache.mkdir()
-    (cache / "recipe_options.json").write_text(json.dumps({"Whisper-Tiny": {"whispercpp_args": ""}}))
-    env = {"LEMONADE_EXTRA_MODELS_DIR": str(root)}
+    config.mkdir()
+    (config / "recipe_options.json").write_text(json.dumps({"Whisper-Tiny": {"whispercpp_args": ""}}))
+    env = {"LEMONADE_EXTRA_MODELS_DIR": str(root), "LEMONADE_CONFIG_DIR": str(config)}
     srv = make_server(cache=cache, env=env)
     ids = ["Qwen3-0.6B-GGUF", "extra.Qwen3-0.6B-GGUF", "builtin.Qwen3-0.6B-GGUF"]
     with srv.client() as c:
-        assert json.loads((cache / "recipe_options.json").read_text()) == {  # migrated at start
+        assert json.loads((config / "recipe_options.json").read_text()) == {  # migrated at start
             "builtin.Whisper-Tiny": {"whispercpp_args": ""}}
         shown = [k for k in listing(srv, show_all=True) if k.endswith("Qwen3-0.6B-GGUF")]
         assert sorted(shown) == sorted([ids[0], ids[2]])  # the extra file wins the bare name over the built-in
@@ -250,7 +251,7 @@ def test_shadowing_through_the_api(make_server, tmp_path):
         c.post("/v1/models/builtin.Qwen3-0.6B-GGUF/options", json={"ctx_size": 1024})
         c.post("/v1/models/Qwen3-0.6B-GGUF/options", json={"ctx_size": 2048})
         c.post("/v1/models/extra.Qwen3-0.6B-GGUF/options", json={"ctx_size": 4096})
-    assert json.loads((cache / "recipe_options.json").read_text()) == {
+    assert json.loads((config / "recipe_options.json").read_text()) == {
         "builtin.Whisper-Tiny": {"whispercpp_args": ""}, "builtin.Qwen3-0.6B-GGUF": {"ctx_size": 1024},
         "user.Qwen3-0.6B-GGUF": {"ctx_size": 2048}, "extra.Qwen3-0.6B-GGUF": {"ctx_size": 4096}}
     srv.stop()

@@ -91,7 +91,8 @@ def test_config_on_disk_without_a_server(nowhere):
     assert ok(lemonade("config", "get", "llamacpp.args", env=nowhere)).stdout.strip() == "--slot-save-path /x"
     everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)
     assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "prefer_system": False,
-                                      "rpc_workers": []}
+                                      "rpc_workers": [], "cpu_bin": "builtin", "vulkan_bin": "builtin",
+                                      "rocm_bin": "builtin", "cuda_bin": "builtin"}
     assert everything["port"] == 13305  # defaults are filled in
     ok(lemonade("config", "set", "offline=true", "sdcpp.cfg_scale=5", env=nowhere))
     saved = json.loads((cache / "config.json").read_text())
@@ -427,13 +428,13 @@ def test_config_through_the_server(make_server, tmp_path):
         live = c.get("/internal/config").json()
         assert live["max_loaded_models"] == 2 and live["llamacpp"]["args"] == "--slot-save-path /x"
         assert c.get("/v1/health").json()["max_models"]["llm"] == 2  # applied live
-    saved = json.loads((server.cache / "config.json").read_text())
+    saved = json.loads((server.config_dir / "config.json").read_text())
     assert saved["max_loaded_models"] == 2 and saved["llamacpp"]["args"] == "--slot-save-path /x"
     assert ok(lemonade("config", "get", "max_loaded_models", env=env)).stdout.strip() == "2"
-    before = (server.cache / "config.json").read_bytes()
+    before = (server.config_dir / "config.json").read_bytes()
     proc = lemonade("config", "set", "max_loaded_models=3", "nope=1", env=env)
     assert proc.returncode == 2 and "'nope'" in proc.stderr
-    assert (server.cache / "config.json").read_bytes() == before
+    assert (server.config_dir / "config.json").read_bytes() == before
     with server.client() as c:
         assert c.get("/internal/config").json()["max_loaded_models"] == 2
 
@@ -441,7 +442,7 @@ def test_config_through_the_server(make_server, tmp_path):
 def test_config_through_a_server_with_an_admin_key(make_server):
     server = make_server(env={"LEMONADE_ADMIN_API_KEY": "admin-secret"})
     env = cli_env(server.cache, server.url)
-    path = server.cache / "config.json"
+    path = server.config_dir / "config.json"
     before = path.read_bytes() if path.exists() else None
     proc = lemonade("config", "set", "max_loaded_models=4", env=env)
     assert proc.returncode == 1 and "401" in proc.stderr

@@ -118,9 +118,9 @@ def test_install_discovers_and_lists(http, installed, cloud, server):
     cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "list", "--json"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "LEMONADE_BASE_URL": server.url})
     assert cli.returncode == 0 and json.loads(cli.stdout) == info  # `lemonade cloud list --json`
-    saved = json.loads((server.cache / "config.json").read_text())
+    saved = json.loads((server.config_dir / "config.json").read_text())
     assert saved["cloud_providers"] == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True}]
-    assert_no_key(json.dumps(models), json.dumps(info), (server.cache / "config.json").read_text())
+    assert_no_key(json.dumps(models), json.dumps(info), (server.config_dir / "config.json").read_text())
 
 
 def test_chat_through_the_provider(oai, http):
@@ -230,7 +230,7 @@ def test_clear_key_and_uninstall(http, server):
     assert f"loopback.{CLOUD_MODEL}" not in ids  # no key left: its models are withdrawn
     gone = http.post("/v1/uninstall", json={"backend": "cloud", "provider": "loopback"})
     assert gone.json() == {"status": "success", "backend": "cloud", "provider": "loopback", "models_evicted": 0}
-    assert json.loads((server.cache / "config.json").read_text())["cloud_providers"] == []
+    assert json.loads((server.config_dir / "config.json").read_text())["cloud_providers"] == []
     assert "cloud" not in http.get("/v1/system-info").json()
     missing = http.post("/v1/chat/completions", json={"model": f"loopback.{CLOUD_MODEL}", "messages": CHAT})
     assert missing.status_code == 404

@@ -177,10 +177,11 @@ def test_config_get_set_persists_and_applies(make_server):
         # The spec's example flag is one the pinned llama-server no longer has: refused, nothing saved.
         resp = c.post("/internal/set", json={"max_loaded_models": 3, "llamacpp": {"args": "--no-mmap"}})
         assert resp.status_code == 400 and "'--no-mmap'" in resp.json()["error"]["message"], resp.text
-        assert not (srv.cache / "config.json").exists() or "no-mmap" not in (srv.cache / "config.json").read_text()
+        saved = srv.config_dir / "config.json"
+        assert not saved.exists() or "no-mmap" not in saved.read_text()
         resp = c.post("/internal/set", json={"max_loaded_models": 3, "llamacpp": {"args": "--threads 2"}})
         assert resp.status_code == 200, resp.text
-        on_disk = json.loads((srv.cache / "config.json").read_text())
+        on_disk = json.loads((srv.config_dir / "config.json").read_text())
         assert on_disk == {"max_loaded_models": 3, "llamacpp": {"args": "--threads 2"}}
         assert c.get("/v1/health").json()["max_models"]["llm"] == 3  # applied live
         assert c.get("/internal/config").json()["llamacpp"]["args"] == "--threads 2"
@@ -196,7 +197,7 @@ def test_config_get_set_persists_and_applies(make_server):
     ({"max_loaded_models": 2, "log_level": "loud"}, "log_level"),
 ])
 def test_invalid_config_refused_and_file_untouched(server, body, needle):
-    path = server.cache / "config.json"
+    path = server.config_dir / "config.json"
     before = path.read_bytes() if path.exists() else None
     with server.client() as c:
         resp = c.post("/internal/set", json=body)
@@ -274,7 +275,7 @@ def test_api_key_guards_every_api_route(make_server):
         assert c.get("/metrics", headers=admin).status_code == 200
         # /internal needs the admin key; the API key is not enough, and nothing changes on refusal
         assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=good).status_code == 401
-        assert not (srv.cache / "config.json").exists()
+        assert not (srv.config_dir / "config.json").exists()
         assert c.post("/internal/set", json={"max_loaded_models": 5}, headers=admin).status_code == 200
         body = c.get("/v1/models").json()
         assert body["error"]["type"] == "authentication_error"

@@ -252,7 +252,7 @@ def test_delete_a_running_job_aborts_its_chat_and_cleans_up(c, gemma_server):
     assert c.get(f"/v1/jobs/{job_id}").status_code == 404  # gone at once (tombstoned on disk)
     assert job_id not in {s["id"] for s in c.get("/v1/jobs").json()["jobs"]}
     wait_for(lambda: GEMMA_NAME not in loaded(c), timeout=60)  # the chat was aborted, the model unloaded
-    stored = wait_for(lambda: (d := json.loads((gemma_server.cache / "jobs.json").read_text())) and
+    stored = wait_for(lambda: (d := json.loads((gemma_server.config_dir / "jobs.json").read_text())) and
                       job_id not in {x["id"] for x in d["jobs"]} and d)
     assert stored["version"] == 1
     assert c.delete(f"/v1/jobs/{job_id}").status_code == 404
@@ -270,7 +270,7 @@ def test_job_survives_a_server_restart(make_server, gemma_dir):
             {"id": "again", "op": "chat", "params": chat_params("${answer} and", max_tokens=3)}]})
         wait_step_running(c, job_id, "nap")
     srv.stop(signal.SIGKILL)  # by pid: a crash, no chance to write anything more
-    state_file = srv.cache / "jobs.json"
+    state_file = srv.config_dir / "jobs.json"
     stored = json.loads(state_file.read_text())
     assert next(x for x in stored["jobs"] if x["id"] == job_id)["status"] == "running"
     # As if the crash came between a delete's answer and the job's removal: a tombstone on disk.

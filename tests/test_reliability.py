@@ -123,9 +123,9 @@ def test_server_killed_during_config_writes_leaves_valid_state(make_server, gemm
     for t in threads:
         t.join(10)
     srv.proc.wait(10)
-    config = json.loads((srv.cache / "config.json").read_text())
+    config = json.loads((srv.config_dir / "config.json").read_text())
     assert config["max_loaded_models"] in (1, 2, 3)
-    options = json.loads((srv.cache / "recipe_options.json").read_text())
+    options = json.loads((srv.config_dir / "recipe_options.json").read_text())
     assert options[GEMMA_ID]["ctx_size"] in range(512, 517)
     again = make_server(cache=srv.cache, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with again.client() as c:

@@ -492,7 +492,7 @@ def test_load_bad_inputs(server, body, needle):
 
 def test_options_endpoints(make_server, gemma_dir):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)}, config={"llamacpp": {"args": "--threads 2"}})
-    path = srv.cache / "recipe_options.json"
+    path = srv.config_dir / "recipe_options.json"
     url = f"/v1/models/{GEMMA_NAME}/options"
     with srv.client() as c:
         view = c.get(url).json()

@@ -1,9 +1,19 @@
-"""Server settings: `config.json` in the cache dir, overridden by env vars, flags and requests.
+"""Server settings: `config.json` in the config dir, over layered defaults, under env vars and flags.
 
-Layering (lowest first): built-in defaults < `config.json` < `LEMONADE_*` environment < `lemonade
-serve` flags. Per-request and per-model options layer on top of that in `runtime/options.py`.
-The key names are the ones Lemonade users already script against (`lemonade config set
-llamacpp.args=...`), so they must not be renamed.
+Layering (lowest first, guide-configuration-README.md "Defaults Precedence & Layering"):
+
+1. built-in defaults (`DEFAULTS` below);
+2. distro defaults: `/usr/share/lemonade/defaults.json`, when it exists (Linux packages);
+3. `LEMONADE_DEFAULTS_PATH`: a `defaults.json` anywhere (Nix, Guix and other non-FHS packagers);
+4. `config.json`: a sparse override file holding only what the user set (`lemonade config set`,
+   `POST /internal/set`), so everything else keeps following the defaults across updates;
+5. `LEMONADE_*` environment variables, then `lemonade serve` flags (ephemeral, never written);
+6. `POST /v1/params`: live changes that last until the server stops (Lemonade's runtime settings
+   endpoint); a persisted `set` of the same key replaces them.
+
+Per-request and per-model options layer on top of that in `runtime/options.py`. The key names are
+the ones Lemonade users already script against (`lemonade config set llamacpp.args=...`), so they
+must not be renamed.
 """
 
 from __future__ import annotations
@@ -11,7 +21,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +38,26 @@ DEFAULTS: dict[str, Any] = {
     "log_level": "info",
     "ctx_size": -1,
     "max_loaded_models": 1,  # or a map per model type, e.g. {"llm": 2, "transcription": 1}
-    "auto_evict": False,  # unload models idle longer than their evict_idle_timeout
+    "auto_evict": False,  # unload models idle longer than their evict_idle_timeout, or under memory pressure
+    "auto_evict_threshold_pct": 0.90,  # with auto_evict: device memory use (fraction) that evicts (runtime/router.py)
+    "global_timeout": 600,  # seconds: an engine start may take; a cloud provider may stay silent
     "max_queue_depth": 256,  # requests waiting for a model slot; more get 503 + Retry-After
     "swap_batch": 32,  # requests a model serves before it yields its slot to a waiting model
     "engine_watchdog_seconds": 120,  # a busy engine that makes no progress this long is killed
     "max_request_body_mb": 64,  # larger request bodies get 413 (audio uploads and base64 images fit)
     "offline": False,
+    "no_fetch_executables": False,  # never download or build engines; installed and system ones still work
+    "disable_model_filtering": False,  # list models bigger than this machine's memory too (catalog/fit.py)
+    "enable_dgpu_gtt": False,  # count a discrete AMD GPU's GTT (shared system memory) when filtering by size
     "extra_models_dir": "",
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
     # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
-    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": []},
+    # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
+    # your own build (backends/llamacpp_bins.py)
+    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": [],
+                 "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
     "whispercpp": {"backend": "cpu", "args": ""},
     "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
@@ -52,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
 }
 
-LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal", "none")
 MODEL_SOURCES = ("huggingface", "modelscope")
 MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
 LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal", "cuda", "auto")  # auto: the best for the devices
@@ -129,6 +149,15 @@ def validate_value(key: str, value: Any) -> Any:
         return _validate_type_map(key, value)
     if key == "websocket_port":
         return _websocket_port(value)
+    if key.startswith("llamacpp.") and key.endswith("_bin"):
+        from lemonade.backends.llamacpp_bins import check_bin_value
+
+        if not isinstance(value, str):
+            raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
+        problem = check_bin_value(key, value)
+        if problem:
+            raise ConfigError(f"Config key {problem}")
+        return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")
@@ -184,8 +213,11 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'ctx_size' must be from 1 to {MAX_CTX_SIZE} tokens, or -1; got {value}")
     if key == "max_loaded_models" and value != -1 and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer or -1, got {value}")
-    if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds", "max_request_body_mb") and value < 1:
+    if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds", "max_request_body_mb", "global_timeout") \
+            and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer, got {value}")
+    if key == "auto_evict_threshold_pct" and not 0.0 < value <= 1.0:
+        raise ConfigError(f"Config key '{key}' must be a fraction above 0 and at most 1 (0.90 = 90 %), got {value}")
     if key == "log_level" and value.lower() not in LOG_LEVELS:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
     if key == "default_model_source" and value not in MODEL_SOURCES:
@@ -206,13 +238,35 @@ def _check_range(key: str, value: Any) -> None:
 
 
 def validate_tree(updates: dict[str, Any]) -> dict[str, Any]:
-    """Validate a partial nested object (as `/internal/set` receives it) before anything is written."""
+    """Validate a partial nested object (as `/internal/set` and `/v1/params` receive it) before
+    anything is written. Flat backend keys (`llamacpp_args`, Lemonade's recipe-option spelling) mean
+    their nested key (`llamacpp.args`)."""
     if not isinstance(updates, dict) or not updates:
         raise ConfigError("Expected a non-empty JSON object of settings, e.g. {\"max_loaded_models\": 2}")
     flat: dict[str, Any] = {}
-    for key, value in _flatten_updates(updates).items():
+    for key, value in _promote_flat_keys(_flatten_updates(updates)).items():
         flat[key] = validate_value(key, value)
     return flat
+
+
+def _promote_flat_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """`{"llamacpp_args": ...}` -> `{"llamacpp.args": ...}`: a top-level key that starts with a
+    section's name and an underscore, where that section has the rest as a key. Both spellings with
+    different values is an error rather than a silent pick."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in flat.items():
+        target = key
+        if "." not in key and key not in _DEFAULT_LEAVES:
+            section, _, rest = key.partition("_")
+            if rest and isinstance(DEFAULTS.get(section), dict) and f"{section}.{rest}" in _DEFAULT_LEAVES:
+                target = f"{section}.{rest}"
+        if target in out and out[target] != value:
+            raise ConfigError(f"Ambiguous settings: both '{given[target]}' and '{key}' were given, with different "
+                              "values; give one")
+        out[target] = value
+        given.setdefault(target, key)
+    return out
 
 
 def _flatten_updates(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -281,18 +335,64 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     return tree
 
 
-class Config:
-    """The server's settings with their layers kept apart, so `config set` persists only the file."""
+SYSTEM_DEFAULTS_PATH = Path("/usr/share/lemonade/defaults.json")  # distro packages' defaults (Linux)
+DEFAULTS_PATH_ENV = "LEMONADE_DEFAULTS_PATH"  # a defaults.json anywhere (non-FHS packagers: Nix, Guix)
 
-    def __init__(self, cache_dir: Path, cli_overrides: dict[str, Any] | None = None,
-                 environ: dict[str, str] | None = None) -> None:
-        self.path = Path(cache_dir) / "config.json"
+
+def _clean_tree(raw: Any, source: Path, notes: list[str]) -> dict[str, Any]:
+    """The valid settings of a hand-written JSON file (config.json, a defaults.json). Unknown or
+    invalid keys are left out rather than fatal, so one typo does not stop the server; `notes` gets
+    a line naming them (the server logs it once logging is set up)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source} must hold a JSON object; fix or delete it")
+    clean: dict[str, Any] = {}
+    skipped: list[str] = []
+    for key, value in _flatten(raw).items():
+        try:
+            _set_path(clean, key, validate_value(key, value))
+        except ConfigError as exc:
+            skipped.append(f"{key} ({exc})" if key in _DEFAULT_LEAVES else key)
+    if skipped:
+        notes.append(f"Ignoring settings in {source} that this Lemonade does not know or cannot use: "
+                     + "; ".join(skipped))
+    return clean
+
+
+def layered_defaults(environ: Mapping[str, str] | None = None, notes: list[str] | None = None,
+                     system_path: Path = SYSTEM_DEFAULTS_PATH) -> dict[str, Any]:
+    """Built-in defaults, then the distro's `defaults.json`, then `LEMONADE_DEFAULTS_PATH`'s: what a
+    key is when neither config.json, the environment nor a flag sets it."""
+    env = os.environ if environ is None else environ
+    notes = [] if notes is None else notes
+    tree = copy.deepcopy(DEFAULTS)
+    layers = [system_path] if sys.platform != "win32" else []
+    if env.get(DEFAULTS_PATH_ENV):
+        layers.append(Path(env[DEFAULTS_PATH_ENV]).expanduser())
+    for path in layers:
+        if path.is_file():
+            tree = deep_merge(tree, _clean_tree(read_json(path, {}), path, notes))
+        elif path != system_path:
+            notes.append(f"{DEFAULTS_PATH_ENV}={path}: no such file; using the built-in defaults")
+    return tree
+
+
+class Config:
+    """The server's settings with their layers kept apart, so `config set` persists only what the user
+    set. `config_dir` is the folder of `config.json` (lemonade.paths.config_dir)."""
+
+    def __init__(self, config_dir: Path, cli_overrides: dict[str, Any] | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.dir = Path(config_dir)
+        self.path = self.dir / "config.json"
         self._lock = threading.Lock()
-        self._file = self._load_file()
         env = dict(os.environ if environ is None else environ)
+        self.notes: list[str] = []  # warnings about the files read, logged by the server at startup
+        self.defaults = layered_defaults(env, self.notes)
+        self._file = self._load_file()
         self._overrides = deep_merge(_env_overrides(env), cli_overrides or {})
         if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
             self._overrides["offline"] = True
+        self._runtime: dict[str, Any] = {}  # POST /v1/params: live until the server stops
         self._listeners: list[Any] = []
         self._checks: dict[str, Any] = {}
         self._merged: dict[str, Any] | None = None  # all layers merged; rebuilt after `set`
@@ -303,17 +403,11 @@ class Config:
         self._checks[key] = check
 
     def _load_file(self) -> dict[str, Any]:
-        raw = read_json(self.path, {})
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{self.path} must hold a JSON object; fix or delete it")
-        # Unknown or invalid keys in a hand-edited file are ignored rather than fatal.
-        clean: dict[str, Any] = {}
-        for key, value in _flatten(raw).items():
-            try:
-                _set_path(clean, key, validate_value(key, value))
-            except ConfigError:
-                continue
-        return clean
+        try:
+            raw = read_json(self.path, {})
+        except ValueError as exc:
+            raise ConfigError(f"{self.path} is not valid JSON ({exc}); fix or delete it") from None
+        return _clean_tree(raw, self.path, self.notes)
 
     def _effective(self) -> dict[str, Any]:
         """The merged layers, computed once per change: `get` runs on hot paths (the router's
@@ -321,7 +415,8 @@ class Config:
         the lookup (docs/performance.md)."""
         merged = self._merged
         if merged is None:
-            merged = self._merged = deep_merge(deep_merge(DEFAULTS, self._file), self._overrides)
+            merged = deep_merge(deep_merge(self.defaults, self._file), self._overrides)
+            merged = self._merged = deep_merge(merged, self._runtime)
         return merged
 
     @property
@@ -338,35 +433,88 @@ class Config:
         return copy.deepcopy(node) if isinstance(node, (dict, list)) else node
 
     def user_set(self, dotted: str) -> bool:
-        """Did the user give this key (config file, env var or flag), as opposed to the built-in default?
-        Auto-tune profiles fill in only what the user left at its default."""
-        return dotted in _flatten(self._file) or dotted in _flatten(self._overrides)
+        """Did the user give this key (config file, env var, flag or /v1/params), as opposed to a
+        default? Auto-tune profiles fill in only what the user left at its default."""
+        return any(dotted in _flatten(layer) for layer in (self._file, self._overrides, self._runtime))
 
     def overridden_keys(self) -> list[str]:
         """Keys whose file value is shadowed by an env var or flag (reported by `config set`)."""
         return sorted(_flatten(self._overrides))
 
-    def set(self, updates: dict[str, Any]) -> dict[str, Any]:
-        """Validate all, then persist atomically and notify listeners. Nothing is written on error."""
+    def _checked(self, updates: dict[str, Any]) -> dict[str, Any]:
         flat = validate_tree(updates)
         for key, value in flat.items():
             if key in self._checks:
                 self._checks[key](value)
+        return flat
+
+    def set(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Validate all, then persist atomically and notify listeners. Nothing is written on error.
+        A key set this way also replaces a live `/v1/params` value of it: the latest change wins."""
+        flat = self._checked(updates)
         with self._lock:
             new_file = copy.deepcopy(self._file)
             for key, value in flat.items():
                 _set_path(new_file, key, value)
             atomic_write_json(self.path, new_file)
             self._file = new_file
+            self._runtime = _without(self._runtime, flat)
             self._merged = None
+        self._notify(flat)
+        return flat
+
+    def set_runtime(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """`POST /v1/params`: the same validation, applied now and never written; gone at restart."""
+        flat = self._checked(updates)
+        with self._lock:
+            runtime = copy.deepcopy(self._runtime)
+            for key, value in flat.items():
+                _set_path(runtime, key, value)
+            self._runtime = runtime
+            self._merged = None
+        self._notify(flat)
+        return flat
+
+    def _notify(self, flat: dict[str, Any]) -> None:
         for listener in self._listeners:
             listener(flat)
-        return flat
 
     def on_change(self, listener: Any) -> None:
         self._listeners.append(listener)
 
 
-def set_on_disk(cache_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
+def _without(tree: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """`tree` with the dotted `keys` removed (and sections they leave empty)."""
+    out = copy.deepcopy(tree)
+    for dotted in keys:
+        parts = dotted.split(".")
+        trail = [out]
+        for part in parts[:-1]:
+            node = trail[-1].get(part)
+            if not isinstance(node, dict):
+                break
+            trail.append(node)
+        else:
+            trail[-1].pop(parts[-1], None)
+            for depth in range(len(parts) - 2, -1, -1):
+                if not trail[depth + 1]:
+                    trail[depth].pop(parts[depth], None)
+    return out
+
+
+def flatten(tree: dict[str, Any]) -> dict[str, Any]:
+    """`{"telemetry": {"enabled": false}}` -> `{"telemetry.enabled": false}` (how the CLI prints it)."""
+    return _flatten(tree)
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """`{"telemetry.enabled": false}` -> `{"telemetry": {"enabled": false}}` (how API answers show it)."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        _set_path(tree, key, value)
+    return tree
+
+
+def set_on_disk(config_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
     """`lemonade config set` when no server runs: same validation, same atomic write."""
-    return Config(cache_dir, environ={}).set(updates)
+    return Config(config_dir, environ={}).set(updates)

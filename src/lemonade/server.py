@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.config import Config, ConfigError
+from lemonade.legacy_state import MigrationError, migrate_legacy_state
 from lemonade.observability.logs import setup_logging
 from lemonade.paths import cache_dir as default_cache_dir
+from lemonade.paths import config_dir as default_config_dir
 from lemonade.util.browser import app_url, local_base_url, open_url
 
 log = logging.getLogger("lemonade.server")
@@ -60,14 +62,37 @@ def bind_websocket_port(host: str, setting: str | int) -> socket.socket:
     return sock
 
 
-def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None):  # noqa: ANN201
-    """Config, logging and the app, without starting to listen (also used by tests and benchmarks)."""
+def warn_if_exposed(host: str, port: int, api_key: str | None) -> None:
+    """guide-configuration-README.md: bound beyond loopback without LEMONADE_API_KEY, every endpoint
+    (inference, model management, and /internal/* unless an admin key is set) is open to the network."""
+    from lemonade.api.origins import is_loopback_name
+
+    if api_key or is_loopback_name(host):
+        return
+    log.warning("Listening on %s:%d, reachable from other machines, without LEMONADE_API_KEY: anyone who can "
+                "reach this port can use and manage the server. Set LEMONADE_API_KEY (and LEMONADE_ADMIN_API_KEY "
+                "for /internal/*), or bind to 127.0.0.1 (lemonade config set host=127.0.0.1).", host, port)
+
+
+def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None,
+          config_dir: Path | None = None):  # noqa: ANN201
+    """Config, logging and the app, without starting to listen (also used by tests and benchmarks).
+    A `cache` given without a `config_dir` keeps its config files in it too (paths.py)."""
     from lemonade.api.app import create_app
     from lemonade.services import Services
 
+    config_dir = Path(config_dir) if config_dir else Path(cache) if cache else default_config_dir()
     cache = Path(cache) if cache else default_cache_dir()
-    config = Config(cache, cli_overrides)
+    try:
+        moved = migrate_legacy_state(cache, config_dir)
+    except MigrationError as exc:
+        raise ConfigError(str(exc)) from None
+    config = Config(config_dir, cli_overrides)
     logs = setup_logging(config.get("log_level"))
+    for line in moved.done:
+        log.info("%s", line)
+    for note in moved.warnings + config.notes:
+        log.warning("%s", note)
     services = Services(cache, config, logs, api_key=os.environ.get("LEMONADE_API_KEY") or None,
                         admin_key=os.environ.get("LEMONADE_ADMIN_API_KEY") or None,
                         allowed_origins=os.environ.get("LEMONADE_ALLOWED_ORIGINS") or None)
@@ -149,6 +174,7 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
         print(f"error: {exc}", file=sys.stderr)
         return 2
     host, port = config.get("host"), config.get("port")
+    warn_if_exposed(host, port, services.api_key)
     try:
         check_port(host, port)
         ws_sock = bind_websocket_port(host, config.get("websocket_port"))

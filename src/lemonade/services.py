@@ -20,12 +20,13 @@ from lemonade.backends.engine import Engine
 from lemonade.backends.native_build import stop_builds
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
+from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
 from lemonade.config import Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
-from lemonade.observability.logs import LogBuffer
+from lemonade.observability.logs import LogBuffer, level_number
 from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
@@ -50,7 +51,8 @@ ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "
 class Services:
     def __init__(self, cache_dir: Path, config: Config, logs: LogBuffer, *, api_key: str | None = None,
                  admin_key: str | None = None, allowed_origins: str | None = None) -> None:
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(cache_dir)  # engines, downloads, caches: what can be fetched again
+        self.config_dir = config.dir  # persistent JSON: user models, options, aliases, jobs (paths.py)
         self.config = config
         self.logs = logs
         self.api_key = api_key
@@ -58,9 +60,9 @@ class Services:
         self.allowed_origins = allowed_origins  # LEMONADE_ALLOWED_ORIGINS (api/origins.py)
         self.websocket_port: int | None = None  # the dedicated WebSocket port, once `serve` listens on it
         values = config.values
-        self.catalog = Catalog(self.cache_dir, values["extra_models_dir"], values["models_dir"])
+        self.catalog = Catalog(self.config_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)
-        self.options = RecipeOptions(self.cache_dir, config)
+        self.options = RecipeOptions(self.config_dir, config)
         self.options.migrate_keys(self.catalog.canonical_key)
         self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
@@ -76,7 +78,7 @@ class Services:
                                                           # connection is never one the engine just dropped
                                                           keepalive_expiry=2.0))
         self.engine_client = EngineClient()
-        self.remote_http = RemoteHttp()
+        self.remote_http = RemoteHttp(read_timeout=lambda: float(config.get("global_timeout")))
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
                              client=self.engine_client)
         self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
@@ -84,6 +86,7 @@ class Services:
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
         self.telemetry = Telemetry(config)  # OpenTelemetry traces, when `telemetry.enabled`
+        self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
@@ -113,10 +116,48 @@ class Services:
         if "extra_models_dir" in changed or "models_dir" in changed:
             values = self.config.values
             self.catalog.set_dirs(values["extra_models_dir"], values["models_dir"])
+        rebinned = {k.split(".", 1)[1].removesuffix("_bin") for k in changed
+                    if k.startswith("llamacpp.") and k.endswith("_bin")}
+        if rebinned:
+            self._reload_on_new_binary(rebinned)
         if "log_level" in changed:
-            logging.getLogger("lemonade").setLevel(self.config.get("log_level").upper()
-                                                   if self.config.get("log_level") != "trace" else 5)
+            logging.getLogger("lemonade").setLevel(level_number(self.config.get("log_level")))
         log.info("Configuration changed: %s", ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+
+    def memory_budget(self) -> MemoryBudget | None:
+        """What size of model this machine offers (catalog/fit.py); None when `disable_model_filtering`
+        is set. Blocking the first time (device detection): call it in a thread."""
+        if self.config.get("disable_model_filtering"):
+            return None
+        return memory_budget(detect_devices(), bool(self.config.get("enable_dgpu_gtt")))
+
+    def offered(self, model: ModelInfo, budget: MemoryBudget | None) -> bool:
+        """Whether listings show `model`: everything but a built-in too big for this machine that is
+        not downloaded (a downloaded one stays visible, so it can be used or deleted)."""
+        return budget is None or too_big(model, budget) is None or self.catalog.is_downloaded(model)
+
+    def _reload_on_new_binary(self, backends: set[str]) -> None:
+        """A changed `llamacpp.<backend>_bin` applies live (guide-configuration-README.md): models running
+        on that backend are loaded again, on the newly selected llama.cpp (installed first if needed)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # set outside a running server: the next start uses it
+        affected = [lm for lm in self.router.loaded.values()
+                    if lm.model.recipe == "llamacpp" and lm.backend in backends]
+
+        async def reload() -> None:
+            for lm in affected:
+                log.info("Loading %s again: llamacpp.%s_bin changed", lm.model.public, lm.backend)
+                try:
+                    await self.router.ensure_loaded(lm.model, dict(lm.options), pinned=lm.pinned, reload=True)
+                except Exception as exc:  # reported; the next request tries again (and says why it fails)
+                    log.warning("Could not load %s on the new llama.cpp: %s", lm.model.public, exc)
+
+        if affected:
+            task = loop.create_task(reload())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     @property
     def offline(self) -> bool:

@@ -202,7 +202,7 @@ def test_invalid_policy_refused_with_400(http: httpx.Client, server: Server, cha
     assert resp.status_code == 400, resp.text
     assert message in resp.json()["error"], resp.json()
     assert http.get("/v1/models/user.Broken").status_code == 404
-    stored = server.cache / "user_models.json"
+    stored = server.config_dir / "user_models.json"
     assert not stored.exists() or "Broken" not in json.loads(stored.read_text())
 
 

@@ -25,7 +25,7 @@ from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
-from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, status
+from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, params, status
 from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
@@ -61,7 +61,7 @@ def api_routers() -> list[APIRouter]:
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
             speech.router, realtime.router,
-            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router]
+            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router, params.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:
@@ -136,7 +136,8 @@ def create_app(services: Services) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
         app.state.jobs.start()
-        log.info("Lemonade %s ready (cache dir %s)", __version__, services.cache_dir)
+        log.info("Lemonade %s ready (config dir %s, cache dir %s)", __version__, services.config_dir,
+                 services.cache_dir)
         try:
             yield
         finally:
@@ -148,7 +149,7 @@ def create_app(services: Services) -> FastAPI:
                   description="Local AI server: OpenAI, Ollama, Anthropic, MCP and Lemonade APIs.",
                   **NO_TELEMETRY)
     app.state.services = services
-    app.state.jobs = JobManager(services.cache_dir, ServerOps(services))  # jobs.json restored here
+    app.state.jobs = JobManager(services.config_dir, ServerOps(services))  # jobs.json restored here
     install_error_handlers(app)
     install_openapi(app)
     install_web_app(app)

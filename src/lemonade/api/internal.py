@@ -10,7 +10,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from lemonade.api.errors import APIError, bad_request
 from lemonade.catalog.catalog import RegistrationError
-from lemonade.config import ConfigError
+from lemonade.config import ConfigError, nested
 from lemonade.services import Services
 
 router = APIRouter(prefix="/internal", tags=["internal"])
@@ -33,7 +33,7 @@ async def set_config(request: Request, body: dict[str, Any] = Body(..., examples
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     shadowed = [k for k in changed if k in svc.config.overridden_keys()]
-    out: dict[str, Any] = {"status": "success", "updated": changed, "config": svc.config.values}
+    out: dict[str, Any] = {"status": "success", "updated": nested(changed), "config": svc.config.values}
     if shadowed:
         out["warning"] = (f"Saved, but {', '.join(shadowed)} is overridden by an environment variable or "
                           "`lemonade serve` flag, which wins until the server restarts without it")

@@ -40,7 +40,7 @@ _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.ite
 # (errors.registration_error), next to the status/message pair.
 PLAIN_ERROR = {"title": "RegistrationError", "type": "object", "required": ["error"],
                "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
-PLAIN_ERROR_PATHS = ("/pull",)
+PLAIN_ERROR_PATHS = ("/pull", "/params")
 # Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
 STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
             "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}

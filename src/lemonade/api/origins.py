@@ -50,7 +50,7 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-def _is_loopback_name(host: str) -> bool:
+def is_loopback_name(host: str) -> bool:
     if host in LOOPBACK_NAMES or host.endswith(".localhost"):
         return True
     try:
@@ -69,7 +69,7 @@ class OriginPolicy:
                         "LEMONADE_API_KEY unless this machine is isolated")
         for entry in self.listed:
             parts = urlsplit(entry)
-            if parts.scheme == "http" and parts.hostname and not _is_loopback_name(parts.hostname):
+            if parts.scheme == "http" and parts.hostname and not is_loopback_name(parts.hostname):
                 log.warning("Allowed origin %s is plain HTTP on a remote host: prefer https://", entry)
         self.hosts = {p.hostname for p in map(urlsplit, self.listed) if p.hostname}
         machine = socket.gethostname().lower()  # (not getfqdn: a DNS lookup could stall the start offline)
@@ -82,7 +82,7 @@ class OriginPolicy:
         verdict = self._host_verdicts.get(host_header)
         if verdict is None:
             host = _split_host(host_header)
-            verdict = _is_ip(host) or _is_loopback_name(host) or host in self.hosts
+            verdict = _is_ip(host) or is_loopback_name(host) or host in self.hosts
             if len(self._host_verdicts) < HOST_VERDICTS_KEPT:  # bounded: a client can send any Host
                 self._host_verdicts[host_header] = verdict
         return verdict
@@ -96,7 +96,7 @@ class OriginPolicy:
         parts = urlsplit(origin)
         if parts.scheme not in WEB_SCHEMES:
             return bool(parts.scheme)  # app://, vscode-webview://, file://, jan://: a desktop app's page
-        if parts.hostname and _is_loopback_name(parts.hostname):
+        if parts.hostname and is_loopback_name(parts.hostname):
             return True
         # The server's own pages (its web app opened by IP or host name) are same-origin.
         return bool(host_header) and parts.netloc == host_header.strip().lower()

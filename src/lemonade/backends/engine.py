@@ -98,6 +98,17 @@ def install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
 
 
+def fetch_refusal(config: Config, recipe: str, backend: str) -> str | None:
+    """Why getting `recipe:backend` onto the machine (a download or a build) is not allowed now, or
+    None: `no_fetch_executables` (packagers and locked-down machines: installed and system engines
+    only). Checked wherever an install starts (first use, /v1/install, the CLI without a server)."""
+    if not config.get("no_fetch_executables"):
+        return None
+    return (f"The {recipe}:{backend} backend is not installed, and no_fetch_executables is true, so Lemonade does "
+            "not download or build engines. Install it another way (for llama.cpp, a llama-server on PATH and "
+            "the 'system' backend), or allow it: lemonade config set no_fetch_executables=false")
+
+
 def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], bool] | None = None, *,
                 config_key: str = "llamacpp.args", examples: str = "threads, batch sizes, cache types, sampling, ...",
                 instead: str = " Use the load options instead (e.g. ctx_size).") -> list[str]:
@@ -172,6 +183,11 @@ class Engine(ABC):
         self.cache_dir = Path(cache_dir)
         self.config = config
 
+    @property
+    def ready_timeout(self) -> float:
+        """How long a starting engine may take to answer its health check (`global_timeout`)."""
+        return float(self.config.get("global_timeout"))
+
     # ----- backends and their installation ---------------------------------------------------------
     @abstractmethod
     def state(self, backend: str) -> BackendState: ...
@@ -192,6 +208,11 @@ class Engine(ABC):
 
     @abstractmethod
     def uninstall(self, backend: str) -> dict[str, Any]: ...
+
+    def uninstall_refusal(self, backend: str) -> str | None:
+        """Why `uninstall(backend)` would refuse, asked before the models using it are unloaded (a
+        backend that is not Lemonade's to remove); None when it would go ahead."""
+        return None
 
     def default_backend(self) -> str:
         return self.backends[0]

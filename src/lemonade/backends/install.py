@@ -96,11 +96,12 @@ def _install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
 
 
-def _assets(backend: str) -> list[str]:
+def _assets(backend: str, tag: str = PINNED_VERSION) -> list[str]:
+    """The release archives of `backend` at `tag` for this machine, the main one first."""
     if backend == "cpu":
-        asset = release_asset_name()
+        asset = release_asset_name(tag)
         return [asset] if asset else []
-    return release_assets(backend, PINNED_VERSION)
+    return release_assets(backend, tag)
 
 
 class BackendInstaller(NativeInstall):
@@ -373,11 +374,11 @@ class BackendInstaller(NativeInstall):
                 "cmake_flags": flags}
 
     def _unpack_releases(self, backend: str, assets: list[str], staging: Path, work: Path, blog: BuildLog,
-                         progress: Callable[[dict], None] | None) -> None:
+                         progress: Callable[[dict], None] | None, tag: str = PINNED_VERSION) -> None:
         """The main archive (with llama-server), then any runtime archive (CUDA's libraries) next to it."""
         for i, asset in enumerate(assets):
             exe = _EXE if i == 0 else ("cudart64_*.dll" if sys.platform == "win32" else "libcudart.so*")
-            folder = fetch_release(self.downloads_dir, work / f"a{i}", blog, progress, url=release_url(asset),
+            folder = fetch_release(self.downloads_dir, work / f"a{i}", blog, progress, url=release_url(asset, tag),
                                    exe=exe)
             for item in folder.iterdir():
                 if not (staging / item.name).exists():

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import time
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from lemonade.backends.engine import (
     BackendState,
     Engine,
     EngineUnavailable,
+    InstallError,
     Launch,
     Option,
     Progress,
@@ -28,6 +30,15 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.backends.llamacpp_arch import refusal
+from lemonade.backends.llamacpp_bins import (
+    BIN_BACKENDS,
+    OwnBuild,
+    TaggedInstaller,
+    Unresolved,
+    bin_kind,
+    installed_tags,
+    resolve_latest,
+)
 from lemonade.backends.llamacpp_context import (
     ContextChoice,
     auto_context,
@@ -290,22 +301,83 @@ class LlamaCppEngine(Engine):
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)
-        self.installer = BackendInstaller(self.cache_dir)
+        self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
+        self._selected: dict[tuple[str, str], Any] = {}  # (kind, tag or path) -> installer or own build
+        self._latest: str | None = None  # `latest`, resolved once per process
+        self._latest_failed: tuple[float, str] | None = None  # when and why resolving failed (retried after a minute)
+
+    # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
+    def installer_for(self, backend: str) -> Any:
+        """The installer (or the user's own build) `llamacpp.<backend>_bin` selects for `backend`."""
+        if backend not in BIN_BACKENDS:
+            return self.installer
+        key = f"llamacpp.{backend}_bin"
+        value = self.config.get(key)
+        kind = bin_kind(value)
+        if kind == "builtin":
+            return self.installer
+        if kind == "path":
+            return self._selected.setdefault(("path", value), OwnBuild(Path(value), key))
+        tag = value if kind == "tag" else self._latest_tag(backend)
+        if tag is None:
+            return Unresolved(key, self._latest_failed[1] if self._latest_failed else "no release known")
+        return self._selected.setdefault(("tag", tag), TaggedInstaller(self.cache_dir, tag))
+
+    def _latest_tag(self, backend: str) -> str | None:
+        """`latest`: asked once per process; offline (or with no_fetch_executables) or unreachable, the
+        newest release installed before, with a warning."""
+        if self._latest is not None:
+            return self._latest
+        blocked = self.config.get("offline") or self.config.get("no_fetch_executables")
+        retry = self._latest_failed is None or time.monotonic() - self._latest_failed[0] > 60
+        if not blocked and retry:
+            try:
+                self._latest = resolve_latest()
+                log.info("llamacpp.*_bin=latest: the newest llama.cpp release is %s", self._latest)
+                return self._latest
+            except Exception as exc:
+                self._latest_failed = (time.monotonic(), f"could not ask which llama.cpp release is the newest ({exc})")
+        elif blocked:
+            self._latest_failed = (time.monotonic(), "offline (or no_fetch_executables), so the newest llama.cpp "
+                                                     "release cannot be looked up, and none is installed")
+        tags = installed_tags(self.cache_dir, backend)
+        if tags:
+            log.warning("llamacpp.%s_bin=latest: %s; using %s, the newest one installed",
+                        backend, self._latest_failed[1] if self._latest_failed else "not resolved", tags[0])
+            return tags[0]
+        return None
 
     def state(self, backend: str) -> BackendState:
-        return self.installer.state(self.recipe, backend)
+        return self.installer_for(backend).state(self.recipe, backend)
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        return self.installer.install(self.recipe, backend, progress, force)
+        return self.installer_for(backend).install(self.recipe, backend, progress, force)
 
     def uninstall(self, backend: str) -> dict[str, Any]:
-        return self.installer.uninstall(self.recipe, backend)
+        return self.installer_for(backend).uninstall(self.recipe, backend)
+
+    def uninstall_refusal(self, backend: str) -> str | None:
+        try:
+            if backend == "system" or isinstance(self.installer_for(backend), OwnBuild):
+                self.uninstall(backend)  # raises, saying whose it is
+        except InstallError as exc:
+            return str(exc)
+        return None
 
     def check_request(self, backend: str, force: bool = False) -> None:
-        self.installer.check_request(self.recipe, backend, force)
+        chosen = self.installer_for(backend)
+        if isinstance(chosen, OwnBuild):  # the user's own build: theirs to judge, whatever the devices say
+            chosen.check_request(self.recipe, backend, force)
+        else:
+            self.installer.check_request(self.recipe, backend, force)  # unknown backends, the OS, the devices
 
     def default_backend(self) -> str:
-        return self.installer.default_backend()
+        """The pinned installer's choice, except that a `cpu` selected by `cpu_bin` (an own build, a
+        release) that is ready beats falling back to a system llama-server."""
+        chosen = self.installer.default_backend()
+        if chosen == "system" and self.state("cpu").state == "installed":
+            return "cpu"
+        return chosen
 
     def requested_backend(self, options: dict[str, Any]) -> str:
         """`auto` (the configuration's default) is the best backend this machine has."""
@@ -314,7 +386,8 @@ class LlamaCppEngine(Engine):
 
     def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
         argv = check_llamacpp_args(text, trusted=trusted)
-        binary = self.installer.llama_server_path(backend or self.default_backend())
+        binary = self.installer_for(backend or self.default_backend()).llama_server_path(
+            backend or self.default_backend())
         if binary is not None:
             self._refuse_unknown_flags(translate_legacy_flags(argv, installed_flags(binary)), binary,
                                        backend or self.default_backend())
@@ -354,7 +427,7 @@ class LlamaCppEngine(Engine):
                      backend: str, port: int) -> Launch:
         if backend != "system":
             refuse_unknown_architecture(model, files)
-        binary = self.installer.llama_server_path(backend)
+        binary = self.installer_for(backend).llama_server_path(backend)
         if binary is None:
             st = self.state(backend)
             raise EngineUnavailable(f"The llama.cpp '{backend}' backend is not installed ({st.message}). Install it "
@@ -384,7 +457,7 @@ class LlamaCppEngine(Engine):
                         report.vulkan[0].name)
             env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
-        await server.start()
+        await server.start(self.ready_timeout)
         served, slots = await served_context(server.base_url)
         reason = choice.reason
         if served is not None and served != choice.ctx_size:

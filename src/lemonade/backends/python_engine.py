@@ -53,5 +53,5 @@ class PythonEngine(Engine):
         argv = [str(self.venv.python), str(worker), *args, "--port", str(port)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
-        await server.start()
+        await server.start(self.ready_timeout)
         return Launch(server, dict(options), backend)

@@ -252,7 +252,7 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
                                env=self.engine_env(backend))
         try:
-            await server.start()
+            await server.start(self.ready_timeout)
         except BackendStartError as exc:
             raise BackendStartError(f"sd-server could not load {model.public} (is every file a model sd.cpp "
                                     f"reads?): {exc}") from None

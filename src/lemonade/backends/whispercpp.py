@@ -200,7 +200,7 @@ class WhisperCppEngine(NativeCpuBackend, Engine):
         argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-l", "auto", "-nlp",
                 *user_args]
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health")
-        await server.start()
+        await server.start(self.ready_timeout)
         return Launch(server, dict(options), backend)
 
     # ----- requests ----------------------------------------------------------------------------------

@@ -159,10 +159,10 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
 
 
 class Catalog:
-    def __init__(self, cache_dir: Path, extra_models_dir: str = "", models_dir: str = "") -> None:
-        self.cache_dir = Path(cache_dir)
-        self.user_file = self.cache_dir / "user_models.json"
-        self.alias_file = self.cache_dir / "aliases.json"
+    def __init__(self, config_dir: Path, extra_models_dir: str = "", models_dir: str = "") -> None:
+        """`config_dir`: where `user_models.json` and `aliases.json` live (lemonade.paths)."""
+        self.user_file = Path(config_dir) / "user_models.json"
+        self.alias_file = Path(config_dir) / "aliases.json"
         self.extra_models_dir = extra_models_dir
         self.models_dir = models_dir
         self._lock = threading.RLock()

@@ -23,8 +23,9 @@ PENDING_DIR = ".lemonade-pending"
 
 
 def hub_cache_dir(models_dir: str = "") -> Path:
-    """`models_dir` from config, else huggingface_hub's cache (honours HF_HOME / HF_HUB_CACHE)."""
-    if models_dir:
+    """`models_dir` from config, else (also for "auto", as Lemonade's guide writes it) huggingface_hub's
+    cache, which honours HF_HUB_CACHE / HF_HOME."""
+    if models_dir and models_dir != "auto":
         return Path(models_dir).expanduser()
     from huggingface_hub import constants
 

@@ -32,9 +32,9 @@ def _local_engines() -> Any:
     """The engine descriptions of this machine's cache dir, for when no server runs."""
     from lemonade.backends.registry import Engines
     from lemonade.config import Config
-    from lemonade.paths import cache_dir
+    from lemonade.paths import cache_dir, config_dir
 
-    return Engines(cache_dir(), Config(cache_dir()))
+    return Engines(cache_dir(), Config(config_dir(create=False)))
 
 
 def _local_engine(recipe: str) -> Any:
@@ -93,12 +93,15 @@ def install(spec: SpecArg,
                        "see `lemonade backends` and the server log.")
         version = done.get("version")
     else:
-        from lemonade.backends.engine import InstallError
+        from lemonade.backends.engine import InstallError, fetch_refusal
         from lemonade.paths import backends_dir, cache_dir
 
         engine = _local_engine(recipe)
         try:
             engine.check_request(backend, force)
+            refusal = fetch_refusal(engine.config, recipe, backend)
+            if refusal and (force or engine.needs_install(backend)):
+                raise fail(refusal)
             with ProgressView(f"{title} into {backends_dir(cache_dir()) / recipe} (no server running)") as view:
                 result = engine.install(backend, view.update, force)
         except InstallError as exc:

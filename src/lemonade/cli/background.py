@@ -24,6 +24,7 @@ import psutil
 import typer
 from rich.markup import escape
 
+from lemonade import paths
 from lemonade.cli.client import ServerClient
 from lemonade.cli.common import HostOpt, PortOpt, client, err, fail, out, spinner
 
@@ -96,9 +97,8 @@ def _same_cache(proc: psutil.Process, cache: Path) -> bool:
         env = proc.environ()
     except psutil.Error:
         return False
-    raw = env.get("LEMONADE_CACHE_DIR") or os.path.join(env.get("HOME") or str(Path.home()), ".cache", "lemonade")
     try:
-        return Path(raw).expanduser().resolve() == cache.resolve()
+        return paths.cache_dir(env, create=False).resolve() == cache.resolve()
     except OSError:
         return False
 

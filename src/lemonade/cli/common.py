@@ -50,10 +50,10 @@ def configured_address() -> tuple[str | None, int | None]:
     `port` in config.json does not have to repeat it on every command.
     """
     from lemonade.config import Config, ConfigError
-    from lemonade.paths import cache_dir
+    from lemonade.paths import config_dir
 
     try:
-        config = Config(cache_dir())
+        config = Config(config_dir(create=False))
         return config.get("host"), config.get("port")
     except (ConfigError, OSError, ValueError):
         return None, None

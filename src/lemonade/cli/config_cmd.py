@@ -2,7 +2,7 @@
 
 With a server running, both go through it (`GET /internal/config`, `POST /internal/set`), so a
 change is validated, persisted and applied live by the process that owns the file. Without one
-they read and write `config.json` in the cache dir directly, with the same validation
+they read and write `config.json` in the config dir directly, with the same validation
 (`lemonade.config`), so a fresh machine can be configured before the first `lemonade serve`.
 """
 
@@ -15,7 +15,8 @@ import typer
 from rich.markup import escape
 
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail, out
-from lemonade.config import Config, ConfigError, parse_cli_value, validate_tree
+from lemonade.config import Config, ConfigError, flatten, parse_cli_value, validate_tree
+from lemonade.legacy_state import MigrationError, local_config_dir
 
 config_app = typer.Typer(help="Read and change server settings (config.json), through the running server or on "
                               "disk when none runs.")
@@ -74,11 +75,9 @@ def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.
     if c.is_running():
         values = c.get("/internal/config")
     else:
-        from lemonade.paths import cache_dir
-
         try:
-            config = Config(cache_dir(), environ={})
-        except ConfigError as exc:
+            config = Config(local_config_dir(), environ={})
+        except (ConfigError, MigrationError) as exc:
             raise fail(str(exc)) from None
         err.print(f"[dim]No server running at {escape(c.url)}; showing {escape(str(config.path))} "
                   "(with defaults).[/dim]", highlight=False)
@@ -101,21 +100,21 @@ def set_(assignments: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs,
     c = client(host, port)
     if c.is_running():
         body = c.post("/internal/set", tree) or {}
-        for k, v in (body.get("updated") or {}).items():
+        for k, v in flatten(body.get("updated") or {}).items():
             out.print(f"{escape(k)} = {escape(json.dumps(v))}", highlight=False)
         if body.get("warning"):
             err.print(f"[yellow]Warning:[/yellow] {escape(body['warning'])}", highlight=False)
         return
     from lemonade.config import set_on_disk
-    from lemonade.paths import cache_dir
 
     try:
-        changed = set_on_disk(cache_dir(), tree)
-    except ConfigError as exc:
+        folder = local_config_dir()
+        changed = set_on_disk(folder, tree)
+    except (ConfigError, MigrationError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     for k, v in changed.items():
         out.print(f"{escape(k)} = {escape(json.dumps(v))}", highlight=False)
-    err.print(f"[dim]No server running; saved to {escape(str(cache_dir() / 'config.json'))}. "
+    err.print(f"[dim]No server running; saved to {escape(str(folder / 'config.json'))}. "
               "It applies when the server starts.[/dim]", highlight=False)
 
 

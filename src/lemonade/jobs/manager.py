@@ -13,7 +13,7 @@ signal a departing HTTP client triggers), unloads the models the job itself load
 the step pending; resume re-runs from the cursor, first reloading those models. Delete writes a
 tombstone first, then cleans up and forgets the job.
 
-Every change is written atomically to `<cache dir>/jobs.json`; after a restart a job that was
+Every change is written atomically to `<config dir>/jobs.json`; after a restart a job that was
 running or queued is `interrupted` ("server restarted while the job was active") and resumable,
 its models reloaded from its completed load/unload steps; tombstones are dropped.
 """
@@ -101,8 +101,8 @@ class Control:
 
 
 class JobManager:
-    def __init__(self, cache_dir: Path, side: ModelSide) -> None:
-        self.path = Path(cache_dir) / STATE_FILE
+    def __init__(self, config_dir: Path, side: ModelSide) -> None:
+        self.path = Path(config_dir) / STATE_FILE
         self.side = side
         self.ops = side.ops()
         self.jobs: dict[str, Job] = {}  # oldest first

@@ -117,12 +117,22 @@ def log_buffer() -> LogBuffer | None:
     return None
 
 
+def level_number(name: str) -> int:
+    """A `log_level` setting as a logging level: Lemonade's names (trace ... fatal, none) included."""
+    lowered = name.lower()
+    if lowered == "trace":
+        return TRACE
+    if lowered == "none":
+        return logging.CRITICAL + 10
+    return getattr(logging, lowered.upper(), logging.INFO)
+
+
 def setup_logging(level: str = "info") -> LogBuffer:
     """Attach the console and ring-buffer handlers to the `lemonade` logger (idempotent)."""
     root = logging.getLogger("lemonade")
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    numeric = TRACE if level.lower() == "trace" else getattr(logging, level.upper(), logging.INFO)
+    numeric = level_number(level)
     root.setLevel(numeric)
     root.propagate = False
     console = logging.StreamHandler(sys.stderr)

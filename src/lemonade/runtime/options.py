@@ -120,8 +120,8 @@ def validate_option(recipe: str, key: str, value: Any) -> Any:
 class RecipeOptions:
     """`recipe_options.json` plus the layering logic."""
 
-    def __init__(self, cache_dir: Path, config: Config) -> None:
-        self.path = Path(cache_dir) / "recipe_options.json"
+    def __init__(self, config_dir: Path, config: Config) -> None:
+        self.path = Path(config_dir) / "recipe_options.json"
         self.config = config
         self._lock = threading.Lock()
         raw = read_json(self.path, {})

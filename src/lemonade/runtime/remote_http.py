@@ -9,7 +9,7 @@ carried a request. The original error is the `__cause__`, for messages that name
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from lemonade.runtime.engine_client import EngineConnectionError
@@ -22,10 +22,19 @@ KEEPALIVE_S = 2.0  # below llama-server's 5 s idle close
 
 
 class RemoteHttp:
-    """One aiohttp session, created on first use inside the server's event loop."""
+    """One aiohttp session, created on first use inside the server's event loop. `read_timeout`:
+    seconds a remote service may stay silent (before its answer starts, or between two pieces of
+    it) before the request fails (`global_timeout`); None waits as long as it takes."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_timeout: Callable[[], float] | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._read_timeout = read_timeout
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT,
+                                     sock_read=self._read_timeout() if self._read_timeout else None)
 
     def session(self) -> aiohttp.ClientSession:
         import aiohttp
@@ -42,7 +51,8 @@ class RemoteHttp:
         import aiohttp
 
         try:
-            async with self.session().request(method, url, data=data, headers=headers) as resp:
+            async with self.session().request(method, url, data=data, headers=headers,
+                                              timeout=self._timeout()) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientError as exc:
             raise _connection_error(exc) from exc
@@ -52,7 +62,7 @@ class RemoteHttp:
         import aiohttp
 
         try:
-            return RemoteStream(await self.session().post(url, data=data, headers=headers))
+            return RemoteStream(await self.session().post(url, data=data, headers=headers, timeout=self._timeout()))
         except aiohttp.ClientError as exc:
             raise _connection_error(exc) from exc
 

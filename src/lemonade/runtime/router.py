@@ -10,7 +10,11 @@ Rules (Lemonade's multi-model behaviour, guide-configuration-multi-model.md):
 - an engine that dies is reported in health and started again by the next request; one that is
   busy but makes no progress (hung, stopped) is killed by a watchdog and reported the same way;
 - idle models are trimmed (`downsize_idle_timeout`) and unloaded (`evict_idle_timeout`) when
-  `auto_evict` is on for them; pinned models never are.
+  `auto_evict` is on for them; pinned models never are;
+- memory pressure: while a loaded model has `auto_evict` on, device memory use is sampled every
+  `PRESSURE_SAMPLE_SECONDS` (GPU memory, else RAM: lemonade.system.devices.memory_use); at or above
+  `auto_evict_threshold_pct` the most disposable idle, unpinned such model (highest eviction
+  score) is unloaded, one per sample, so the next sample sees what that freed.
 
 Swapping under contention (two models, one slot) is a queue, not a free-for-all: requests that
 need a slot wait in one FIFO queue; a resident model first serves the requests waiting for it
@@ -35,7 +39,7 @@ from typing import Any
 import psutil
 
 from lemonade.backends.base import BackendStartError, free_port
-from lemonade.backends.engine import Engine, EngineUnavailable, InstallError, Launch, install_action
+from lemonade.backends.engine import Engine, EngineUnavailable, InstallError, Launch, fetch_refusal, install_action
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.errors import APIError
@@ -45,12 +49,14 @@ from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
+from lemonade.system.devices import MemoryUse, memory_use
 
 log = logging.getLogger("lemonade.router")
 
 Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only evaluated when a load happens
 FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
 HOUSEKEEPING_SECONDS = 1.0
+PRESSURE_SAMPLE_SECONDS = 5.0  # memory use is read this often while some model may be pressure-evicted
 
 
 @dataclass
@@ -156,12 +162,18 @@ class QueueStats:
     rejected: int = 0  # 503: queue full
     abandoned: int = 0  # clients that left while waiting
     watchdog_kills: int = 0
+    pressure_samples: int = 0  # device memory readings taken for pressure eviction
+    pressure_evictions: int = 0  # unloads because memory use passed auto_evict_threshold_pct
 
 
 class Router:
     def __init__(self, *, engines: Engines, config: Config, files_for: FilesProvider,
-                 client: EngineClient | None = None, on_change: Callable[[], None] | None = None) -> None:
+                 client: EngineClient | None = None, on_change: Callable[[], None] | None = None,
+                 memory: Callable[[], MemoryUse] = memory_use) -> None:
         self.engines = engines
+        self._memory = memory  # the live device memory reading (lemonade.system.devices)
+        self._sampled_at = 0.0  # monotonic time of the last pressure reading
+        self.last_memory: MemoryUse | None = None
         self.config = config
         self._files_for = files_for
         self._client = client  # to local engines, for downsizing
@@ -214,7 +226,8 @@ class Router:
                 "waits_total": s.waits, "wait_seconds_total": round(s.wait_seconds, 3), "loads_total": s.loads,
                 "swaps_total": s.evictions, "idle_evictions_total": s.idle_evictions,
                 "downsizes_total": s.downsizes, "rejected_total": s.rejected, "abandoned_total": s.abandoned,
-                "watchdog_kills_total": s.watchdog_kills}
+                "watchdog_kills_total": s.watchdog_kills, "pressure_samples_total": s.pressure_samples,
+                "pressure_evictions_total": s.pressure_evictions}
 
     def engine_for(self, model: ModelInfo) -> Engine:
         engine = self.engines.get(model.recipe)
@@ -358,6 +371,9 @@ class Router:
         if self.config.get("offline"):
             raise APIError(400, f"The {spec} backend is not installed and the server is offline (offline: true). "
                            f"Connect, then run: {install_action(engine.recipe, backend)}", code="backend_not_installed")
+        refusal = fetch_refusal(self.config, engine.recipe, backend)
+        if refusal:
+            raise APIError(400, refusal, code="backend_not_installed")
         listener = load_progress.get()
         loop = asyncio.get_running_loop()
         last = [0.0]
@@ -646,6 +662,35 @@ class Router:
                         await self._trim_if_idle(lm)
                 except Exception:  # one model's trouble must not stop housekeeping for the rest
                     log.exception("Housekeeping failed for %s", lm.name)
+            try:
+                await self._relieve_pressure()
+            except Exception:
+                log.exception("Memory pressure check failed")
+
+    async def _relieve_pressure(self) -> None:
+        """One pressure sample when due and some model could be evicted; evict one if over the threshold.
+        No reading at all while no loaded model has auto_evict on (the guide: no polling then)."""
+        if self.gate.held or not any(self._auto_evict(lm) for lm in self.loaded.values()):
+            return
+        now = time.monotonic()
+        if now - self._sampled_at < PRESSURE_SAMPLE_SECONDS:
+            return
+        self._sampled_at = now
+        use = await asyncio.to_thread(self._memory)
+        self.last_memory = use
+        self.stats.pressure_samples += 1
+        threshold = float(self.config.get("auto_evict_threshold_pct"))
+        if use.fraction < threshold:
+            return
+        candidates = [lm for lm in self.loaded.values() if self._auto_evict(lm) and not lm.pinned and lm.usable
+                      and lm.active == 0 and not lm.engine.remote]
+        if not candidates:
+            return
+        victim = max(candidates, key=self._eviction_score)
+        log.info("Memory pressure: %s use %.0f %% >= auto_evict_threshold_pct %.0f %%; unloading %s (the most "
+                 "disposable idle model)", use.source.upper(), use.fraction * 100, threshold * 100, victim.name)
+        self.stats.pressure_evictions += 1
+        await self._retire(victim)
 
     def _auto_evict(self, lm: LoadedModel) -> bool:
         own = lm.options.get("auto_evict")

@@ -561,6 +561,34 @@ def gpu_usage() -> GpuUsage:
     return _total_usage(usages)
 
 
+@dataclass(frozen=True)
+class MemoryUse:
+    """How full the memory models live in is, now: GPU memory where GPUs report it, else system RAM
+    (where CPU-served models live). The router's pressure eviction compares `fraction` with
+    `auto_evict_threshold_pct`."""
+
+    used_bytes: int
+    total_bytes: int
+    source: Literal["vram", "ram"]
+
+    @property
+    def fraction(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+
+def memory_use() -> MemoryUse:
+    """A live reading (gpu_usage re-reads NVML / nvidia-smi / sysfs; psutil reads /proc/meminfo)."""
+    total_vram = sum(g.vram_bytes or 0 for g in detect_devices().gpus)
+    if total_vram > 0:
+        used = gpu_usage().vram_used_bytes
+        if used is not None:
+            return MemoryUse(used, total_vram, "vram")
+    import psutil
+
+    mem = psutil.virtual_memory()
+    return MemoryUse(mem.total - mem.available, mem.total, "ram")
+
+
 # --- small helpers -----------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
 from lemonade.api.lemonade import cloud
-from lemonade.backends.engine import Engine, InstallError
+from lemonade.backends.engine import Engine, InstallError, fetch_refusal
 from lemonade.services import Services
 
 router = APIRouter(tags=["backends"])
@@ -78,6 +78,9 @@ async def install(request: Request, body: InstallRequest) -> Any:
                        f"HF_HUB_OFFLINE=1), so it does not download or build the {body.recipe}:{body.backend} "
                        "backend. Turn offline mode off (lemonade config set offline=false) and install again.",
                        code="lemond_offline")
+    refusal = fetch_refusal(svc.config, body.recipe, body.backend)
+    if refusal and (body.force or engine.needs_install(body.backend)):
+        raise APIError(400, refusal, code="no_fetch_executables")
     if not body.stream:
         try:
             result = await asyncio.to_thread(engine.install, body.backend, None, body.force)
@@ -119,6 +122,9 @@ async def uninstall(request: Request, body: UninstallRequest) -> dict[str, Any]:
     if body.backend == "cloud":
         return await cloud.uninstall_provider(svc, body.provider)
     engine = _engine(svc, body)
+    refusal = engine.uninstall_refusal(body.backend)
+    if refusal:  # before the models using it are unloaded for nothing
+        raise APIError(400, refusal, code="uninstall_failed")
     await svc.router.unload_where(lambda lm: lm.model.recipe == body.recipe and lm.backend == body.backend)
     try:
         result = await asyncio.to_thread(engine.uninstall, body.backend)

@@ -63,7 +63,7 @@ async def get_system_stats() -> dict[str, Any]:
 
 @router.get("/system-info")
 async def get_system_info(request: Request, include_paths: bool = False) -> dict[str, Any]:
-    """`include_paths=true` adds `cache_dir`, so a client can tell whose server it talks to
+    """`include_paths=true` adds `cache_dir` and `config_dir`, so a client can tell whose server it talks to
     (the quick start refuses to use a server of another installation), and shows
     `model_storage.path` as it is; otherwise non-admins see it with placeholders (`~`, `<cache>`)."""
     svc = services(request)
@@ -74,6 +74,7 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
         info["cloud"] = {"providers": providers}
     if include_paths:
         info["cache_dir"] = str(svc.cache_dir)
+        info["config_dir"] = str(svc.config_dir)
     elif isinstance(info.get("model_storage"), dict) and info["model_storage"].get("path"):
         info["model_storage"]["path"] = text_view(request.scope, svc)(info["model_storage"]["path"])
     return info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -75,14 +76,17 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
                                                                                    "downloaded"),
                       include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
+    budget = await asyncio.to_thread(svc.memory_budget)  # models too big for this machine are not offered
     data = []
     for model in svc.catalog.all():
+        if not svc.offered(model, budget):
+            continue
         obj = model_object(svc, model, include_paths=include_paths)
         if show_all or obj["downloaded"]:
             data.append(obj)
     for alias in sorted(svc.catalog.aliases()):  # guide-configuration-custom-models.md: listed on their own
         target = svc.catalog.alias_of(alias)
-        if target is not None:
+        if target is not None and svc.offered(target, budget):
             obj = alias_object(svc, alias, target, include_paths)
             if show_all or obj["downloaded"]:
                 data.append(obj)
