@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
+from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
     Engine,
@@ -271,16 +272,18 @@ class LlamaCppEngine(Engine):
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         argv = build_argv(binary, model, files, options, port, backend, slot_dir)
+        user_args = check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True)
         try:
-            self._refuse_unknown_flags(check_llamacpp_args(options.get("llamacpp_args", ""), trusted=True), binary,
-                                       backend)
+            self._refuse_unknown_flags(user_args, binary, backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
+        report = detect_devices()
+        if not uses_gpu(backend, report):
+            argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         if resolved.get("ctx_size") == -1:
             resolved["resolved_ctx_size"] = resolved_ctx_size(-1, files["main"][0])
         env = None
-        report = detect_devices()
         if backend == "vulkan" and (visible := vulkan_visible_devices(report)) is not None:
             # Only software Vulkan devices (lavapipe): llama.cpp ignores those unless named.
             log.warning("The vulkan backend runs on the software renderer %s (no Vulkan GPU on this machine)",
