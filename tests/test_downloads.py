@@ -479,11 +479,15 @@ def test_files_of_a_model_never_downloaded(client, hub):
 
 
 def test_delete(client, hub, server):
-    for name in ("user.del-a", "user.del-b"):  # two models sharing one file
-        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "llamacpp", "checkpoint": f"{MQ}:Q4_0"})
+    # A repository of its own: earlier tests of this module keep files of the shared fixture repos
+    # downloaded, and a file a downloaded model uses is never deleted.
+    repo = "test-org/del-GGUF"
+    hub.clone_repo(MQ, repo)
+    for name, quant in (("user.del-a", "Q4_0"), ("user.del-b", "Q4_0"), ("user.del-other", "Q4_K_M")):
+        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "llamacpp", "checkpoint": f"{repo}:{quant}"})
         assert resp.status_code == 200, resp.text
-    folder = repo_dir(server, MQ)
-    blob = folder / "blobs" / hub.sha256(MQ, "tiny-Q4_0.gguf")
+    folder = repo_dir(server, repo)
+    blob = folder / "blobs" / hub.sha256(repo, "tiny-Q4_0.gguf")
     assert blob.exists()
     resp = client.post("/v1/delete", json={"model_name": "user.del-a"})
     assert resp.json() == {"status": "success", "message": "Deleted model: user.del-a"}
@@ -491,8 +495,6 @@ def test_delete(client, hub, server):
     # user.del-b uses the same file: it stays, and so user.del-b stays downloaded
     assert blob.exists() and len(list(folder.glob("snapshots/*/tiny-Q4_0.gguf"))) == 1
     assert model(client, "user.del-b")["downloaded"] is True
-    # other models of the repository are untouched
-    assert model(client, "user.tiny-q4")["downloaded"] is True
     # errors
     resp = client.post("/v1/delete", json={})
     assert resp.status_code == 400 and "model_name" in error_of(resp)["message"]
@@ -503,15 +505,20 @@ def test_delete(client, hub, server):
     assert resp.status_code == 400
     message = error_of(resp)["message"]
     assert "my-local.gguf" in message and os.sep in message  # names the file's path
+    # the last user of the file: it goes; the other model of the repository is untouched
     assert client.post("/v1/delete", json={"model_name": "user.del-b"}).status_code == 200
-    assert not folder.joinpath("blobs", hub.sha256(MQ, "tiny-Q4_0.gguf")).exists()
+    assert not blob.exists() and snapshot_file(server, repo, "tiny-Q4_0.gguf") is None
+    assert model(client, "user.del-other")["downloaded"] is True
+    assert client.post("/v1/delete", json={"model_name": "user.del-other"}).status_code == 200
+    assert not folder.exists()
 
 
 def test_delete_removes_every_file_of_a_repository(client, hub, server):
-    resp = client.post("/v1/pull", json={"model_name": "user.whole", "recipe": "llamacpp",
-                                         "checkpoint": fx.RERANKER_REPO})
+    repo = "test-org/whole-reranking-GGUF"  # its own copy: user.tiny-url (above) holds the fixture repo
+    hub.clone_repo(fx.RERANKER_REPO, repo)
+    resp = client.post("/v1/pull", json={"model_name": "user.whole", "recipe": "llamacpp", "checkpoint": repo})
     assert resp.status_code == 200, resp.text
-    folder = repo_dir(server, fx.RERANKER_REPO)
+    folder = repo_dir(server, repo)
     assert sorted(p.name for p in folder.glob("snapshots/*/*")) == sorted(fx.REPO_FILES[fx.RERANKER_REPO])
     assert client.post("/v1/delete", json={"model_name": "user.whole"}).status_code == 200
     assert not folder.exists()
