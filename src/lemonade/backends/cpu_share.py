@@ -10,7 +10,8 @@ reply took over 100 s, which is how a chat test on a busy new machine ran out of
 has the same lockstep threads: a 64x64 Flux.2 Klein picture took 66 s with 2 threads and 28 s with 1 there.
 
 So when the machine is already busy as an engine starts (the 1-minute load average is at least 1),
-the engine asks for the cores left free, at least one, instead of all of them. A quiet machine keeps
+the engine asks for the cores left free, at least half of them (one on a 2-core machine), instead of
+all of them. A quiet machine keeps
 the engine's default. The user's own thread count (`-t` in `llamacpp.args`, a model's options or a
 profile) always wins. The load is read once, at start: an engine started on a busy machine keeps its
 smaller count after the machine quiets down (a reload picks the count again).
@@ -33,7 +34,9 @@ def threads_for_load(physical_cores: int, load: float) -> int | None:
     if physical_cores <= 1 or load < 1.0:
         return None
     free = int(physical_cores - load)
-    return max(1, min(free, physical_cores - 1))
+    # Never below half the cores: the load is read once, and a machine busy for a moment (a build that
+    # just ended) must not leave a large machine's engine on one thread until it is reloaded.
+    return max(1, physical_cores // 2, min(free, physical_cores - 1))
 
 
 def thread_args(user_args: list[str], engine: str) -> list[str]:
