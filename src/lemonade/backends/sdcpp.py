@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
+from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     EngineUnavailable,
     InstallError,
@@ -249,6 +250,8 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         argv = [str(binary), *checkpoint_args(model, files), "--listen-ip", "127.0.0.1", "--listen-port", str(port),
                 "--steps", str(settings["steps"]), "--cfg-scale", str(settings["cfg_scale"]),
                 "-W", str(settings["width"]), "-H", str(settings["height"]), *model_args(model)]
+        if backend == "cpu":
+            argv += thread_args([], self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
                                env=self.engine_env(backend))
         try:

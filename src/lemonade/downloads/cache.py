@@ -8,7 +8,8 @@ Layout of one repository folder (see local.py for the reading side)::
     refs/main                       the commit of the last complete pull
     .lemonade-pending/<commit>.<key>.json   files a pull still has to verify (and their etags)
 
-Deleting a model removes its snapshot links, then every blob (complete or partial) that no
+Deleting a model removes its snapshot links, except those of files another model still uses (the
+caller names those models' checkpoints in this repo), then every blob (complete or partial) that no
 snapshot link and no pending marker still refers to, so files shared with another model survive.
 """
 
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 from lemonade.checkpoints.local import PENDING_DIR, list_snapshot_files, pending_files, repo_folder
@@ -120,14 +122,18 @@ def _linked_etags(folder: Path) -> set[str]:
     return out
 
 
-def _unlink_checkpoint(folder: Path, variant: str | None, keep_commit: str | None = None) -> int:
-    """Remove the snapshot entries a checkpoint selects, in every snapshot but `keep_commit`."""
+def _unlink_checkpoint(folder: Path, variant: str | None, keep_commit: str | None = None,
+                       keep_variants: Collection[str | None] = ()) -> int:
+    """Remove the snapshot entries a checkpoint selects, in every snapshot but `keep_commit`, except
+    the files that one of `keep_variants` (other models' checkpoints in this repo) selects."""
     freed = 0
     snaps = folder / "snapshots"
     for snap in (p for p in snaps.iterdir() if p.is_dir() and p.name != keep_commit) if snaps.is_dir() else []:
         names = list_snapshot_files(snap)
         dangling = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_symlink() and not p.exists()]
-        for rel in match_variant(sorted(set(names) | set(dangling)), variant):
+        present = sorted(set(names) | set(dangling))
+        kept = {rel for other in keep_variants for rel in match_variant(names, other)}
+        for rel in (r for r in match_variant(present, variant) if r not in kept):
             path = snap / rel
             if not path.is_symlink():
                 with contextlib.suppress(OSError):
@@ -138,13 +144,15 @@ def _unlink_checkpoint(folder: Path, variant: str | None, keep_commit: str | Non
     return freed
 
 
-def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str) -> int:
-    """Remove one checkpoint's files (every snapshot, partial downloads included); bytes freed."""
+def remove_checkpoint(cache: Path, checkpoint: str, source: str, key: str,
+                      keep_variants: Collection[str | None] = ()) -> int:
+    """Remove one checkpoint's files (every snapshot, partial downloads included) but those that
+    `keep_variants` (other models' checkpoints in the same repo) select; bytes freed."""
     ckpt = parse_checkpoint(checkpoint)
     folder = repo_folder(cache, ckpt.repo, source)
     if not folder.is_dir():
         return 0
-    freed = _unlink_checkpoint(folder, ckpt.variant)
+    freed = _unlink_checkpoint(folder, ckpt.variant, keep_variants=keep_variants)
     # Our own pending markers go; another model's marker keeps the partial files it is still fetching.
     clear_pending(folder, key)
     freed += gc_repo(folder)

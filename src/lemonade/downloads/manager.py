@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from lemonade.checkpoints.local import list_snapshot_files, pending_files, repo_folder, snapshot_dirs
+from lemonade.checkpoints.local import PENDING_DIR, list_snapshot_files, pending_files, repo_folder, snapshot_dirs
 from lemonade.checkpoints.variants import match_variant, parse_checkpoint
 from lemonade.downloads import cache as cache_ops
 from lemonade.downloads.hub import HubError
@@ -482,6 +482,7 @@ class DownloadManager:
     def _remove_files(self, model: ModelInfo) -> bool:
         cache = self.cache
         key = cache_ops.pending_key(model.name)
+        users = self._other_users(model)
         anything = False
         for text in model.file_checkpoints.values():
             ckpt = parse_checkpoint(text)
@@ -490,10 +491,66 @@ class DownloadManager:
                 continue
             before = self.known_files(model)
             had = any(p.exists() for ps in before.values() for p in ps) or bool(pending_files(folder))
-            freed = cache_ops.remove_checkpoint(cache, text, model.source, key)
+            others = users.get(ckpt.repo, [])
+            kept = self._shared_files(ckpt.repo, ckpt.variant, others, model.source)
+            freed = cache_ops.remove_checkpoint(cache, text, model.source, key,
+                                                keep_variants=[variant for _name, variant in others])
             anything = anything or had or freed > 0
             log.info("Deleted %s files of %s (%.1f MB freed)", text, model.name, freed / 1e6)
+            for path, names in sorted(kept.items()):
+                log.info("Kept %s of %s: %s still use%s it", path, ckpt.repo, ", ".join(sorted(names)),
+                         "" if len(names) > 1 else "s")
         return anything
+
+    def _other_users(self, model: ModelInfo) -> dict[str, list[tuple[str, str | None]]]:
+        """repo -> (model name, variant) of every other registered model (built-in, user, a collection's
+        component: all are catalog entries) with a checkpoint in one of `model`'s repositories that is
+        downloaded or being downloaded (a live transfer, or a pull's pending marker: paused and
+        interrupted pulls too). Their files are kept when `model` is deleted.
+
+        A model that is registered but was never pulled holds no file: deleting the last downloaded
+        model that uses a file frees it, rather than keeping it for a model that may never load."""
+        repos = {parse_checkpoint(t).repo for t in model.checkpoints.values()}
+        cache = self.cache
+        out: dict[str, list[tuple[str, str | None]]] = {}
+        for other in self.catalog.all(rescan=False):
+            if (other.name == model.name or other.is_collection or other.local_files is not None
+                    or other.source != model.source):
+                continue
+            uses: list[tuple[str, str | None]] = []
+            for text in other.checkpoints.values():
+                with contextlib.suppress(ValueError):
+                    ckpt = parse_checkpoint(text)
+                    if ckpt.repo in repos:
+                        uses.append((ckpt.repo, ckpt.variant))
+            if uses and self._holds_files(other, cache):
+                for repo, variant in uses:
+                    out.setdefault(repo, []).append((other.name, variant))
+        return out
+
+    def _shared_files(self, repo: str, variant: str | None, others: list[tuple[str, str | None]],
+                      source: str) -> dict[str, set[str]]:
+        """Files of `repo:variant` on disk that the `others` select too: path -> their model names."""
+        out: dict[str, set[str]] = {}
+        for snap in snapshot_dirs(self.cache, repo, source):
+            names = list_snapshot_files(snap)
+            mine = set(match_variant(names, variant))
+            for name, other in others:
+                for path in mine.intersection(match_variant(names, other)):
+                    out.setdefault(path, set()).add(name)
+        return out
+
+    def _holds_files(self, model: ModelInfo, cache: Path) -> bool:
+        """Whether `model` is downloaded, or a pull of it is under way, paused or interrupted."""
+        if model.name in self._transfers or self.catalog.local_files(model) is not None:
+            return True
+        key = cache_ops.pending_key(model.name)
+        for text in model.checkpoints.values():
+            with contextlib.suppress(ValueError):
+                folder = repo_folder(cache, parse_checkpoint(text).repo, model.source)
+                if any((folder / PENDING_DIR).glob(f"*.{key}.json")):
+                    return True
+        return False
 
     # ----- updates -------------------------------------------------------------------------------
     async def check_updates(self) -> list[str]:

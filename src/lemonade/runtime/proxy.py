@@ -36,6 +36,7 @@ from lemonade.runtime.stats import Stats
 
 log = logging.getLogger("lemonade.proxy")
 TAIL_BYTES = 16384
+DONE_MARK = b"data: [DONE]"  # the last event of an OpenAI-style stream: the client's answer is complete
 # llama-server closes the connection after every streamed response. Were that connection put back
 # in a pool, the next request could be sent on it before the close arrives and fail (a 502, seen
 # with back-to-back requests after a stream). So a stream has a connection of its own, closed when
@@ -82,6 +83,12 @@ def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
                                  "started again on the next request", type="server_error", code="backend_crashed")
     return EngineUnreachable(502, f"Lost the connection to the engine for {lm.model.public}: {exc}",
                              type="server_error", code="backend_unreachable")
+
+
+def _final_event(tail: collections.deque[bytes]) -> dict[str, Any] | None:
+    """The engine's closing figures in the last chunks of a stream: llama-server's `timings`, else `usage`."""
+    last = b"".join(tail)
+    return _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"')
 
 
 def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
@@ -356,6 +363,8 @@ class Proxy:
             kept = 0
             started = False
             count = 0
+            final: dict[str, Any] | None = None
+            accounted = False
             chunk = first
             try:
                 while chunk is not None:
@@ -370,6 +379,13 @@ class Proxy:
                     while kept - len(tail[0]) >= TAIL_BYTES:
                         kept -= len(tail.popleft())
                     lm.last_progress = time.monotonic()
+                    if not accounted and DONE_MARK in chunk:
+                        # The client's answer is complete with this chunk, and the client may ask
+                        # /v1/stats about it at once (the web app does): count it before it leaves, not
+                        # at the engine's EOF, which can come later than that question on a busy machine.
+                        accounted = True
+                        final = _final_event(tail)
+                        self._account(model, endpoint, final)
                     yield chunk
                     chunk = await anext(chunks, None)
             except ENGINE_ERRORS as exc:
@@ -381,11 +397,11 @@ class Proxy:
             finally:
                 if started:
                     lm.streaming -= 1
-                # In the finally: clients (the openai SDK) hang up right after [DONE], which cancels this
-                # generator before the engine's EOF; the figures are in `tail` already and must count.
-                last = b"".join(tail)
-                final = _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"')
-                self._account(model, endpoint, final)
+                # A stream without [DONE] (other engines; a client gone first) is counted here: the
+                # figures are in `tail` already.
+                if not accounted:
+                    final = _final_event(tail)
+                    self._account(model, endpoint, final)
                 if span is not None:
                     span.set_attribute("lemonade.stream.chunks", count)
                     trace.usage(span, *tokens_of(final), started=t0)  # type: ignore[union-attr]
