@@ -150,9 +150,10 @@ class Services:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has."""
         if model.recipe == ROUTER_RECIPE:
-            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions "
-                           "and /completions requests to one of its members; call one of those endpoints, or a "
-                           "member directly: " + ", ".join(model.components or []), code="model_mode_mismatch")
+            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
+                           "/completions and /responses requests to one of its members; call one of those "
+                           "endpoints, or a member directly: " + ", ".join(model.components or []),
+                           code="model_mode_mismatch")
         if model.is_collection:
             raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
                            + ", ".join(model.components or []), code="model_mode_mismatch")

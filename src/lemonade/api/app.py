@@ -25,7 +25,7 @@ from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
-from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, status
+from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, routing_validate, status
 from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
@@ -61,7 +61,8 @@ def api_routers() -> list[APIRouter]:
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
             speech.router, realtime.router,
-            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router]
+            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router,
+            routing_validate.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:

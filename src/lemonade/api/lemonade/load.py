@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.sse import progress_stream
+from lemonade.labels import ROUTER_RECIPE
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
 
@@ -34,7 +35,15 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
     """Resolve the model, check its options and return the work that performs the load."""
     model = svc.resolve(body.model_name)
     pinned = body.pinned
-    done = {"status": "success", "message": f"Loaded model: {model.public}"}
+    done = {"status": "success", "message": f"Loaded model: {model.public}", "model_name": model.public,
+            "recipe": model.recipe}
+    if model.recipe == ROUTER_RECIPE:
+        # Virtual, as in Lemonade: each request loads the member its policy picks. Loading every
+        # candidate up front would only push other models out.
+        async def acknowledge() -> dict[str, Any]:
+            return done
+
+        return acknowledge
     if model.is_collection:
         components = [svc.resolve(comp) for comp in model.components or []]
 
@@ -52,6 +61,9 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
     effective = svc.options.resolve(model.name, model.recipe, request=requested)
     if pinned is None:
         pinned = svc.options.saved(model.name).get("pinned")
+
+    if model.checkpoint:
+        done["checkpoint"] = model.checkpoint
 
     async def load_model() -> dict[str, Any]:
         current = svc.router.loaded.get(model.name)

@@ -117,6 +117,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
 @router.post("/responses")
 async def responses(request: Request, body: ResponsesRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/responses")
-    return await relay(request, model, "/v1/responses", body.model_dump(exclude_unset=True), body.stream,
-                       "responses")
+    payload = body.model_dump(exclude_unset=True)
+    return await routing.answered(svc, svc.resolve(body.model), payload,
+                                  lambda model: relay(request, svc.check_model(model, "chat", "/responses"),
+                                                      "/v1/responses", payload, body.stream, "responses"))
