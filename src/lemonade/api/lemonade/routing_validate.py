@@ -8,7 +8,8 @@ server's models, through the same helpers as a routed request; a helper that can
 its `on_error` says, so an `llm` router whose model is missing falls open to `default_model`.
 The answer is `{decision, normalized_policy}`: the decision always has its trace, and the policy is
 echoed with `routing` as evaluated (`routing.router` desugared into `__router` and `__route_<i>`),
-so `decision.matched_rule` names a rule the caller can find.
+so `decision.matched_rule` names a rule the caller can find. A refusal is a 400 whose `error` is the
+message itself (`{"error": "..."}`), the shape Lemonade's editor reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Request
 
-from lemonade.api.errors import bad_request
+from lemonade.api.errors import APIError
 from lemonade.api.openai.routing import Helpers
 from lemonade.routing.context import RouteContext
 from lemonade.routing.evaluate import PolicyEmbeddings, decide
@@ -27,23 +28,27 @@ from lemonade.services import Services
 router = APIRouter(tags=["routing"])
 
 
+def refused(message: str) -> APIError:
+    return APIError(400, message, code="invalid_argument", plain=True)
+
+
 def _request_context(body: dict[str, Any]) -> RouteContext:
     """The request the policy is tried on; each field of the wrong type is a 400 naming it."""
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
-        raise bad_request("'prompt' must be a string")
+        raise refused("'prompt' must be a string")
     flags = {}
     for key in ("has_images", "has_tools"):
         value = body.get(key, False)
         if not isinstance(value, bool):
-            raise bad_request(f"'{key}' must be a boolean")
+            raise refused(f"'{key}' must be a boolean")
         flags[key] = value
     metadata = body.get("metadata", {})
     if not isinstance(metadata, dict):
-        raise bad_request("'metadata' must be a JSON object of string values")
+        raise refused("'metadata' must be a JSON object of string values")
     for key, value in metadata.items():
         if not isinstance(value, str):
-            raise bad_request(f"'metadata' value for key '{key}' must be a string")
+            raise refused(f"'metadata' value for key '{key}' must be a string")
     return RouteContext(text=prompt, metadata=metadata, **flags)
 
 
@@ -58,12 +63,12 @@ async def validate(request: Request, body: dict[str, Any] = Body(..., examples=[
     svc: Services = request.app.state.services
     policy_doc = body.get("policy")
     if not isinstance(policy_doc, dict):
-        raise bad_request("'policy' must be a JSON object")
+        raise refused("'policy' must be a JSON object")
     ctx = _request_context(body)
     try:
         policy = parse_policy(policy_doc)
     except PolicyError as exc:
-        raise bad_request(f"Invalid routing policy: {exc}") from None
+        raise refused(f"Invalid routing policy: {exc}") from None
     decision = await decide(policy, ctx, want_trace=True, services=Helpers(svc).services(),
                             embeddings=PolicyEmbeddings())
     return {"decision": decision.to_json(), "normalized_policy": {**policy_doc, "routing": dict(policy.routing)}}
