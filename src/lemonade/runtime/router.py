@@ -43,6 +43,7 @@ from lemonade.labels import MODEL_TYPES
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
+from lemonade.runtime.options import RESIDENCY_OPTIONS
 from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
 
 log = logging.getLogger("lemonade.router")
@@ -112,7 +113,7 @@ class LoadedModel:
             "is_streaming": self.streaming > 0,
             "recipe": self.model.recipe,
             "pid": self.server.pid,
-            "recipe_options": self.options,
+            "recipe_options": {k: v for k, v in self.options.items() if k not in RESIDENCY_OPTIONS},
             "backend_url": self.server.base_url + "/v1",
             "backend": self.backend,
             "launch_command": self.engine.launch_command(self.launch),
