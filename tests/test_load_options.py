@@ -98,3 +98,15 @@ def test_bad_ctx_size_on_an_inference_request_is_a_400(http: httpx.Client) -> No
     resp = http.post("/v1/chat/completions", json={"model": GEMMA_NAME, "ctx_size": "big",
                                                     "messages": [{"role": "user", "content": "Hi"}]})
     assert resp.status_code == 400 and "ctx_size" in resp.json()["error"]["message"]
+
+
+def test_loading_again_with_the_same_options_keeps_the_engine(http: httpx.Client) -> None:
+    pids = []
+    for _ in range(2):
+        assert http.post("/v1/load", json={"model_name": GEMMA_NAME}).status_code == 200
+        (model,) = http.get("/v1/health").json()["all_models_loaded"]
+        pids.append(model["pid"])
+    assert pids[0] == pids[1]
+    # Different options do reload it.
+    assert http.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 2048}).status_code == 200
+    assert http.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pids[0]

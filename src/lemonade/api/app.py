@@ -169,7 +169,7 @@ def create_app(services: Services) -> FastAPI:
         if request.method == "HEAD":
             return Response(status_code=200, media_type=CONTENT_TYPE)
         loaded = services.router.describe()
-        services.metrics.set_loaded(loaded)
+        services.metrics.set_loaded(loaded, services.router.limits())
         services.metrics.set_queue(services.router.queue_info())
         targets = [({"model": lm.model.public, "recipe": lm.model.recipe, "type": lm.model.type},
                     lm.base_url + lm.engine.metrics_path)

@@ -99,7 +99,8 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
         raise RegistrationError(str(exc)) from None
     source = definition.get("source") or "huggingface"
     if source not in SOURCES:
-        raise RegistrationError(f"Model '{name}': 'source' must be 'huggingface' or 'modelscope', got '{source}'")
+        raise RegistrationError(f"Model '{name}': Unsupported model source '{source}': 'source' must be "
+                                "'huggingface' or 'modelscope'")
     components = definition.get("components")
     if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
         raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")

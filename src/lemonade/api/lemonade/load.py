@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.sse import progress_stream
+from lemonade.backends.tuning import backend_option
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
@@ -67,14 +68,23 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
 
     async def load_model() -> dict[str, Any]:
         current = svc.router.loaded.get(model.name)
-        reload = current is not None and \
-            {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} != effective
+        reload = current is not None and not same_options(current.options, effective, backend_option(model.recipe))
         await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
         if body.save_options:
             svc.options.save_from_load(model.name, requested, body.pinned)
         return done
 
     return load_model
+
+
+def same_options(applied: dict[str, Any], wanted: dict[str, Any], backend_key: str | None) -> bool:
+    """Would a load with `wanted` run the engine `applied` describes? An `auto` backend matches the
+    backend it chose, and the context it sized (`resolved_ctx_size`) is not an option of its own."""
+    shown = {k: v for k, v in applied.items() if k != "resolved_ctx_size"}
+    wanted = dict(wanted)
+    if backend_key is not None and wanted.get(backend_key) == "auto":
+        wanted[backend_key] = shown.get(backend_key)
+    return shown == wanted
 
 
 def load_events(run: Any) -> Any:
