@@ -27,6 +27,7 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
+from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
 from lemonade.backends.llamacpp_flags import EngineArgsError, check_llamacpp_args, unknown_flags
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
 from lemonade.backends.llamacpp_rpc import (
@@ -176,6 +177,7 @@ def _check_args(value: str) -> str | None:
 
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
+    release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
     modes = ("chat", "embeddings", "reranking")
     label_modes = {"systemone": ("classification",)}  # a decision model (llamacpp-newer.md /v1/systemone)
     backends = LLAMACPP_ALL_BACKENDS
