@@ -495,7 +495,7 @@ class Router:
             lm = await self._start(model, options() if callable(options) else options, bool(pinned))
         except BaseException as exc:
             self._loading.pop(model.name, None)
-            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load {model.public}: {exc}",
+            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load model {model.public}: {exc}",
                                                                   type="server_error", code="model_load_error")
             self._fail_waiters(model.name, err)
             self._dispatch()
@@ -530,7 +530,7 @@ class Router:
         except EngineUnavailable as exc:
             raise APIError(400, str(exc), code=exc.code) from None
         except BackendStartError as exc:
-            raise APIError(500, f"Failed to load {model.public}: {exc}", type="server_error",
+            raise APIError(500, f"Failed to load model {model.public}: {exc}", type="server_error",
                            code="model_load_error") from None
         elapsed = time.perf_counter() - started
         lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed)
