@@ -131,3 +131,13 @@ def test_refused_collections_name_the_problem_and_store_nothing(http: httpx.Clie
 def test_unprefixed_collection_name_is_refused(http: httpx.Client) -> None:
     resp = register(http, {"model_name": "NoPrefix", "recipe": "collection.omni", "components": [GEMMA_NAME]})
     assert resp.status_code == 400 and "'user.' namespace" in resp.json()["error"]
+
+
+def test_a_pull_records_its_registry_provenance(http: httpx.Client, server: Server) -> None:
+    """Beside the repository's cache folder, `.lemonade_registry.json` names the registry and, per
+    model, the snapshot its pull processed (where Lemonade keeps it); the model shows its registry."""
+    (folder,) = server.cache.rglob("models--" + fx.GEMMA_REPO.replace("/", "--"))
+    record = json.loads((folder / ".lemonade_registry.json").read_text())
+    assert record["registry_source"] == "huggingface"
+    assert record["processed_models"]["Companion"]["snapshot_id"] == (folder / "refs" / "main").read_text()
+    assert http.get(f"/v1/models/{COMPANION}").json()["registry_source"] == "huggingface"

@@ -54,6 +54,8 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = False,
         obj["checkpoints"] = dict(model.checkpoints)
     if model.source != "huggingface":
         obj["source"] = model.source
+    if model.origin == "user" and not model.is_collection:  # the registry it was registered from (provenance)
+        obj["registry_source"] = model.source
     if model.image_defaults:
         obj["image_defaults"] = dict(model.image_defaults)
     if model.is_collection:
