@@ -133,6 +133,34 @@ def test_engine_dying_mid_stream_is_an_error_event(client: anthropic.Anthropic, 
     assert client.messages.create(model=GEMMA_NAME, max_tokens=4, messages=[{"role": "user", "content": "Hi"}]).content
 
 
+def test_prompt_longer_than_the_context_is_the_clients_error_streamed_or_not(gemma_server: Server) -> None:
+    """Both answers say invalid_request_error (what Lemonade's clients match on), the stream as its
+    one `error` event, with no message_stop after it."""
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 200  # about 2000 tokens
+    body = {"model": GEMMA_NAME, "max_tokens": 8, "messages": [{"role": "user", "content": long_prompt}]}
+    with gemma_server.client() as c:
+        # A context smaller than the prompt, set for this load only: the overflow is what is under test.
+        assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 512}).status_code == 200
+        try:
+            plain = c.post("/v1/messages", json=body)
+            assert plain.status_code == 400 and plain.json()["error"]["type"] == "invalid_request_error"
+            assert "context" in plain.json()["error"]["message"]
+            events: list[tuple[str, dict]] = []
+            with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as resp:
+                name = None
+                for line in resp.iter_lines():
+                    if line.startswith("event:"):
+                        name = line[6:].strip()
+                    elif line.startswith("data:"):
+                        events.append((name, json.loads(line[5:])))
+            errors = [d for n, d in events if n == "error"]
+            assert len(errors) == 1 and errors[0]["error"]["type"] == "invalid_request_error", events
+            assert "context" in errors[0]["error"]["message"]
+            assert "message_stop" not in [n for n, _ in events]
+        finally:
+            c.post("/v1/unload", json={"model_name": GEMMA_NAME})
+
+
 # ----- tools ---------------------------------------------------------------------------------------
 
 def test_tool_use_and_tool_result(client: anthropic.Anthropic) -> None:

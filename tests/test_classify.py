@@ -109,7 +109,7 @@ def near(got: dict[str, float], want: dict[str, float]) -> bool:
 # --- every bad input is a 400 (404 for an unknown model) before anything loads ------------------------
 
 BAD = [
-    ("not JSON", b"{input: 1", 400, "invalid_json", "not valid JSON"),
+    ("not JSON", b"{input: 1", 400, "invalid_json", "Invalid JSON body"),
     ("not an object", b'["hello"]', 400, "invalid_json", "JSON object"),
     ("no input", {"model": "user.Topic"}, 400, "missing_argument", "'input' (or its alias 'text')"),
     ("input a number", {"model": "user.Topic", "input": 12345}, 400, "invalid_argument", "'input"),
@@ -265,7 +265,7 @@ def q(**changes) -> dict:
 
 
 SYSTEMONE_BAD = [
-    ("not JSON", b"{", "invalid_json", "not valid JSON"),
+    ("not JSON", b"{", "invalid_json", "Invalid JSON body"),
     ("not an object", b"[1]", "invalid_json", "JSON object"),
     ("no state", {"questions": QUESTIONS}, "missing_argument", "'state'"),
     ("no questions", {"state": STATE}, "missing_argument", "'questions'"),

@@ -322,7 +322,8 @@ def test_collection_pull_export_import(client, hub, server, tmp_path):
     events = sse_events(client, body)
     assert events[-1][0] == "complete"
     kit = model(client, "user.Kit")
-    assert kit["downloaded"] and kit["components"] == ["user.kit-q4", "user.kit-q6"]
+    # Components are listed by public id, the namespace of `id` (registered models shadowing nothing show bare).
+    assert kit["downloaded"] and kit["components"] == ["kit-q4", "kit-q6"]
     assert model(client, "user.kit-q6")["labels"] == ["coding"]
     assert client.get("/v1/models/user.kit-q4/options").json()["saved"] == {"ctx_size": 1024}
 
@@ -330,8 +331,8 @@ def test_collection_pull_export_import(client, hub, server, tmp_path):
     assert out.returncode == 0, out.stderr
     exported = json.loads((tmp_path / "kit.json").read_text())
     assert exported["model_name"] == "user.Kit" and exported["recipe"] == "collection.omni"
-    assert exported["components"] == ["user.kit-q4", "user.kit-q6"]
-    assert [m["model_name"] for m in exported["models"]] == ["user.kit-q4", "user.kit-q6"]
+    assert exported["components"] == ["kit-q4", "kit-q6"]  # imported again, each registers as user.<name>
+    assert [m["model_name"] for m in exported["models"]] == ["kit-q4", "kit-q6"]
     assert exported["models"][0]["checkpoints"] == {"main": f"{MQ}:Q5_K_M"}
     assert exported["models"][0]["recipe_options"] == {"ctx_size": 1024}
     for forbidden in ("suggested", "created", "downloaded", "id", "object"):
@@ -357,7 +358,7 @@ def test_collection_pull_export_import(client, hub, server, tmp_path):
     assert out.returncode == 0, out.stderr
     single = json.loads(out.stdout)
     assert single == {"model_name": "user.kit-q6", "recipe": "llamacpp", "checkpoints": {"main": f"{MQ}:Q6_K"},
-                      "labels": ["coding"], "recipe_options": {}}
+                      "labels": ["coding"], "recipe_options": {}, "registry_source": "huggingface"}
     assert client.post("/v1/delete", json={"model_name": "user.kit-q6"}).status_code == 200
     resp = client.post("/v1/pull", json=single)
     assert resp.status_code == 200, resp.text
@@ -401,7 +402,12 @@ def test_pull_variants(client, hub):
     missing = client.get("/v1/pull/variants", params={"checkpoint": "test-org/nothing-here"})
     assert missing.status_code == 404
     hub.fail(path=f"/api/models/{MQ}", status=503, count=1)
-    assert client.get("/v1/pull/variants", params={"checkpoint": MQ}).status_code == 500
+    down = client.get("/v1/pull/variants", params={"checkpoint": MQ})  # the registry's failure: a 502, not ours
+    assert down.status_code == 502 and error_of(down)["upstream_status"] == 503, down.text
+    conflict = client.get("/v1/pull/variants", params={"checkpoint": f"https://huggingface.co/{MQ}",
+                                                        "source": "modelscope"})
+    assert conflict.status_code == 400
+    assert "URL uses huggingface, but source was set to" in error_of(conflict)["message"]
 
 
 def test_variants_forward_hf_token(make_server, hub):

@@ -105,7 +105,7 @@ def test_transcription_formats(http, speech_wav):
     srt = transcribe(http, speech_wav, response_format="srt").text
     assert srt.startswith("1\n00:00:0") and " --> " in srt and "lazy dog" in srt.lower()
     vtt = transcribe(http, speech_wav, response_format="vtt")
-    assert vtt.text.startswith("WEBVTT") and vtt.headers["content-type"].startswith("text/vtt")
+    assert vtt.text.startswith("WEBVTT") and vtt.headers["content-type"].startswith("text/plain")
     text = transcribe(http, speech_wav, response_format="text")
     assert "lazy dog" in text.text.lower() and text.headers["content-type"].startswith("text/plain")
 

@@ -204,7 +204,7 @@ def test_chat_calls_the_tool_named_in_tool_choice(server: Server) -> None:
     ("lemonade_generate_image", {"prompt": "a lemon", "model": "SD-Turbo"}, "stabilityai/sd-turbo"),  # no download here
     ("lemonade_generate_image", {"prompt": "a lemon"}, "No image model is loaded or downloaded"),
     ("lemonade_omni", {}, "missing required argument `messages`"),
-    ("lemonade_omni", {"messages": HELLO, "model": GEMMA_NAME}, "lemonade_chat"),
+    ("lemonade_omni", {"messages": HELLO, "model": GEMMA_NAME}, "is not an Omni collection"),
     ("lemonade_omni", {"messages": HELLO}, "not available"),
 ])
 def test_tool_failures_are_is_error_results(server: Server, name: str, arguments: dict, mentions: str) -> None:

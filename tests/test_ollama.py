@@ -327,11 +327,14 @@ def test_ollama_paths_need_the_api_key(make_server, gemma_dir: Path) -> None:
 
 
 def test_root_answers_ollama_probes(server: Server) -> None:
-    """Ollama clients check `GET /` (and `HEAD /`) before anything else; browsers get the web app."""
+    """Ollama clients check that `GET /` (and `HEAD /`) answer 200 before anything else. The page is
+    the web app's HTML for any Accept but text/plain alone, which gets Ollama's own probe text."""
     with httpx.Client(base_url=server.url) as c:
         probe = c.get("/")
-        assert probe.status_code == 200 and probe.text == "Ollama is running"
+        assert probe.status_code == 200 and probe.headers["content-type"].startswith("text/html")
         assert c.head("/").status_code == 200
+        plain = c.get("/", headers={"Accept": "text/plain"})
+        assert plain.status_code == 200 and plain.text == "Ollama is running"
         browser = c.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
         assert browser.status_code == 200 and browser.headers["content-type"].startswith("text/html")
         assert '<script type="module" src="/static/js/main.js">' in browser.text

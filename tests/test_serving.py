@@ -83,10 +83,11 @@ def test_stop_and_max_completion_tokens(client):
     assert resp.usage.completion_tokens <= 20
 
 
-def test_max_tokens_exclusive(client):
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=5, max_completion_tokens=5)
-    assert "mutually exclusive" in str(err.value)
+def test_max_tokens_and_max_completion_tokens_together(client):
+    # Accepted together, as Lemonade's server does; `max_tokens` is the limit then.
+    resp = client.chat.completions.create(model=GEMMA_NAME, messages=CHAT, max_tokens=3, max_completion_tokens=30,
+                                          temperature=0)
+    assert resp.usage.completion_tokens <= 3
 
 
 def test_chat_logprobs(client):

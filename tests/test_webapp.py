@@ -94,8 +94,11 @@ def job_card(page: Page, model: str):
 
 # ----- serving the app ------------------------------------------------------------------------------
 
-def test_root_serves_the_app_to_browsers_and_the_probe_answer_to_ollama(server, page):
-    assert httpx.get(server.url + "/").text == "Ollama is running"  # Ollama clients send no text/html
+def test_root_serves_the_app_to_browsers_and_plain_clients_alike(server, page):
+    plain = httpx.get(server.url + "/")  # Accept: */*, as requests, httpx and curl send it
+    assert plain.status_code == 200 and plain.headers["content-type"].startswith("text/html")
+    assert plain.text.lower().startswith("<!doctype html")
+    assert httpx.get(server.url + "/", headers={"Accept": "text/plain"}).text == "Ollama is running"
     total = 0
     page.goto(server.url + "/")
     expect(page.get_by_role("navigation", name="Views")).to_be_visible()

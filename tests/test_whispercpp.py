@@ -143,8 +143,8 @@ def test_language_field(http, speech_wav):
     assert bad.status_code == 400 and "'language'" in bad.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("fmt,media", [("text", "text/plain"), ("srt", "application/x-subrip"),
-                                       ("vtt", "text/vtt")])
+@pytest.mark.parametrize("fmt,media", [("text", "text/plain"), ("srt", "text/plain"),
+                                       ("vtt", "text/plain")])
 def test_text_and_subtitle_formats(http, speech_wav, fmt, media):
     resp = transcribe(http, speech_wav, response_format=fmt)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith(media)

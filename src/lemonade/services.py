@@ -31,7 +31,7 @@ from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
 from lemonade.runtime.engine_client import EngineClient
-from lemonade.runtime.options import RecipeOptions
+from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
 from lemonade.runtime.request_context import load_progress, request_trace
@@ -205,9 +205,10 @@ class Services:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has."""
         if model.recipe == ROUTER_RECIPE:
-            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions "
-                           "and /completions requests to one of its members; call one of those endpoints, or a "
-                           "member directly: " + ", ".join(model.components or []), code="model_mode_mismatch")
+            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
+                           "/completions and /responses requests to one of its members; call one of those "
+                           "endpoints, or a member directly: " + ", ".join(model.components or []),
+                           code="model_mode_mismatch")
         if model.is_collection:
             raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
                            + ", ".join(model.components or []), code="model_mode_mismatch")
@@ -253,6 +254,20 @@ class Services:
             raise APIError(500, f"Model {model.public} was downloaded but its files are not complete on disk",
                            code="model_load_error")
         return files
+
+    async def load_for_request(self, model: ModelInfo, request: dict[str, Any]) -> None:
+        """Load `model` for an inference request that carries load-level options (`ctx_size`, the one
+        Lemonade forwards; Ollama's `num_ctx`), applied to this load only and never saved. A model
+        already resident is used as it is; options its recipe does not take are ignored."""
+        current = self.router.loaded.get(model.name)
+        if not request or (current is not None and not current.retiring and current.server.alive):
+            return
+        known = options_for(model.recipe)
+        try:
+            parsed = self.options.parse_request(model.recipe, {k: v for k, v in request.items() if k in known})
+        except OptionsError as exc:
+            raise bad_request(str(exc)) from None
+        await self.router.ensure_loaded(model, lambda: self.options.resolve(model.name, model.recipe, request=parsed))
 
     def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None,
                        files: dict[str, list[Path]] | None | object = NOT_LOOKED_UP) -> int | None:

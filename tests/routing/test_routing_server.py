@@ -139,11 +139,14 @@ def test_streamed_route_in_first_event_only(oai: openai.OpenAI, router: str) -> 
     assert all("x_lemonade_route" not in (c.model_extra or {}) for c in chunks[1:])
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    # Without route_trace the stream is the member's own: no extra field, the header still says why.
+    # Without route_trace the first event still carries the decision (as Lemonade's server sends it), minus the trace.
     plain = oai.chat.completions.with_raw_response.create(
         model=router, messages=ask(SMALL_TALK), max_tokens=4, temperature=0, stream=True)
     assert plain.headers["x-lemonade-route"] == "default"
-    assert all("x_lemonade_route" not in (c.model_extra or {}) for c in plain.parse())
+    chunks = list(plain.parse())
+    assert chunks[0].model_extra["x_lemonade_route"] == {"version": "1", "route_to": SMALL, "matched_rule": "",
+                                                         "default_used": True, "outputs": {}}
+    assert all("x_lemonade_route" not in (c.model_extra or {}) for c in chunks[1:])
 
 
 def test_metadata_and_completions(oai: openai.OpenAI, router: str) -> None:
@@ -207,7 +210,7 @@ def test_invalid_policy_refused_with_400(http: httpx.Client, server: Server, cha
 
 
 def test_router_refused_where_it_cannot_route(oai: openai.OpenAI, router: str) -> None:
-    with pytest.raises(openai.BadRequestError, match="routes /chat/completions and /completions"):
+    with pytest.raises(openai.BadRequestError, match="routes /chat/completions, /completions and /responses"):
         oai.embeddings.create(model=router, input="x")
     with pytest.raises(openai.BadRequestError, match="'route_trace' must be true or false"):
         oai.chat.completions.create(model=router, messages=ask("x"), extra_body={"route_trace": "yes"})

@@ -25,7 +25,7 @@ from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
-from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, params, status
+from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, params, routing_validate, status
 from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
@@ -61,7 +61,8 @@ def api_routers() -> list[APIRouter]:
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
             load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
             speech.router, realtime.router,
-            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router, params.router]
+            classify_routes.router, systemone_routes.router, cloud.router, openai_images.router, params.router,
+            routing_validate.router]
 
 
 def websocket_only(app: FastAPI, http_port: int) -> Any:
@@ -169,7 +170,7 @@ def create_app(services: Services) -> FastAPI:
         if request.method == "HEAD":
             return Response(status_code=200, media_type=CONTENT_TYPE)
         loaded = services.router.describe()
-        services.metrics.set_loaded(loaded)
+        services.metrics.set_loaded(loaded, services.router.limits())
         services.metrics.set_queue(services.router.queue_info())
         targets = [({"model": lm.model.public, "recipe": lm.model.recipe, "type": lm.model.type},
                     lm.base_url + lm.engine.metrics_path)

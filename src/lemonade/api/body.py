@@ -21,7 +21,7 @@ async def json_object(request: Request) -> dict[str, Any]:
     try:
         data = jsonparse.loads(raw) if raw.strip() else {}
     except ValueError as exc:
-        raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise APIError(400, f"Invalid JSON body: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "Request body must be a JSON object", code="invalid_json")
     return data

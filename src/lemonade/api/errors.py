@@ -77,7 +77,7 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
         loc = loc[1:]
     field = ".".join(loc)
     if kind in ("json_invalid", "json_type") or (kind == "model_attributes_type" and not loc):
-        return ("Request body is not valid JSON: " + str(first.get("ctx", {}).get("error", first.get("msg", "")))
+        return ("Invalid JSON body: " + str(first.get("ctx", {}).get("error", first.get("msg", "")))
                 if kind == "json_invalid" else "Request body must be a JSON object"), "invalid_json"
     if kind == "missing":
         return f"Missing required field '{field}'", "missing_argument"

@@ -405,7 +405,7 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/embeddings"): Embeddings,
     ("post", "/responses"): Response,
     ("post", "/audio/transcriptions"): {"application/json": Transcription.model_json_schema(),
-                                        "text/plain": TEXT, "text/vtt": TEXT, "application/x-subrip": TEXT},
+                                        "text/plain": TEXT},
     ("post", "/images/generations"): Images,
     ("post", "/images/edits"): Images,
     ("post", "/images/variations"): Images,

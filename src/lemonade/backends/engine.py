@@ -168,6 +168,7 @@ class Engine(ABC):
     # it writes to it, so that hanging up stops a non-streamed generation too (runtime/assemble.py).
     streamed_for_cancel: ClassVar[dict[str, dict[str, Any]]] = {}
     metrics_path: ClassVar[str | None] = None  # Prometheus text the engine exposes, relayed by /metrics
+    release_page: ClassVar[str | None] = None  # the upstream release its build is pinned to (system-info)
     # Audio containers a transcription engine decodes (names of audio/formats.py); an upload in another
     # one is refused with a 400 before the model loads. WAV is what the spec requires of every engine.
     audio_formats: ClassVar[tuple[str, ...]] = ("wav",)
@@ -218,9 +219,13 @@ class Engine(ABC):
         return self.backends[0]
 
     def system_info(self) -> dict[str, Any]:
-        """`recipes.<recipe>` of `/v1/system-info`."""
-        return {"default_backend": self.default_backend(),
-                "backends": {b: self.state(b).to_dict() for b in self.backends}}
+        """`recipes.<recipe>` of `/v1/system-info`; each backend with the `release_url` of the upstream
+        release its build is pinned to, where there is one (Lemonade's app links it)."""
+        backends = {b: self.state(b).to_dict() for b in self.backends}
+        if self.release_page:
+            for entry in backends.values():
+                entry["release_url"] = self.release_page
+        return {"default_backend": self.default_backend(), "backends": backends}
 
     def requested_backend(self, options: dict[str, Any]) -> str:
         value = options.get(self.backend_option) if self.backend_option else None

@@ -40,6 +40,7 @@ from lemonade.backends.llamacpp_bins import (
     installed_tags,
     resolve_latest,
 )
+from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
 from lemonade.backends.llamacpp_context import (
     ContextChoice,
     auto_context,
@@ -275,6 +276,7 @@ def _check_args(value: str) -> str | None:
 
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
+    release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
     modes = ("chat", "embeddings", "reranking")
     label_modes = {"systemone": ("classification",)}  # a decision model (llamacpp-newer.md /v1/systemone)
     backends = LLAMACPP_ALL_BACKENDS

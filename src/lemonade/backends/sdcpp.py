@@ -47,7 +47,7 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.backends.native_engine import NativeCpuBackend
-from lemonade.backends.sdcpp_install import CLI_EXE, SERVER_EXE, SdCppInstall, release_asset_name
+from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.runtime.request_context import ClientGone, until_gone_or
@@ -197,6 +197,7 @@ def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]
 
 class SdCppEngine(NativeCpuBackend, ImageEngine):
     recipe = "sd-cpp"
+    release_page = f"https://github.com/leejet/stable-diffusion.cpp/releases/tag/{SDCPP_VERSION}"
     backends = BACKENDS
     options = {
         "steps": Option(int, "sdcpp.steps", check=_check_steps),

@@ -30,6 +30,7 @@ from lemonade.backends.engine import (
 from lemonade.backends.native_engine import NativeCpuBackend
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import (
+    WHISPER_CPP_VERSION,
     WhisperCppInstall,
     release_asset_name,
 )
@@ -149,6 +150,7 @@ def transcription_result(content: bytes) -> dict[str, Any]:
 
 class WhisperCppEngine(NativeCpuBackend, Engine):
     recipe = "whispercpp"
+    release_page = f"https://github.com/ggml-org/whisper.cpp/releases/tag/{WHISPER_CPP_VERSION}"
     modes = ("transcription",)
     backends = BACKENDS
     options = {

@@ -39,6 +39,11 @@ class RegistrationError(ValueError):
     """An invalid model definition; the message is shown to the user as is."""
 
 
+def nested_error(collection: str, component: str) -> str:
+    return (f"Model '{collection}': component '{component}' is a collection; the components of a collection "
+            "must be models, not collections (collections cannot be nested)")
+
+
 class NotFound(KeyError):
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -113,7 +118,8 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
         raise RegistrationError(str(exc)) from None
     source = definition.get("source") or "huggingface"
     if source not in SOURCES:
-        raise RegistrationError(f"Model '{name}': 'source' must be 'huggingface' or 'modelscope', got '{source}'")
+        raise RegistrationError(f"Model '{name}': Unsupported model source '{source}': 'source' must be "
+                                "'huggingface' or 'modelscope'")
     components = definition.get("components")
     if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
         raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")
@@ -227,7 +233,7 @@ class Catalog:
     def _reindex(self) -> None:
         """Recompute every model's public id after the set of models changed."""
         models = [*self._builtin.values(), *self._user.values(), *self._extra.values()]
-        shown = public_ids(m.name for m in models)
+        shown = public_ids((m.name for m in models), (m.name for m in models if m.is_collection))
         for m in models:
             m.public = shown[m.name]
 
@@ -346,21 +352,24 @@ class Catalog:
                 by_name[item.get("model_name") or item["id"]] = item
             for comp in model.components or []:
                 if comp == model.name or comp == model.name.removeprefix(USER_PREFIX):
-                    raise RegistrationError(f"Model '{model.name}': a collection cannot contain itself")
+                    raise RegistrationError(f"Model '{model.name}': a collection cannot reference itself "
+                                            f"(component '{comp}')")
                 existing = self.find(comp)
                 if existing is not None:
                     if existing.is_collection:
-                        raise RegistrationError(f"Model '{model.name}': component '{comp}' is a collection; "
-                                                "collections cannot be nested")
+                        raise RegistrationError(nested_error(model.name, comp))
                     continue
                 if comp not in by_name:
                     raise RegistrationError(f"Model '{model.name}': component '{comp}' is not registered and "
-                                            "no definition for it was given in 'models'")
+                                            "'models' has no matching definition for it")
                 definition = dict(by_name[comp])
                 definition["model_name"] = comp if comp.startswith(USER_PREFIX) else USER_PREFIX + comp
                 if definition.get("recipe") in COLLECTION_RECIPES:
-                    raise RegistrationError(f"Model '{model.name}': component '{comp}' is a collection; "
-                                            "collections cannot be nested")
+                    raise RegistrationError(nested_error(model.name, comp))
+                if not definition.get("recipe") or not (definition.get("checkpoint") or definition.get("checkpoints")):
+                    raise RegistrationError(f"Model '{model.name}': 'models' has an incomplete definition for "
+                                            f"component '{comp}': it needs a 'recipe' and a 'checkpoint' (or "
+                                            "'checkpoints')")
                 comp_model = self.validate_registration(definition)
                 new_components[comp_model.name] = comp_model
             model.components = [c if self.find(c) or c not in by_name or c.startswith(USER_PREFIX)

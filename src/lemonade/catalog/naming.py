@@ -45,10 +45,15 @@ def reserved_problem(model_name: str) -> str | None:
     return None
 
 
-def public_ids(canonical_ids: Iterable[str]) -> dict[str, str]:
+def public_ids(canonical_ids: Iterable[str], always_prefixed: Iterable[str] = ()) -> dict[str, str]:
     """canonical id -> the id listings show: the bare name for the precedence winner of that bare
     name, the canonical id for every model it shadows. A bare name that itself looks prefixed
-    (an extra file named `builtin.x.gguf`) is never shown bare: it would resolve elsewhere."""
+    (an extra file named `builtin.x.gguf`) is never shown bare: it would resolve elsewhere.
+
+    `always_prefixed` ids are shown under their canonical id even when they win: Lemonade lists a
+    registered or imported collection (`collection.omni`, `collection.router`) as `user.NAME`, the
+    id it was registered, fetched and chatted with (its bare name still resolves to it)."""
+    forced = {cid for cid in always_prefixed if split(cid)[0] in (USER, EXTRA)}
     winners: dict[str, tuple[int, str]] = {}
     ids = list(canonical_ids)
     for cid in ids:
@@ -61,6 +66,7 @@ def public_ids(canonical_ids: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for cid in ids:
         origin, bare = split(cid)
-        shown_bare = origin is not None and winners[bare][1] == cid and split(bare)[0] is None
+        shown_bare = (origin is not None and winners[bare][1] == cid and split(bare)[0] is None
+                      and cid not in forced)
         out[cid] = bare if shown_bare else cid
     return out

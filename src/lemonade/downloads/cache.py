@@ -6,6 +6,7 @@ Layout of one repository folder (see local.py for the reading side)::
     blobs/<etag>.incomplete         a partial download, resumed with an HTTP Range request
     snapshots/<commit>/<path>       relative symlink to ../../blobs/<etag>, created after verification
     refs/main                       the commit of the last complete pull
+    .lemonade_registry.json         provenance: the registry, and per model the snapshot its last pull processed
     .lemonade-pending/<commit>.<key>.json   files a pull still has to verify (and their etags)
 
 Deleting a model removes its snapshot links, except those of files another model still uses (the
@@ -61,6 +62,25 @@ def link_into_snapshot(folder: Path, commit: str, relpath: str, etag: str) -> Pa
 
 def write_ref(folder: Path, commit: str) -> None:
     atomic_write_bytes(folder / "refs" / "main", commit.encode())
+
+
+REGISTRY_FILE = ".lemonade_registry.json"
+
+
+def write_provenance(folder: Path, model_name: str, commit: str, source: str, checkpoint: str) -> None:
+    """Record which registry a repository came from and the snapshot a pull of `model_name` processed,
+    where Lemonade keeps it (tools that read a shared cache look there). A file that cannot be read
+    is replaced: it is a record of pulls, not state anything depends on."""
+    path = folder / REGISTRY_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict) or not isinstance(data.get("processed_models"), dict):
+        data = {"processed_models": {}}
+    data["registry_source"] = source
+    data["processed_models"][model_name] = {"snapshot_id": commit, "checkpoint": checkpoint}
+    atomic_write_json(path, data)
 
 
 def pending_key(model_name: str) -> str:

@@ -62,7 +62,8 @@ def canonical_source(value: str | None, default: str = "huggingface") -> str:
     if value is None or value == "":
         return default
     if not isinstance(value, str) or value.strip().lower() not in SOURCES:
-        raise ValueError(f"'source' must be 'huggingface' or 'modelscope' (aliases 'hf', 'ms'), got {value!r}")
+        raise ValueError(f"Unsupported model source {value!r}: 'source' must be 'huggingface' or 'modelscope' "
+                         "(aliases 'hf', 'ms')")
     return SOURCES[value.strip().lower()]
 
 

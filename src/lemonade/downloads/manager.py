@@ -309,8 +309,9 @@ class DownloadManager:
             cache_ops.write_ref(folder, commit)
             cache_ops.clear_pending(folder, key)
         for text in model.file_checkpoints.values():  # an update leaves the previous version behind: drop it
-            commit = next(pf.listing.commit for pf in plan if pf.listing.repo == parse_checkpoint(text).repo)
-            cache_ops.prune_old_snapshots(self.cache, text, model.source, commit)
+            pf = next(pf for pf in plan if pf.listing.repo == parse_checkpoint(text).repo)
+            cache_ops.write_provenance(pf.folder, model.public, pf.listing.commit, model.source, text)
+            cache_ops.prune_old_snapshots(self.cache, text, model.source, pf.listing.commit)
         elapsed = time.monotonic() - started
         log.info("Pulled %s: %.1f MB fetched in %.1fs", model.name, fetched / 1e6, elapsed)
 

@@ -208,14 +208,14 @@ class JobManager:
         try:
             name, steps, inputs = parse_definition(body, set(self.ops))
         except GraphError as exc:
-            raise APIError(400, f"Invalid job: {exc}", code="invalid_job") from None
+            raise APIError(400, f"Invalid job: {exc}", code="invalid_job", plain=True) from None
         live = [j for j in self.jobs.values() if not j.deleted]
         while len(live) >= MAX_JOBS:
             oldest_done = next((j for j in live if j.status in TERMINAL), None)
             if oldest_done is None:
-                raise APIError(429, f"The job store is full: all {MAX_JOBS} kept jobs are still active or "
-                               "resumable. Delete one (DELETE /v1/jobs/{id}) or let one finish first.",
-                               code="too_many_jobs")
+                raise APIError(429, f"The job store is full (job limit: {MAX_JOBS}): every kept job is still "
+                               "active or resumable. Delete one (DELETE /v1/jobs/{id}) or let one finish first.",
+                               code="too_many_jobs", plain=True)
             self._forget(oldest_done.id)
             live.remove(oldest_done)
         self._counter += 1

@@ -40,14 +40,29 @@ class Metrics:
                                           30, 60, 120),
                                  registry=r)
         self.loaded = Gauge("lemonade_models_loaded", "Models loaded, by model type.", ["type"], registry=r)
+        # Lemonade's own series names (its app and dashboards read these): the total, the limits, and
+        # per-model info labelled as it labels them.
+        self.loaded_total = Gauge("lemonade_loaded_models", "Number of models currently loaded in Lemonade.",
+                                  registry=r)
+        self.max_loaded = Gauge("lemonade_max_loaded_models", "Configured loaded model limit per model type.",
+                                ["type"], registry=r)
         self.model_info = Gauge("lemonade_model_info", "Loaded models with their metadata.",
-                                ["model", "recipe", "type", "backend"], registry=r)
+                                ["model_name", "checkpoint", "type", "device", "recipe", "backend"], registry=r)
         self.model_requests = Counter("lemonade_model_requests", "Inference requests per model.",
                                       ["model", "endpoint"], registry=r)
         self.model_tokens = Counter("lemonade_model_tokens", "Tokens processed per model.",
                                     ["model", "kind"], registry=r)
         self.model_loads = Counter("lemonade_model_loads", "Model loads, by outcome.", ["model", "outcome"],
                                    registry=r)
+        # Prompt tokens the engine served from its prefix cache: the last request's per model, and totals.
+        self.model_cache = Gauge("lemonade_model_cache_tokens",
+                                 "Latest prompt tokens served from the backend prefix cache for a model.",
+                                 ["model_name"], registry=r)
+        self.model_cache_total = Gauge("lemonade_model_cache_tokens_total",
+                                       "Cumulative prompt tokens served from the backend prefix cache for a model.",
+                                       ["model_name"], registry=r)
+        self.cache_total = Counter("lemonade_cache_tokens", "Cumulative prompt tokens served from backend prefix "
+                                   "caches.", registry=r)
         self.routing_decisions = Counter("lemonade_routing_decisions",
                                          "Cumulative collection.router routing decisions.", registry=r)
         self.routing_switches = Counter("lemonade_routing_switches", "Cumulative routing decisions that changed "
@@ -80,8 +95,12 @@ class Metrics:
         self._child(self.latency, family).observe(seconds)
 
     def record_inference(self, model: str, endpoint: str, input_tokens: int | None,
-                         output_tokens: int | None) -> None:
+                         output_tokens: int | None, cache_tokens: int | None = None) -> None:
         self._child(self.model_requests, model, endpoint).inc()
+        if cache_tokens is not None:
+            self._child(self.model_cache, model).set(cache_tokens)
+            self._child(self.model_cache_total, model).inc(cache_tokens)
+            self.cache_total.inc(cache_tokens)
         if input_tokens:
             self._child(self.model_tokens, model, "input").inc(input_tokens)
         if output_tokens:
@@ -92,16 +111,20 @@ class Metrics:
         if switched:
             self.routing_switches.inc()
 
-    def set_loaded(self, loaded: Iterable[dict[str, Any]]) -> None:
-        """Refresh the residency gauges from the router's view (called at scrape time)."""
+    def set_loaded(self, loaded: Iterable[dict[str, Any]], limits: dict[str, int]) -> None:
+        """Refresh the residency gauges from the router's view and its limits (called at scrape time)."""
         self.loaded.clear()
         self.model_info.clear()
         counts: dict[str, int] = {}
         for m in loaded:
             counts[m["type"]] = counts.get(m["type"], 0) + 1
-            self.model_info.labels(m["model_name"], m["recipe"], m["type"], m.get("backend", "")).set(1)
+            self.model_info.labels(m["model_name"], m.get("checkpoint", ""), m["type"], m.get("device", ""),
+                                   m["recipe"], m.get("backend", "")).set(1)
         for kind in ("llm", "embedding", "reranking", "transcription", "image", "tts", *counts):
             self.loaded.labels(kind).set(counts.get(kind, 0))
+        self.loaded_total.set(sum(counts.values()))
+        for kind, limit in limits.items():
+            self.max_loaded.labels(kind).set(limit)
 
     async def render(self, backends: list[tuple[dict[str, str], str]], client: httpx.AsyncClient) -> bytes:
         """Our families plus each llama.cpp backend's, relabelled. `backends`: (labels, metrics url)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lemonade.api.openai import images
-from lemonade.api.openai.speech import CONTENT_TYPES, speech_format, synthesize
+from lemonade.api.openai.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.backends.image_engine import ImageEngine
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
@@ -30,7 +30,7 @@ from lemonade.services import Services
 log = logging.getLogger("lemonade.omni")
 SIZE_RE = re.compile(r"^\s*(\d{2,4})\s*[x×X*]\s*(\d{2,4})\s*$")
 EXTENSIONS = {"image/png": "png", "audio/mpeg": "mp3", "audio/wav": "wav", "audio/ogg": "ogg", "audio/aac": "aac",
-              "audio/flac": "flac", "audio/pcm": "pcm"}
+              "audio/flac": "flac", PCM_CONTENT_TYPE: "pcm"}
 
 
 @dataclass

@@ -130,6 +130,8 @@ class Policy:
     rules: tuple[Rule, ...]
     classifiers: Mapping[str, ClassifierDef]
     components: tuple[str, ...] = ()
+    # The `routing` object as evaluated: `routing.router` desugared into its classifier and rules.
+    routing: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 
@@ -468,7 +470,7 @@ def parse_policy(doc: Mapping[str, Any], *, check_components: bool = True) -> Po
         if not isinstance(outputs, Mapping):
             raise PolicyError(f"{path}.outputs must be an object")
         rules.append(Rule(rid, match, route_to, dict(outputs)))
-    return Policy(tuple(candidates), default, tuple(rules), classifiers, declared)
+    return Policy(tuple(candidates), default, tuple(rules), classifiers, declared, dict(routing))
 
 
 # The deployment modes (labels.py) a member may have, by what the policy uses it for.

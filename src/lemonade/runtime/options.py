@@ -35,13 +35,19 @@ def _non_negative(name: str) -> Any:
 
 # Options every recipe takes: residency belongs to the router, not to an engine
 # (guide-configuration-multi-model.md, "Per-model eviction settings").
+# Idle timeouts are whole seconds, as in Lemonade (a fractional value is refused, not rounded).
 COMMON_OPTIONS: dict[str, Option] = {
     "auto_evict": Option(bool, None, default=None),  # null: the server-wide `auto_evict` decides
-    "evict_idle_timeout": Option((int, float), None, default=300, check=_non_negative("evict_idle_timeout")),
-    "downsize_idle_timeout": Option((int, float), None, default=60, check=_non_negative("downsize_idle_timeout")),
+    "evict_idle_timeout": Option(int, None, default=300, check=_non_negative("evict_idle_timeout")),
+    "downsize_idle_timeout": Option(int, None, default=60, check=_non_negative("downsize_idle_timeout")),
     "evict_weight_factor": Option((int, float), None, default=1.0, check=_non_negative("evict_weight_factor")),
     "merge_args": Option(bool, None, default=True),
 }
+
+
+# The router's own options: how long a model stays, not how its engine runs. `/v1/health` lists a
+# loaded model's `recipe_options` without them (the engine's options, as Lemonade shows them).
+RESIDENCY_OPTIONS = ("auto_evict", "evict_idle_timeout", "downsize_idle_timeout", "evict_weight_factor")
 
 
 class OptionsError(ValueError):
@@ -271,10 +277,12 @@ class RecipeOptions:
         self._write(model_name, entry)
 
     def merge_saved(self, model_name: str, changes: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """POST /v1/models/{id}/options: merge; null removes a key. Returns the would-be entry."""
+        """POST /v1/models/{id}/options: merge; null (or "" for `*_args`) removes a key. Returns the
+        would-be entry."""
         entry = self.saved(model_name)
+        args_keys = args_options()
         for key, value in changes.items():
-            if value is None:
+            if value is None or (key in args_keys and value == ""):  # no flags is no saved flags
                 entry.pop(key, None)
             else:
                 entry[key] = value

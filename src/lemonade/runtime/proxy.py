@@ -32,7 +32,7 @@ from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.remote_http import RemoteHttp, RemoteStream
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
 from lemonade.runtime.router import LoadedModel, Router
-from lemonade.runtime.stats import Stats
+from lemonade.runtime.stats import Stats, cache_tokens_of
 
 log = logging.getLogger("lemonade.proxy")
 TAIL_BYTES = 16384
@@ -119,7 +119,7 @@ class Proxy:
         if body is None:
             return
         tokens_in, tokens_out = self.stats.record_llamacpp(body)
-        self.metrics.record_inference(model.public, endpoint, tokens_in, tokens_out)
+        self.metrics.record_inference(model.public, endpoint, tokens_in, tokens_out, cache_tokens_of(body))
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
                     raw: bytes | FileBody | Framed | None = None, content_type: str = "application/json") -> bytes:

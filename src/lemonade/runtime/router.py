@@ -48,6 +48,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.kv_pool import KvPool
+from lemonade.runtime.options import RESIDENCY_OPTIONS
 from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
 from lemonade.system.devices import MemoryUse, memory_use
 
@@ -131,7 +132,7 @@ class LoadedModel:
             "is_streaming": self.streaming > 0,
             "recipe": self.model.recipe,
             "pid": self.server.pid,
-            "recipe_options": self.options,
+            "recipe_options": {k: v for k, v in self.options.items() if k not in RESIDENCY_OPTIONS},
             "backend_url": self.server.base_url + "/v1",
             "backend": self.backend,
             "launch_command": self.engine.launch_command(self.launch),
@@ -526,7 +527,7 @@ class Router:
             lm = await self._start(model, options() if callable(options) else options, bool(pinned))
         except BaseException as exc:
             self._loading.pop(model.name, None)
-            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load {model.public}: {exc}",
+            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load model {model.public}: {exc}",
                                                                   type="server_error", code="model_load_error")
             self._fail_waiters(model.name, err)
             self._dispatch()
@@ -561,7 +562,7 @@ class Router:
         except EngineUnavailable as exc:
             raise APIError(400, str(exc), code=exc.code) from None
         except BackendStartError as exc:
-            raise APIError(500, f"Failed to load {model.public}: {exc}", type="server_error",
+            raise APIError(500, f"Failed to load model {model.public}: {exc}", type="server_error",
                            code="model_load_error") from None
         elapsed = time.perf_counter() - started
         lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed)

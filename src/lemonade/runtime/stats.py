@@ -11,6 +11,19 @@ _TOTALS = ("request_count_total", "input_tokens_total", "output_tokens_total", "
            "cache_tokens_total", "routing_decisions_total", "routing_switches_total")
 
 
+def cache_tokens_of(body: Any) -> int | None:
+    """Prompt tokens the engine served from its cache, by llama-server's `timings.cache_n` or an
+    OpenAI `usage.prompt_tokens_details.cached_tokens`; None when the answer does not say."""
+    if not isinstance(body, dict):
+        return None
+    timings, usage = body.get("timings"), body.get("usage")
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        return timings["cache_n"]
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else None
+
+
 class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -19,7 +19,7 @@ from typing import Any
 
 from lemonade.api.anthropic.protocol import SUPPORTED_FIELDS, CountTokensRequest, MessagesRequest
 from lemonade.api.errors import APIError
-from lemonade.api.sse import error_message, sse_events
+from lemonade.api.sse import SSEEvent, error_message, sse_events
 from lemonade.util import jsonparse
 
 log = logging.getLogger("lemonade.anthropic")
@@ -446,6 +446,19 @@ def error_event(message: str, kind: str = "api_error") -> bytes:
     return _sse("error", {"error": {"type": kind, "message": message}})
 
 
+# An in-band error's OpenAI type -> Anthropic's, so a stream's error is typed as the same error
+# answered unstreamed would be (a prompt longer than the context is the client's: invalid_request_error).
+_STREAM_ERROR_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
+                       "permission_error": "permission_error", "not_found": "not_found_error",
+                       "rate_limit_error": "rate_limit_error"}
+
+
+def stream_error_type(event: SSEEvent) -> str:
+    err = event.data.get("error") if isinstance(event.data, dict) else None
+    kind = err.get("type") if isinstance(err, dict) else None
+    return _STREAM_ERROR_TYPES.get(kind, "api_error") if isinstance(kind, str) else "api_error"
+
+
 async def anthropic_stream(source: AsyncIterator[bytes], model: str, tr: Translation) -> AsyncIterator[bytes]:
     writer = EventWriter(model, tr)
     yield writer.start()
@@ -453,7 +466,7 @@ async def anthropic_stream(source: AsyncIterator[bytes], model: str, tr: Transla
         async for event in sse_events(source):
             message = error_message(event)
             if message is not None:
-                yield error_event(message)
+                yield error_event(message, stream_error_type(event))
                 return
             if isinstance(event.data, dict):
                 for chunk in writer.feed(event.data):

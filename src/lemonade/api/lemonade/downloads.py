@@ -229,32 +229,39 @@ async def registry_search_route(request: Request, query: str | None = Query(None
                        extra=extra) from None
 
 
+def _variants_refusal(message: str) -> APIError:
+    """A bad `/pull/variants` query: `{"error": "<message>"}`, the shape Lemonade's model manager reads."""
+    return APIError(400, message, code="invalid_argument", plain=True)
+
+
 @router.get("/pull/variants")
 async def pull_variants(request: Request, checkpoint: str | None = Query(None),
                         source: str | None = Query(None)) -> dict[str, Any]:
     svc = _services(request)
     if checkpoint is None or not checkpoint.strip():
-        raise APIError(400, "Missing required query parameter 'checkpoint' (a repository id like "
-                            "'unsloth/Qwen3-8B-GGUF')", code="missing_argument")
+        raise _variants_refusal("Missing required query parameter 'checkpoint' (a repository id like "
+                                "'unsloth/Qwen3-8B-GGUF')")
     repo, url_source = split_repo_url(checkpoint.strip())
     try:
         requested = canonical_source(source) if source is not None else None
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise _variants_refusal(str(exc)) from None
     if requested and url_source and requested != url_source:
-        raise bad_request(f"'checkpoint' is a {url_source} URL but 'source' is '{requested}'")
+        raise _variants_refusal(f"The checkpoint URL uses {url_source}, but source was set to '{requested}'; "
+                                "drop 'source' or give a repository id instead of the URL")
     try:
         ckpt = parse_checkpoint(repo)
     except ValueError as exc:
-        raise bad_request(f"Invalid value for 'checkpoint': {exc}") from None
+        raise _variants_refusal(f"Invalid value for 'checkpoint': {exc} (owner/name, e.g. "
+                                "'unsloth/Qwen3-8B-GGUF')") from None
     if svc.offline:
         raise offline_error(f"list the variants of {ckpt.repo}")
     src = requested or url_source or svc.config.get("default_model_source")
     try:
         listing = await asyncio.to_thread(list_repo, src, ckpt.repo)
-    except HubError as exc:
-        status = exc.status if exc.status in (400, 403, 404) else 500
-        raise APIError(status, exc.message, code="checkpoint_not_found" if status == 404 else None) from None
+    except HubError as exc:  # a registry that cannot be reached is a 502 (or its 429), never our 500
+        raise APIError(exc.status, exc.message, code="checkpoint_not_found" if exc.status == 404 else None,
+                       extra={"upstream_status": exc.upstream_status} if exc.upstream_status else None) from None
     return describe_repo(listing, ckpt.repo)
 
 

@@ -23,7 +23,7 @@ from lemonade.api.lemonade.load import _prepare_load
 from lemonade.api.lemonade.protocol import LoadRequest
 from lemonade.api.openai.inference import chat_model
 from lemonade.api.openai.models import model_object
-from lemonade.api.openai.protocol import ChatCompletionRequest
+from lemonade.api.openai.protocol import ChatCompletionRequest, legacy_max_tokens
 from lemonade.catalog.catalog import NotFound
 from lemonade.errors import APIError
 from lemonade.jobs.manager import Op, Owned, RunState
@@ -165,8 +165,7 @@ class ServerOps:
             raise _invalid(exc, "chat") from None
         model = chat_model(self.svc, body.model, "/chat/completions")
         payload = body.model_dump(exclude_unset=True)
-        if "max_completion_tokens" in payload:
-            payload["max_tokens"] = payload.pop("max_completion_tokens")
+        legacy_max_tokens(payload)
         return await self.svc.proxy.post_json(model, "/v1/chat/completions", payload, "chat/completions")
 
     # ----- the job's residencies: interrupt and resume ------------------------------------------

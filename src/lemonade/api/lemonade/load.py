@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.sse import progress_stream
+from lemonade.backends.tuning import backend_option
+from lemonade.labels import ROUTER_RECIPE
 from lemonade.runtime.options import OptionsError
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
@@ -35,7 +37,15 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
     """Resolve the model, check its options and return the work that performs the load."""
     model = svc.resolve(body.model_name)
     pinned = body.pinned
-    done = {"status": "success", "message": f"Loaded model: {model.public}"}
+    done = {"status": "success", "message": f"Loaded model: {model.public}", "model_name": model.public,
+            "recipe": model.recipe}
+    if model.recipe == ROUTER_RECIPE:
+        # Virtual, as in Lemonade: each request loads the member its policy picks. Loading every
+        # candidate up front would only push other models out.
+        async def acknowledge() -> dict[str, Any]:
+            return done
+
+        return acknowledge
     if model.is_collection:
         components = [svc.resolve(comp) for comp in model.components or []]
 
@@ -57,10 +67,12 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
     if pinned is None:
         pinned = svc.options.saved(model.name).get("pinned")
 
+    if model.checkpoint:
+        done["checkpoint"] = model.checkpoint
+
     async def load_model() -> dict[str, Any]:
         current = svc.router.loaded.get(model.name)
-        reload = current is not None and \
-            {k: v for k, v in current.options.items() if k != "resolved_ctx_size"} != effective
+        reload = current is not None and not same_options(current.options, effective, backend_option(model.recipe))
         lm = await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
         if body.save_options:
             svc.options.save_from_load(model.name, requested, body.pinned)
@@ -77,6 +89,16 @@ def context_fields(lm: LoadedModel) -> dict[str, Any]:
     if lm.launch.context_reason:
         out["context_reason"] = lm.launch.context_reason
     return out
+
+
+def same_options(applied: dict[str, Any], wanted: dict[str, Any], backend_key: str | None) -> bool:
+    """Would a load with `wanted` run the engine `applied` describes? An `auto` backend matches the
+    backend it chose, and the context it sized (`resolved_ctx_size`) is not an option of its own."""
+    shown = {k: v for k, v in applied.items() if k != "resolved_ctx_size"}
+    wanted = dict(wanted)
+    if backend_key is not None and wanted.get(backend_key) == "auto":
+        wanted[backend_key] = shown.get(backend_key)
+    return shown == wanted
 
 
 def load_events(run: Any) -> Any:

@@ -400,7 +400,8 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     _path, folder = _output_dirs(svc, {"output_dir": args.get("output_dir")})
     model = find_model(svc, args["model"]) if args.get("model") else _pick_omni_model(svc)
     if model.recipe != OMNI_RECIPE:
-        raise ToolError(f"Model {model.public} is not a collection.omni model; use lemonade_chat for a plain LLM.")
+        raise ToolError(f"Model {model.public} is not an Omni collection (collection.omni); use lemonade_chat for "
+                        "a plain LLM.")
     request: dict[str, Any] = {"messages": _chat_messages(args["messages"])}
     request.update({k: args[k] for k in ("tools", "tool_choice", "max_tokens", "temperature") if k in args})
     request["chat_template_kwargs"] = {"enable_thinking": False}  # as lemonade_chat: the planner acts, briefly

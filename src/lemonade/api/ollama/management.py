@@ -45,7 +45,9 @@ async def tags(request: Request) -> dict[str, Any]:
     svc = _svc(request)
     entries = []
     for model in svc.catalog.all():
-        if model.is_collection:
+        if model.is_collection:  # listed once all its components are (under its `user.` id, as Lemonade does)
+            if svc.catalog.is_downloaded(model):
+                entries.append(om.tags_entry(svc, model, om.collection_files(svc, model)))
             continue
         files = svc.catalog.local_files(model)
         if files is not None:

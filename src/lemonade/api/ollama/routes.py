@@ -75,7 +75,10 @@ async def _load(svc: Services, model: ModelInfo, options: Options | None, timer:
         return
     request = {"ctx_size": options.num_ctx} if options is not None and options.num_ctx else {}
     start = time.perf_counter_ns()
-    await svc.router.ensure_loaded(model, lambda: svc.options.resolve(model.name, model.recipe, request=request))
+    if request:
+        await svc.load_for_request(model, request)
+    else:
+        await svc.router.ensure_loaded(model, lambda: svc.options.resolve(model.name, model.recipe))
     timer.load_ns = time.perf_counter_ns() - start
 
 

@@ -73,8 +73,8 @@ def shaped(result: dict[str, Any], fmt: str) -> tuple[str | dict[str, Any], str]
     text = result.get("text", "")
     if fmt == "text":
         return text + "\n", "text/plain"
-    if fmt in ("srt", "vtt"):
-        return subtitles(result.get("segments", []), fmt), "text/vtt" if fmt == "vtt" else "application/x-subrip"
+    if fmt in ("srt", "vtt"):  # text/plain, as OpenAI's API and Lemonade's server send subtitles
+        return subtitles(result.get("segments", []), fmt), "text/plain"
     if fmt == "verbose_json":
         return {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
                 "text": text, "segments": result.get("segments", [])}, "application/json"

@@ -18,6 +18,7 @@ from lemonade.api.openai.protocol import (
     CompletionRequest,
     EmbeddingRequest,
     ResponsesRequest,
+    legacy_max_tokens,
 )
 from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
@@ -27,6 +28,14 @@ from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
+# Load-level fields an inference body may carry (Lemonade's allow-list): they shape the load the
+# request triggers, are not sent to the engine, and are never saved.
+AUTO_LOAD_FIELDS = ("ctx_size",)
+
+
+async def auto_load(svc: Services, model: ModelInfo, payload: dict[str, Any]) -> None:
+    request = {k: payload.pop(k) for k in AUTO_LOAD_FIELDS if k in payload}
+    await svc.load_for_request(model, request)
 
 def proxy(request: Request) -> Proxy:
     return request.app.state.services.proxy
@@ -65,8 +74,8 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
                               payload: dict[str, Any]) -> Response:
     svc: Services = request.app.state.services
     model = svc.check_model(target, "chat", "/chat/completions", images=has_image_parts(body))
-    if "max_completion_tokens" in payload:
-        payload["max_tokens"] = payload.pop("max_completion_tokens")
+    legacy_max_tokens(payload)
+    await auto_load(svc, model, payload)
     name = forced_call.named_tool(payload)
     if name is not None:  # a named tool: asked for under a grammar, answered as its call (runtime/forced_call.py)
         payload = forced_call.forced(payload, name)
@@ -90,6 +99,7 @@ async def completions_of(request: Request, target: ModelInfo, body: CompletionRe
                          payload: dict[str, Any]) -> Response:
     svc: Services = request.app.state.services
     model = svc.check_model(target, "chat", "/completions")
+    await auto_load(svc, model, payload)
     if body.stream and body.logprobs:
         raise APIError(400, "'logprobs' is only available with stream=false", code="invalid_argument")
     if payload.pop("echo", False) and not body.stream:
@@ -117,6 +127,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
 @router.post("/responses")
 async def responses(request: Request, body: ResponsesRequest) -> Response:
     svc: Services = request.app.state.services
-    model = chat_model(svc, body.model, "/responses")
-    return await relay(request, model, "/v1/responses", body.model_dump(exclude_unset=True), body.stream,
-                       "responses")
+    payload = body.model_dump(exclude_unset=True)
+    return await routing.answered(svc, svc.resolve(body.model), payload,
+                                  lambda model: relay(request, svc.check_model(model, "chat", "/responses"),
+                                                      "/v1/responses", payload, body.stream, "responses"))

@@ -56,18 +56,22 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         obj["checkpoints"] = dict(model.checkpoints)
     if model.source != "huggingface":
         obj["source"] = model.source
+    if model.origin == "user" and not model.is_collection:  # the registry it was registered from (provenance)
+        obj["registry_source"] = model.source
     if model.image_defaults:
         obj["image_defaults"] = dict(model.image_defaults)
     if model.is_collection:
-        obj["components"] = list(model.components or [])
+        # Listed by their public ids, the namespace of `id` (stored as they were given: `X` or `user.X`)
+        given = list(model.components or [])
+        found = [svc.catalog.find(c) for c in given]
+        obj["components"] = [m.public if m is not None else c for m, c in zip(found, given, strict=True)]
         for key in ("version", "routing"):  # a collection.router's policy, as registered (and exported)
             if key in model.definition:
                 obj[key] = model.definition[key]
         if model.definition.get("system_prompt"):
             obj["system_prompt"] = model.definition["system_prompt"]
         if with_components:
-            comps = [svc.catalog.find(c) for c in model.components or []]
-            obj["models"] = [model_object(svc, c, with_components=False) for c in comps if c is not None]
+            obj["models"] = [model_object(svc, c, with_components=False) for c in found if c is not None]
     return obj
 
 

@@ -61,11 +61,14 @@ class ChatCompletionRequest(Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    @model_validator(mode="after")
-    def _one_limit(self) -> ChatCompletionRequest:
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise ValueError("'max_tokens' and 'max_completion_tokens' are mutually exclusive; send only one")
-        return self
+
+def legacy_max_tokens(payload: dict[str, Any]) -> None:
+    """The engine reads `max_tokens`: `max_completion_tokens` is renamed to it, unless the request
+    gave both, where `max_tokens` is kept, as Lemonade does (OpenAI's clients send either or both)."""
+    if "max_completion_tokens" in payload:
+        limit = payload.pop("max_completion_tokens")
+        if payload.get("max_tokens") is None:
+            payload["max_tokens"] = limit
 
 
 class CompletionRequest(Sampling):

@@ -2,8 +2,9 @@
 the member its policy picks (routing/), then runs like a request naming that member.
 
 The decision is reported as the `x-lemonade-route` header (the rule id, or `default`) on every
-answer, errors of the member included; with `"route_trace": true` the body also carries it as
-`x_lemonade_route` (a stream: in its first event, the rest of the stream relayed untouched).
+answer, errors of the member included, and as `x_lemonade_route` in the body (a stream: in its first
+event, the rest of the stream relayed untouched), as Lemonade's server does; `"route_trace": true`
+adds the per-condition `trace` to it.
 Model-backed conditions call the policy's helper models through the same router and proxy as any
 request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
 chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
@@ -43,14 +44,11 @@ class Routed:
 
     member: ModelInfo
     decision: Decision
-    want_trace: bool
 
     def attach(self, response: Response) -> Response:
         """The member's answer with the decision on it."""
         response.headers[ROUTE_HEADER] = self.decision.header
-        if not self.want_trace:
-            return response
-        route = self.decision.to_json()
+        route = self.decision.to_json()  # its `trace` only when the request asked for it
         if isinstance(response, StreamingResponse):
             response.body_iterator = attach_to_first_event(response.body_iterator, route)
             return response
@@ -144,7 +142,7 @@ async def route(svc: Services, router_model: ModelInfo, payload: dict[str, Any])
     log.info("Routed a request for %s to %s (%s)", router_model.public, member.public,
              f"rule {decision.matched_rule}" if decision.matched_rule else "default")
     payload["model"] = member.public
-    return Routed(member, decision, want_trace)
+    return Routed(member, decision)
 
 
 async def answered(svc: Services, target: ModelInfo, payload: dict[str, Any],

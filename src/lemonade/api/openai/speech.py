@@ -25,8 +25,11 @@ from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
 MAX_INPUT_CHARS = 4096  # OpenAI's limit; longer texts are better sent in parts (and streamed)
+# Raw PCM is declared as Lemonade declares it: 16-bit little-endian samples at 24 kHz, mono (RFC 2586's
+# audio/L16 with its rate), so a player knows how to read headerless bytes.
+PCM_CONTENT_TYPE = "audio/l16;rate=24000;endianness=little-endian"
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
-                 "wav": "audio/wav", "pcm": "audio/pcm"}
+                 "wav": "audio/wav", "pcm": PCM_CONTENT_TYPE}
 STREAM_FORMATS = ("audio",)
 
 
