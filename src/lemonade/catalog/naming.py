@@ -45,13 +45,17 @@ def reserved_problem(model_name: str) -> str | None:
     return None
 
 
-def public_ids(canonical_ids: Iterable[str]) -> dict[str, str]:
+def public_ids(canonical_ids: Iterable[str], claims: Iterable[str] = ()) -> dict[str, str]:
     """canonical id -> the id listings show: the bare name for the precedence winner of that bare
     name, the canonical id for every model it shadows. A bare name that itself looks prefixed
-    (an extra file named `builtin.x.gguf`) is never shown bare: it would resolve elsewhere."""
+    (an extra file named `builtin.x.gguf`) is never shown bare: it would resolve elsewhere.
+
+    `claims` are canonical names that resolve but are never listed (a split extra folder's old name):
+    they win their bare name by the same precedence, so the model they shadow is listed by its
+    canonical id and the bare name is not listed at all."""
     winners: dict[str, tuple[int, str]] = {}
     ids = list(canonical_ids)
-    for cid in ids:
+    for cid in [*ids, *claims]:
         origin, bare = split(cid)
         if origin is None:
             continue
