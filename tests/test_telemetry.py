@@ -389,6 +389,42 @@ def test_embedding_rerank_and_tool_call_answers():
                      hide_outputs=True)["output.value"] == "[REDACTED]"
 
 
+def _streamed(name: str, events: list[dict[str, Any]], cut: int = 7) -> dict[str, Any]:
+    """The span of a relayed SSE stream, fed in pieces cut across its lines (as chunks arrive)."""
+    span = InferenceSpan("LLM", name, RequestOrigin(), {"otlp": {"semantics": ["openinference"]}})
+    span.body = {"model": "m", "messages": CHAT}
+    raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+    reader = span.stream_reader()
+    for i in range(0, len(raw), cut):
+        reader.feed(raw[i:i + cut])
+    data = span.export()
+    return {a["key"]: next(iter(a["value"].values())) for a in data["attributes"]}
+
+
+def test_stream_reading():
+    chat = _streamed("chat.completions", [
+        {"choices": [{"delta": {"reasoning_content": "Think."}}]},
+        {"choices": [{"delta": {"content": "Hel"}}]}, {"choices": [{"delta": {"content": "lo"}}]},
+        {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}])
+    assert chat["output.value"] == "<think>\nThink.\n</think>\nHello" and chat["llm.usage.completion_tokens"] == 3
+    assert chat["llm.performance.time_to_first_token"] > 0 and chat["llm.token_count.total"] == 8
+    def call(**piece: Any) -> dict[str, Any]:
+        return {"choices": [{"delta": {"tool_calls": [{"index": 0, **piece}]}}]}
+
+    tools = _streamed("chat.completions", [call(id="c1", function={"name": "f", "arguments": ""}),
+                                           call(function={"arguments": '{"a":'}), call(function={"arguments": "1}"})])
+    assert tools["llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments"] == '{"a":1}'
+    assert tools["llm.usage.completion_tokens"] == 3  # no usage reported: the pieces counted
+    responses = _streamed("responses", [
+        {"type": "response.created", "response": {}}, {"type": "response.output_text.delta", "delta": "Hi"},
+        {"type": "response.output_text.delta", "delta": " there"},
+        {"type": "response.completed", "response": {"usage": {"input_tokens": 4, "output_tokens": 2}}}])
+    assert responses["output.value"] == "Hi there" and responses["llm.usage.prompt_tokens"] == 4
+    failed = InferenceSpan("LLM", "chat.completions", RequestOrigin(), {"otlp": {"semantics": []}})
+    failed.stream_reader().feed(b'event: error\ndata: {"error": {"message": "engine gone"}}\n\n')
+    assert failed.export()["status"] == {"code": 2, "message": "engine gone"}
+
+
 # ----- served requests (the real engine) ------------------------------------------------------------
 
 @pytest.fixture(scope="module")

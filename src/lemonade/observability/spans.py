@@ -445,29 +445,39 @@ class StreamReader:
         if isinstance(event.get("error"), dict):
             self.span.fail(str(event["error"].get("message", "Request failed")))
             return
+        kind = event.get("type")
+        if isinstance(kind, str) and kind.startswith("response."):  # a Responses API stream
+            if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+                self._got(self.text, event["delta"])
+            elif kind == "response.completed" and isinstance(event.get("response"), dict):
+                self.span.count_usage(event["response"].get("usage"), None)
+            return
         self.span.count_usage(event.get("usage"), event.get("timings"))
         choices = event.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
         delta = choices[0].get("delta") if isinstance(choices[0].get("delta"), dict) else choices[0]
-        got = False
         for key, into in (("content", self.text), ("text", self.text), ("reasoning_content", self.thought)):
             piece = delta.get(key)
             if isinstance(piece, str) and piece:
-                into.append(piece)
-                got = True
+                self._got(into, piece)
         for call in delta.get("tool_calls") or []:
             if isinstance(call, dict):
-                got = True
                 slot = self.calls.setdefault(int(call.get("index", 0) or 0), {"id": "", "name": "", "arguments": ""})
                 fn = call.get("function") if isinstance(call.get("function"), dict) else {}
                 slot["id"] = slot["id"] or str(call.get("id") or "")
                 slot["name"] += str(fn.get("name") or "")
-                slot["arguments"] += str(fn.get("arguments") or "")
-        if got:
-            self.tokens += 1
-            if self.first_token is None:
-                self.first_token = time.perf_counter()
+                self._got(None, str(fn.get("arguments") or ""), slot)
+
+    def _got(self, into: list[str] | None, piece: str, call: dict[str, str] | None = None) -> None:
+        """A generated piece: text (or reasoning) kept in `into`, or a tool call's arguments."""
+        if call is not None:
+            call["arguments"] += piece
+        elif into is not None:
+            into.append(piece)
+        self.tokens += 1
+        if self.first_token is None:
+            self.first_token = time.perf_counter()
 
     def close(self) -> None:
         """The stream ended: the span gets what it carried (best-effort counts where it said none)."""
