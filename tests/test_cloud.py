@@ -242,7 +242,7 @@ def test_bad_input(http):
     assert http.delete("/v1/cloud/auth/nope").status_code == 404
 
 
-def test_http_provider_keys_need_an_explicit_opt_in(http, cloud):
+def test_http_provider_keys_need_an_explicit_opt_in(http, cloud, server):
     """A key for an http:// provider is refused until install or auth opts in; the opt-in is kept."""
     base = {"backend": "cloud", "provider": "plain", "base_url": cloud["url"]}
     refused = http.post("/v1/install", json={**base, "api_key": KEY})
@@ -252,12 +252,16 @@ def test_http_provider_keys_need_an_explicit_opt_in(http, cloud):
     assert keyless.json()["warnings"] == HTTP_WARNINGS[:1] and keyless.json()["models_discovered"] == 0
     again = http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY})
     assert again.status_code == 400 and again.json()["error"]["code"] == "insecure_http_requires_opt_in"
-    ok = http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY, "allow_insecure_http": True})
+    cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "auth", "plain", "--api-key", KEY,
+                          "--allow-insecure-http"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "LEMONADE_BASE_URL": server.url})
+    assert cli.returncode == 0 and "1 model(s) discovered" in cli.stdout and "plaintext HTTP" in cli.stdout
+    assert_no_key(cli.stdout, cli.stderr)
+    entry = next(p for p in http.get("/v1/system-info").json()["cloud"]["providers"] if p["name"] == "plain")
+    assert entry["allow_insecure_http"] is True and entry["warnings"] == HTTP_WARNINGS
+    ok = http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY})  # the opt-in was kept
     assert ok.status_code == 200 and ok.json()["allow_insecure_http"] is True and ok.json()["models_discovered"] == 1
     assert ok.json()["warnings"] == HTTP_WARNINGS
-    entry = next(p for p in http.get("/v1/system-info").json()["cloud"]["providers"] if p["name"] == "plain")
-    assert entry["allow_insecure_http"] is True
-    assert http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY}).status_code == 200  # kept
     assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "plain"}).status_code == 200
 
 
