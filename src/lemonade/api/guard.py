@@ -1,9 +1,10 @@
 """Our one ASGI layer: every per-request rule of ours, in one pass over the headers.
 
 In order: the Host/Origin policy (403; an allowed page's preflight gets its 204 and its responses
-their CORS headers, a 401 included), the API key (401), then for HTTP: metrics (status and time,
-to the end of the response body), the body size limit (413), JSON as the default content type, and
-for POSTs the disconnect watch that sets the request's `client_gone`.
+their CORS headers, a 401 included; every answer says `Vary: Origin`), the API key (401), then for
+HTTP: an inference request's span while tracing is on (observability/spans.py), metrics (status and
+time, to the end of the response body), the body size limit (413), JSON as the default content type,
+and for POSTs the disconnect watch that sets the request's `client_gone`.
 
 Why one layer: these were six middlewares, each scanning the headers and adding a call frame to
 every request and, for those that wrap `send`, to every streamed chunk. One layer reads the headers

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lemonade.observability.otlp_export import Destination, SpanExporter, receiver_headers
-from lemonade.observability.spans import InferenceSpan, RequestOrigin, public, request_origin
+from lemonade.observability.spans import InferenceSpan, public, request_origin
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -55,9 +55,6 @@ class Telemetry:
     def start(self, kind: str, name: str, headers: dict[str, str]) -> InferenceSpan:
         settings = self.settings()
         return InferenceSpan(kind, name, request_origin(headers, settings), settings)
-
-    def start_with(self, kind: str, name: str, origin: RequestOrigin) -> InferenceSpan:
-        return InferenceSpan(kind, name, origin, self.settings())
 
     def finish(self, span: InferenceSpan) -> None:
         """The span is done: to the listeners, and to the receiver when exporting."""
