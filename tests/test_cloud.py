@@ -26,7 +26,7 @@ from tests.conftest import GEMMA_NAME, free_port
 
 KEY = "sk-loopback-7c1e0d9a"
 ENV_KEY = "sk-envkey-52b8f1"  # the same provider again, keyed from the server's environment
-CLOUD_MODEL = "gemma-cloud"
+CLOUD_MODEL = "vendor/gemma-cloud"  # providers' ids often hold a "/": listed as loopback.vendor/gemma-cloud
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
 
@@ -101,10 +101,17 @@ def assert_no_key(*texts: str) -> None:
         assert KEY not in text and ENV_KEY not in text
 
 
+HTTP_WARNINGS = ["Base URL uses http://; traffic to this provider is not encrypted.",
+                 "An API key is configured for this http:// provider; Lemonade will send it as a Bearer token over "
+                 "plaintext HTTP."]
+
+
 def test_install_discovers_and_lists(http, installed, cloud, server):
     assert installed == {"status": "success", "backend": "cloud", "provider": "loopback", "base_url": cloud["url"],
-                         "auth_header_name": "Authorization", "auth_header_prefix": "Bearer ",
-                         "models_discovered": 1, "auth_state": {"env_var_set": False, "runtime_key_set": True}}
+                         "allow_insecure_http": True, "auth_header_name": "Authorization",
+                         "auth_header_prefix": "Bearer ", "models_discovered": 1,
+                         "auth_state": {"env_var_set": False, "runtime_key_set": True},
+                         "warnings": HTTP_WARNINGS, "warning": " ".join(HTTP_WARNINGS)}
     models = http.get("/v1/models").json()["data"]
     entry = next(m for m in models if m["id"] == f"loopback.{CLOUD_MODEL}")
     assert entry["recipe"] == "cloud" and entry["cloud_provider"] == "loopback" and entry["downloaded"] is True
@@ -114,7 +121,7 @@ def test_install_discovers_and_lists(http, installed, cloud, server):
     assert info == [{"name": "loopback", "base_url": cloud["url"], "allow_insecure_http": True,
                      "auth_header_name": "Authorization", "auth_header_prefix": "Bearer ",
                      "env_var": "LEMONADE_LOOPBACK_API_KEY", "env_var_set": False, "runtime_key_set": True,
-                     "models_discovered": 1}]
+                     "models_discovered": 1, "warnings": HTTP_WARNINGS}]
     cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "list", "--json"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "LEMONADE_BASE_URL": server.url})
     assert cli.returncode == 0 and json.loads(cli.stdout) == info  # `lemonade cloud list --json`
@@ -162,6 +169,29 @@ def test_cloud_takes_no_local_slot(oai, http):
     assert {GEMMA_NAME, f"loopback.{CLOUD_MODEL}"} <= loaded
 
 
+def test_streams_count_in_stats_whether_the_client_asked_for_usage_or_not(http, server):
+    """The provider is asked for a stream's usage; a client that did not ask gets its stream as it
+    would have (no usage event), one that asked gets the provider's; both count in /v1/stats."""
+    body = {"model": f"loopback.{CLOUD_MODEL}", "messages": CHAT, "max_tokens": 4, "stream": True}
+
+    def events(extra: dict) -> list[dict]:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, **extra}, timeout=120) as resp:
+            assert resp.status_code == 200
+            return [json.loads(line[5:]) for line in resp.iter_lines()
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+    before = http.get("/v1/stats").json()
+    plain = events({})
+    assert plain and not [e for e in plain if e.get("usage")]
+    after = http.get("/v1/stats").json()
+    assert after["request_count_total"] == before["request_count_total"] + 1
+    assert 0 < after["output_tokens"] <= 4 and after["output_tokens_total"] == before["output_tokens_total"] + \
+        after["output_tokens"]
+    asked = events({"stream_options": {"include_usage": True}})
+    usage = [e["usage"] for e in asked if e.get("usage")]
+    assert len(usage) == 1 and http.get("/v1/stats").json()["output_tokens"] == usage[0]["completion_tokens"]
+
+
 def test_env_key_wins(http, cloud):
     """LEMONADE_ENVCLOUD_API_KEY is set in the server's environment: discovery uses it, and a runtime
     key is refused with 409 (the install's key is not stored, with a warning)."""
@@ -186,8 +216,9 @@ def test_wrong_key_is_a_502_naming_the_provider(http, oai):
     assert err.value.status_code == 502 and "loopback" in err.value.message
     assert err.value.body["code"] == "cloud_auth_failed"
     ok = http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": KEY})
-    assert ok.json() == {"provider": "loopback", "auth_state": {"env_var_set": False, "runtime_key_set": True},
-                         "models_discovered": 1}
+    assert ok.json() == {"provider": "loopback", "allow_insecure_http": True,  # kept from the install
+                         "auth_state": {"env_var_set": False, "runtime_key_set": True}, "models_discovered": 1,
+                         "warnings": HTTP_WARNINGS, "warning": " ".join(HTTP_WARNINGS)}
     assert oai.chat.completions.create(model=f"loopback.{CLOUD_MODEL}", messages=CHAT, max_tokens=4).choices
 
 
@@ -199,15 +230,41 @@ def test_bad_input(http):
              ({"backend": "cloud", "provider": "Bad Name", "base_url": "http://h/v1"}, 400, "provider"),
              ({"backend": "cloud", "provider": "user", "base_url": "http://h/v1"}, 400, "provider"),
              ({"backend": "cloud", "provider": "x", "base_url": "ftp://h"}, 400, "base_url"),
+             ({"backend": "cloud", "provider": "x", "base_url": "http://"}, 400, "host"),
              ({"backend": "cloud", "provider": "x", "base_url": "http://h/v1", "auth_header_name": "a b"}, 400,
               "auth_header_name")]
     for body, status, field in cases:
         resp = http.post("/v1/install", json=body)
         assert resp.status_code == status and field in resp.json()["error"]["message"], (body, resp.text)
-    assert http.post("/v1/cloud/auth", json={"provider": "nope", "api_key": "k"}).status_code == 404
+    unknown = http.post("/v1/cloud/auth", json={"provider": "nope", "api_key": "k"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "invalid_request_error"
     assert http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": ""}).status_code == 400
     assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "nope"}).status_code == 404
     assert http.delete("/v1/cloud/auth/nope").status_code == 404
+
+
+def test_http_provider_keys_need_an_explicit_opt_in(http, cloud, server):
+    """A key for an http:// provider is refused until install or auth opts in; the opt-in is kept."""
+    base = {"backend": "cloud", "provider": "plain", "base_url": cloud["url"]}
+    refused = http.post("/v1/install", json={**base, "api_key": KEY})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "insecure_http_requires_opt_in"
+    keyless = http.post("/v1/install", json=base)
+    assert keyless.status_code == 200 and keyless.json()["allow_insecure_http"] is False
+    assert keyless.json()["warnings"] == HTTP_WARNINGS[:1] and keyless.json()["models_discovered"] == 0
+    again = http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY})
+    assert again.status_code == 400 and again.json()["error"]["code"] == "insecure_http_requires_opt_in"
+    cli = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "cloud", "auth", "plain", "--api-key", KEY,
+                          "--allow-insecure-http"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "LEMONADE_BASE_URL": server.url})
+    said = " ".join(cli.stdout.split())  # (rich wraps long lines)
+    assert cli.returncode == 0 and "1 model(s) discovered" in said and "plaintext HTTP" in said
+    assert_no_key(cli.stdout, cli.stderr)
+    entry = next(p for p in http.get("/v1/system-info").json()["cloud"]["providers"] if p["name"] == "plain")
+    assert entry["allow_insecure_http"] is True and entry["warnings"] == HTTP_WARNINGS
+    ok = http.post("/v1/cloud/auth", json={"provider": "plain", "api_key": KEY})  # the opt-in was kept
+    assert ok.status_code == 200 and ok.json()["allow_insecure_http"] is True and ok.json()["models_discovered"] == 1
+    assert ok.json()["warnings"] == HTTP_WARNINGS
+    assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "plain"}).status_code == 200
 
 
 def test_provider_down_is_a_502_and_local_models_still_answer(http, oai, cloud, server):
@@ -223,11 +280,18 @@ def test_provider_down_is_a_502_and_local_models_still_answer(http, oai, cloud, 
 
 
 def test_clear_key_and_uninstall(http, server):
+    loaded = {m["model_name"] for m in http.get("/v1/health").json()["all_models_loaded"]}
+    assert f"loopback.{CLOUD_MODEL}" in loaded
     cleared = http.delete("/v1/cloud/auth/loopback").json()
     assert cleared == {"provider": "loopback", "cleared_runtime_key": True,
                        "auth_state": {"env_var_set": False, "runtime_key_set": False}}
     ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
     assert f"loopback.{CLOUD_MODEL}" not in ids  # no key left: its models are withdrawn
+    # The loaded one still answers, to say what is missing (and for which provider), until it is unloaded.
+    keyless = http.post("/v1/chat/completions", json={"model": f"loopback.{CLOUD_MODEL}", "messages": CHAT})
+    assert keyless.status_code == 502 and keyless.json()["error"]["code"] == "cloud_auth_missing"
+    assert "No API key for cloud provider 'loopback'" in keyless.json()["error"]["message"]
+    assert http.post("/v1/unload", json={"model_name": f"loopback.{CLOUD_MODEL}"}).status_code == 200
     gone = http.post("/v1/uninstall", json={"backend": "cloud", "provider": "loopback"})
     assert gone.json() == {"status": "success", "backend": "cloud", "provider": "loopback", "models_evicted": 0}
     assert json.loads((server.config_dir / "config.json").read_text())["cloud_providers"] == []
@@ -235,3 +299,4 @@ def test_clear_key_and_uninstall(http, server):
     missing = http.post("/v1/chat/completions", json={"model": f"loopback.{CLOUD_MODEL}", "messages": CHAT})
     assert missing.status_code == 404
     assert_no_key(server.log_path.read_text(errors="replace"))
+

@@ -463,6 +463,7 @@ def test_inference_downloads_the_model_then_gemma_answers(make_server, hub):
         assert {e["file"] for e in fetched(hub, repo=fx.SHARDED_REPO)} == set(fx.SHARDED_FILES)
         files = c.get("/v1/models/user.gemma-sharded/files").json()["files"]
         assert [f["name"] for f in files] == list(fx.SHARDED_FILES) and all(f["exists"] for f in files)
+        assert [f["role"] for f in files] == ["main"] + ["shard"] * (len(files) - 1)  # the first shard is "main"
         # delete unloads first, then removes the files
         loaded = {m["model_name"] for m in c.get("/v1/health").json()["all_models_loaded"]}
         assert "gemma-sharded" in loaded  # health shows the public id

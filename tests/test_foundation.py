@@ -8,10 +8,13 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import websockets.exceptions
 import websockets.sync.client as ws_client
+
+from tests.gguf_factory import write_gguf
 
 PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")
 
@@ -295,11 +298,20 @@ def test_api_key_guards_every_api_route(make_server):
         assert json.loads(ws.recv(timeout=5))["type"] == "logs.snapshot"
 
 
+def srv_extra_dir(make_server) -> Path:
+    """An extra models dir holding one small GGUF (metadata only: never loaded here)."""
+    folder = make_server.tmp.mktemp("extra")
+    write_gguf(folder / "mine.gguf")
+    return folder
+
+
 def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
     """Browsers cannot set Authorization on a WebSocket: the key rides in Sec-WebSocket-Protocol
     (OpenAI's `openai-insecure-api-key.<KEY>`), and the chosen subprotocol is echoed. Log lines show
-    filesystem paths only to admins."""
-    srv = make_server(env={"LEMONADE_API_KEY": "sekret", "LEMONADE_ADMIN_API_KEY": "admin"})
+    filesystem paths only to admins, and so do the checkpoints of extra-dir models."""
+    extra = srv_extra_dir(make_server)
+    srv = make_server(env={"LEMONADE_API_KEY": "sekret", "LEMONADE_ADMIN_API_KEY": "admin",
+                           "LEMONADE_EXTRA_MODELS_DIR": str(extra)})
     url = srv.url.replace("http", "ws") + "/logs/stream"
 
     def first_lines(key: str) -> str:
@@ -320,6 +332,12 @@ def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
 
         assert storage("sekret").startswith("<cache>") and storage("admin").startswith(str(srv.cache))
         assert storage("sekret", "?include_paths=true").startswith(str(srv.cache))  # asked for
+
+        def checkpoint(key: str, query: str = "") -> str:
+            return c.get("/v1/models/mine" + query, headers={"Authorization": f"Bearer {key}"}).json()["checkpoint"]
+
+        assert checkpoint("sekret") == "mine.gguf" and checkpoint("admin") == str(extra / "mine.gguf")
+        assert checkpoint("sekret", "?include_paths=true") == str(extra / "mine.gguf")
 
 
 # Routes any client may call without a key: liveness probes (Ollama's `/` too) and the API description.
@@ -373,17 +391,25 @@ def test_every_route_needs_its_key(make_server):
             assert {name: code == 401 for name, code in got.items()} == expected, (method, path, got)
     base = srv.url.replace("http", "ws")
     for path in sockets:
+        spans = path.endswith(("/spans/stream", "/traces/stream"))
         for query in ("", "?api_key=wrong"):
+            if spans and not query:  # opens without a key (a page cannot send one), serves nothing until `auth`
+                with ws_client.connect(base + path) as ws:
+                    ws.send(json.dumps({"type": "logs.subscribe"}))
+                    assert "authenticate first" in json.loads(ws.recv(timeout=5))["error"]["message"], path
+                continue
             with pytest.raises((websockets.exceptions.ConnectionClosed, websockets.exceptions.InvalidStatus)):
                 with ws_client.connect(base + path + query) as ws:
                     ws.send(json.dumps({"type": "logs.subscribe"}))
                     ws.recv(timeout=5)
         # With the key, each socket opens with its own first message (the realtime API speaks first).
-        first = "session.created" if path.endswith("/realtime") else "logs.snapshot"
+        first = "session.created" if path.endswith("/realtime") else "auth.ok" if spans else "logs.snapshot"
         for query, headers in (("?api_key=sekret", {}), ("", keys["api"])):
             with ws_client.connect(base + path + query, additional_headers=headers) as ws:
                 if first == "logs.snapshot":
                     ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+                if first == "auth.ok":
+                    ws.send(json.dumps({"type": "auth", "token": "sekret"}))
                 assert json.loads(ws.recv(timeout=5))["type"] == first, path
 
 

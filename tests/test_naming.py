@@ -159,10 +159,20 @@ EXTRA_RULES = [
      "two/a-Q8_0-00001-of-00002.gguf", []),
     (["models--org--Repo-GGUF/snapshots/abc123/r-Q4_0.gguf", "models--org--Repo-GGUF/refs/main.txt"], "Repo-GGUF",
      "models--org--Repo-GGUF/snapshots/abc123/r-Q4_0.gguf", []),
-    (["Llama-Local-GGUF/model-Q4_K_M.gguf", "Llama-Local-GGUF/x.gguf", "Mistral-Local-GGUF/model-Q4_K_M.gguf",
-      "Mistral-Local-GGUF/y.gguf"], "Mistral-Local-GGUF-model-Q4_K_M", "Mistral-Local-GGUF/model-Q4_K_M.gguf", []),
+    (["Llama-Local-GGUF/model-Q4_K_M.gguf", "Llama-Local-GGUF/model-Q8_0.gguf",
+      "Mistral-Local-GGUF/model-Q4_K_M.gguf", "Mistral-Local-GGUF/model-Q8_0.gguf"],
+     "Mistral-Local-GGUF-model-Q8_0", "Mistral-Local-GGUF/model-Q8_0.gguf", []),
     (["dup.gguf", "dup/m.gguf"], "dup-dup", "dup/m.gguf", []),
     (["a/dup/m.gguf", "b/dup/m.gguf", "c/dup/m.gguf"], "c-dup", "c/dup/m.gguf", []),
+    # Files that do not all name a quantization: the folder stays one model, served from its first file.
+    (["mixed/a.gguf", "mixed/b-Q4_0.gguf"], "mixed", "mixed/a.gguf", []),
+    # Sharing a quantization does not make two files one shard set.
+    (["im/Model-Q4_K_M.gguf", "im/Model-Q4_K_M-imatrix.gguf"], "Model-Q4_K_M-imatrix",
+     "im/Model-Q4_K_M-imatrix.gguf", ["extra.im"]),
+    (["im/Model-Q4_K_M.gguf", "im/Model-Q4_K_M-imatrix.gguf"], "Model-Q4_K_M", "im/Model-Q4_K_M.gguf", []),
+    # Shard sets named with `.` or `_` before the index.
+    (["dots/m-Q4_0.00001-of-00002.gguf", "dots/m-Q4_0.00002-of-00002.gguf", "dots/m-Q8_0_00001-of-00002.gguf",
+      "dots/m-Q8_0_00002-of-00002.gguf"], "m-Q8_0", "dots/m-Q8_0_00001-of-00002.gguf", []),
 ]
 
 
@@ -170,7 +180,8 @@ EXTRA_RULES = [
                          ids=["root-file-stem", "root-shard-series", "folder-of-one", "folder-shard-set",
                               "folder-mmproj-vision", "variants-one-each", "variants-second", "sharded-variant",
                               "hf-snapshot", "collision-qualified-by-folder", "root-file-beats-folder",
-                              "three-way-folder-collision"])
+                              "three-way-folder-collision", "unnamed-files-stay-one-model",
+                              "imatrix-is-another-model", "imatrix-beside-it", "dot-and-underscore-shards"])
 def test_extra_dir_naming(tmp_path, files, name, main, hidden):
     root = tmp_path / "extra"
     for rel in files:
@@ -194,9 +205,49 @@ def test_extra_dir_naming(tmp_path, files, name, main, hidden):
 
 def _split(rel: str) -> tuple[int, int] | None:
     for n in (1, 2):
-        if f"-0000{n}-of-00002" in rel:
+        if f"0000{n}-of-00002" in rel:
             return (n, 2)
     return None
+
+
+def test_extra_checkpoints_and_sizes_as_lemonade_reports_them(tmp_path):
+    """A file model's checkpoint is its file, a folder model's the folder; sizes are GiB of the files
+    (a folder model's: every GGUF in it, shards and projector included); the projector is named."""
+    root = tmp_path / "extra"
+    for rel in ("root-Q4_0.gguf", "vlm/m-Q4_K_M.gguf", "vlm/m-Q8_0.gguf", "vlm/mmproj-z.gguf", "vlm/mmproj-a.gguf",
+                "big/b-00001-of-00002.gguf", "big/b-00002-of-00002.gguf"):
+        write_gguf(root / rel, clip="mmproj" in rel, split=_split(rel))
+    with open(root / "big" / "b-00002-of-00002.gguf", "r+b") as f:
+        f.truncate(3 * 1024 * 1024)  # the bulk of a shard set is in its later shards
+    catalog = Catalog(tmp_path / "cache", str(root))
+    ids = listed(catalog)
+    gib = 1024 ** 3
+
+    def size(*rels: str) -> float:
+        return round(sum((root / r).stat().st_size for r in rels) / gib, 3)
+
+    root_model = catalog.find("root-Q4_0")
+    assert root_model.checkpoints == {"main": str(root / "root-Q4_0.gguf")}
+    assert root_model.size == size("root-Q4_0.gguf")
+    q4 = catalog.find("m-Q4_K_M")
+    assert q4.checkpoints == {"main": str(root / "vlm" / "m-Q4_K_M.gguf"), "mmproj": "mmproj-a.gguf"}
+    assert q4.size == size("vlm/m-Q4_K_M.gguf") and q4.local_files["mmproj"] == [root / "vlm" / "mmproj-a.gguf"]
+    assert catalog.find("vlm") is q4 and catalog.find("extra.vlm") is q4 and "vlm" not in ids
+    big = catalog.find("big")
+    assert big.checkpoints == {"main": str(root / "big")}
+    assert big.size == size("big/b-00001-of-00002.gguf", "big/b-00002-of-00002.gguf") > 0.002
+    assert big.local_files["main"] == [root / "big" / "b-00001-of-00002.gguf", root / "big" / "b-00002-of-00002.gguf"]
+
+
+def test_a_split_folder_name_shadows_a_builtin_without_being_listed(tmp_path):
+    """The folder name of split variants still resolves (to the first file's variant) and takes that
+    bare name from a built-in model, which is then listed under its canonical id."""
+    catalog = make_catalog(tmp_path, extra=[f"{BUILTIN}/Local-Q4_K_M.gguf", f"{BUILTIN}/Local-Q8_0.gguf"])
+    ids = listed(catalog)
+    assert BUILTIN not in ids and ids[f"builtin.{BUILTIN}"] == f"builtin.{BUILTIN}"
+    assert {"Local-Q4_K_M", "Local-Q8_0"} <= set(ids)
+    assert catalog.find(BUILTIN).name == "extra.Local-Q4_K_M"
+    assert catalog.find(f"builtin.{BUILTIN}").origin == "builtin"
 
 
 def test_extra_names_do_not_depend_on_creation_order(tmp_path):

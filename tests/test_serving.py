@@ -888,15 +888,15 @@ def test_model_of_an_unavailable_engine_is_refused_before_any_download(make_serv
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_load_refused"
 
 
-def test_paths_of_the_users_files_only_when_asked(server):
-    """An extra-dir model's absolute path names the user's folders: by file name unless include_paths."""
+def test_paths_of_the_users_files_for_admins(server):
+    """An extra-dir model's checkpoint is its absolute path, as Lemonade shows it, to admins: on a
+    server without a key, every client (test_foundation.py has the keyed case, where others get the
+    file name). Ollama's `show` never names the user's folders."""
     with httpx.Client(base_url=server.url) as c:
-        plain = c.get(f"/v1/models/{GEMMA_NAME}").json()
-        assert plain["checkpoint"] == "gemma-3-270m-q4_k_m.gguf"
-        listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-        assert listed[GEMMA_NAME]["checkpoint"] == "gemma-3-270m-q4_k_m.gguf"
-        full = c.get(f"/v1/models/{GEMMA_NAME}?include_paths=true").json()["checkpoint"]
+        full = c.get(f"/v1/models/{GEMMA_NAME}").json()["checkpoint"]
         assert os.path.isabs(full) and full.endswith("gemma-3-270m-q4_k_m.gguf")
+        listed = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+        assert listed[GEMMA_NAME]["checkpoint"] == full
         show = c.post("/api/show", json={"model": GEMMA_NAME}).json()
         assert "FROM gemma-3-270m-q4_k_m.gguf" in show["modelfile"] and full not in json.dumps(show)
 

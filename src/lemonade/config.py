@@ -63,12 +63,14 @@ DEFAULTS: dict[str, Any] = {
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
-    # OpenTelemetry traces over OTLP (observability/telemetry.py); off by default.
+    # Inference spans over OTLP (observability/telemetry.py); off by default. session.headers: request
+    # headers read for session.id (id) and its client prefix (client), before the well-known ones.
     "telemetry": {"enabled": False, "hide_inputs": False, "hide_outputs": False, "hide_thinking": False,
-                  "max_queue_capacity": 1000,
+                  "trust_incoming_trace_context": False, "max_queue_capacity": 1000, "max_attribute_length": 4096,
                   "otlp": {"endpoint": "http://localhost:4318/v1/traces", "protocol": "http/protobuf", "headers": {},
                            "semantics": ["openinference", "otel_genai"], "send_batch_size": 100,
-                           "batch_timeout_s": 1.0}},
+                           "batch_timeout_s": 1.0, "max_retries": 0, "retry_backoff_base_s": 5.0},
+                  "session": {"headers": {"id": [], "client": []}}},
     "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
 }
 
@@ -139,6 +141,11 @@ def validate_value(key: str, value: Any) -> Any:
     if key == "telemetry.otlp.headers":
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ConfigError(f"Config key '{key}' must be a JSON object of header names to string values")
+        return value
+    if key in ("telemetry.session.headers.id", "telemetry.session.headers.client"):
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise ConfigError(f"Config key '{key}' must be a list of header names, e.g. [\"x-my-session\"]; "
+                              f"got {json.dumps(value)}")
         return value
     if key == "telemetry.otlp.semantics":
         if not isinstance(value, list) or not value or any(v not in TELEMETRY_SEMANTICS for v in value):
@@ -228,9 +235,11 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
         raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
-    if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s") \
-            and value <= 0:
+    if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s",
+               "telemetry.max_attribute_length") and value <= 0:
         raise ConfigError(f"Config key '{key}' must be positive, got {value}")
+    if key in ("telemetry.otlp.max_retries", "telemetry.otlp.retry_backoff_base_s") and value < 0:
+        raise ConfigError(f"Config key '{key}' must be 0 or more, got {value}")
     if key == "telemetry.otlp.endpoint" and not value.startswith(("http://", "https://")):
         raise ConfigError(f"Config key '{key}' must be an http:// or https:// URL, got '{value}'")
     if key.startswith("sdcpp.") and key != "sdcpp.backend" and key != "sdcpp.args" and value <= 0:

@@ -191,7 +191,8 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     follower = Follower(uvicorn.Config(websocket_only(app, port), lifespan="off", log_level="warning",
                                        access_log=False, timeout_graceful_shutdown=5, ws_ping_interval=20))
     server.follower = (follower, ws_sock)
-    log.info("WebSockets (/realtime, /logs/stream) also on the dedicated port %d", services.websocket_port)
+    log.info("WebSockets (/realtime, /logs/stream, /spans/stream) also on the dedicated port %d",
+             services.websocket_port)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind (a race with another server)

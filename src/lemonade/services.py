@@ -34,7 +34,7 @@ from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
-from lemonade.runtime.request_context import load_progress, request_trace
+from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 from lemonade.system.devices import detect_devices
@@ -85,7 +85,7 @@ class Services:
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
-        self.telemetry = Telemetry(config)  # OpenTelemetry traces, when `telemetry.enabled`
+        self.telemetry = Telemetry(config)  # inference spans: OTLP export (`telemetry.enabled`), /spans/stream
         self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
         config.on_change(self._config_changed)
         for engine in self.engines:
@@ -167,20 +167,15 @@ class Services:
         """A model by any accepted name, or 404 model_not_found."""
         if not isinstance(name, str) or not name:
             raise APIError(400, "Missing required field 'model'", code="missing_argument")
-        trace = request_trace.get()
-        span = trace.child("lemonade.route", {"lemonade.model.requested": name}) if trace is not None else None
         try:
-            model = self.catalog.resolve(name)
+            return self.catalog.resolve(name)
         except NotFound:
-            err = model_not_found(name)
-            if span is not None:
-                trace.fail(span, err)  # type: ignore[union-attr]
-            raise err from None
-        if span is not None:
-            span.set_attributes({"lemonade.model": model.public, "lemonade.recipe": model.recipe,
-                                 "lemonade.mode": model.mode})
-            span.end()
-        return model
+            # A loaded model answers until it is unloaded, even once its source stopped listing it (a
+            # cloud model whose key was cleared: its requests then say that the key is missing).
+            lm = self.router.loaded.get(name)
+            if lm is not None:
+                return lm.model
+            raise model_not_found(name) from None
 
     def _catalog_options(self, model_name: str) -> dict[str, Any]:
         """A built-in model's `recipe_options` from the catalog (user definitions keep theirs in

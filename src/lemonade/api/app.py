@@ -2,8 +2,8 @@
 
 Every API route is served at `/api/v1`, `/api/v0`, `/v1` and `/v0`. Root-only: `/live`,
 `/metrics`, `/mcp`, `/internal/*` and the web app (`/`, `/static/*`, api/webapp.py); the Ollama API
-lives at `/api/*`; the WebSockets `/logs/stream` and `/realtime` are served at the root and under the
-prefixes.
+lives at `/api/*`; the WebSockets `/logs/stream`, `/spans/stream` and `/realtime` are served at the root and
+under the prefixes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,18 @@ from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
 from lemonade.api.guard import RequestGuard
-from lemonade.api.lemonade import backends, cloud, downloads, load, logs, models, params, routing_validate, status
+from lemonade.api.lemonade import (
+    backends,
+    cloud,
+    downloads,
+    load,
+    logs,
+    models,
+    params,
+    routing_validate,
+    spans,
+    status,
+)
 from lemonade.api.lemonade import classify as classify_routes
 from lemonade.api.lemonade import jobs as job_routes
 from lemonade.api.lemonade.job_ops import ServerOps
@@ -59,7 +70,7 @@ def api_routers() -> list[APIRouter]:
     inference routers, whose paths overlap no other, come first because routes are matched one by
     one and they take almost all the traffic."""
     return [inference.router, messages.router, audio.router, status.router, models.router, openai_models.router,
-            load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router,
+            load.router, backends.router, downloads.router, llamacpp_routes.router, logs.router, spans.router,
             speech.router, realtime.router,
             classify_routes.router, systemone_routes.router, cloud.router, openai_images.router, params.router,
             routing_validate.router]
@@ -75,8 +86,8 @@ def websocket_only(app: FastAPI, http_port: int) -> Any:
             return
         if scope["type"] != "http":
             return
-        message = (f"This port serves only the WebSockets /realtime and /logs/stream (under any prefix); the HTTP "
-                   f"API is on port {http_port}, which serves the WebSockets too.")
+        message = (f"This port serves only the WebSockets /realtime, /logs/stream and /spans/stream (under any "
+                   f"prefix); the HTTP API is on port {http_port}, which serves the WebSockets too.")
         body = json.dumps(error_body(api_family(scope.get("path", "")), 404, message, "not_found",
                                      "websocket_port")).encode()
         await send({"type": "http.response.start", "status": 404,
@@ -183,6 +194,7 @@ def create_app(services: Services) -> FastAPI:
             app.include_router(router, prefix=prefix)
         app.include_router(job_routes.router, prefix=prefix)
     app.include_router(logs.router)
+    app.include_router(spans.router)
     app.include_router(realtime.router)
     app.include_router(internal.router)
     app.include_router(ollama_routes.router)

@@ -1,9 +1,10 @@
 """Our one ASGI layer: every per-request rule of ours, in one pass over the headers.
 
 In order: the Host/Origin policy (403; an allowed page's preflight gets its 204 and its responses
-their CORS headers, a 401 included), the API key (401), then for HTTP: metrics (status and time,
-to the end of the response body), the body size limit (413), JSON as the default content type, and
-for POSTs the disconnect watch that sets the request's `client_gone`.
+their CORS headers, a 401 included; every answer says `Vary: Origin`), the API key (401), then for
+HTTP: an inference request's span while tracing is on (observability/spans.py), metrics (status and
+time, to the end of the response body), the body size limit (413), JSON as the default content type,
+and for POSTs the disconnect watch that sets the request's `client_gone`.
 
 Why one layer: these were six middlewares, each scanning the headers and adding a call frame to
 every request and, for those that wrap `send`, to every streamed chunk. One layer reads the headers
@@ -29,12 +30,16 @@ from lemonade.api.middleware import (
     route_family,
     with_default_json,
 )
-from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors
+from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors, with_vary
+from lemonade.observability.spans import inference_route
 from lemonade.observability.telemetry import Telemetry
 from lemonade.runtime.request_context import client_gone, request_trace
+from lemonade.util import jsonparse
+
+ERROR_BODY_KEPT = 65536  # of an error answer, for the span's status message
 
 WANTED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"access-control-request-method",
-                    b"access-control-request-headers"})
+                    b"access-control-request-headers", b"access-control-request-private-network"})
 
 
 def wanted_headers(scope: Scope) -> dict[bytes, str]:
@@ -72,7 +77,8 @@ class RequestGuard:
         http = kind == "http"
         if origin is not None and http and scope.get("method") == "OPTIONS" \
                 and headers.get(b"access-control-request-method"):
-            await preflight(send, origin, headers.get(b"access-control-request-headers"))
+            await preflight(send, origin, headers.get(b"access-control-request-headers"),
+                            headers.get(b"access-control-request-private-network", "").lower() == "true")
             return
         why = auth_refusal(scope, self.api_key, self.admin_key)
         if why is not None:
@@ -81,40 +87,59 @@ class RequestGuard:
         if not http:
             await self.app(scope, receive, send)
             return
-        if self.telemetry is not None and self.telemetry.enabled:
-            await self._traced(scope, receive, send, headers, origin)
-        else:
-            await self._http(scope, receive, send, headers, origin)
+        if self.telemetry is not None and self.telemetry.active and scope.get("method") == "POST":
+            route = inference_route(scope["path"])
+            if route is not None:
+                await self._traced(scope, receive, send, headers, origin, route)
+                return
+        await self._http(scope, receive, send, headers, origin)
 
     async def _traced(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str],
-                      origin: str | None) -> None:
-        """`_http` under the request's root span (observability/telemetry.py), ended with its status."""
+                      origin: str | None, route: tuple[str, str]) -> None:
+        """`_http` as one inference span (observability/spans.py): it keeps the request body it
+        passes on, and an error answer's body, and is finished when the response is."""
         assert self.telemetry is not None
-        trace = self.telemetry.start_request(scope.get("method", ""), scope["path"])
-        if trace is None:
-            await self._http(scope, receive, send, headers, origin)
-            return
-        status = [500]
+        all_headers: dict[str, str] = {}
+        for key, value in scope.get("headers", ()):
+            all_headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
+        span = self.telemetry.start(*route, all_headers)
+        body: list[bytes] = []
+        answer: list[bytes] = []
+        status = 500
+
+        async def receive_body() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.append(message.get("body", b""))
+            return message
 
         async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status = message["status"]
+            elif status >= 400 and sum(map(len, answer)) < ERROR_BODY_KEPT:
+                answer.append(message.get("body", b""))
             await send(message)
 
-        token = request_trace.set(trace)
+        token = request_trace.set(span)
         try:
-            await self._http(scope, receive, send_status, headers, origin)
+            await self._http(scope, receive_body, send_status, headers, origin)
+        except BaseException as exc:
+            span.fail(str(exc) or type(exc).__name__)
+            raise
         finally:
             request_trace.reset(token)
-            trace.end(status[0])
+            span.body = json_object_or_none(b"".join(body))
+            if status >= 400:
+                span.fail(error_message(b"".join(answer)) or f"HTTP {status}")
+            self.telemetry.finish(span)
 
     @staticmethod
     def _cors(send: Any, origin: str | None) -> Any:
-        if origin is None:
-            return send
-
         async def send_with_cors(message: dict[str, Any]) -> None:
-            await send(with_cors(message, origin) if message["type"] == "http.response.start" else message)
+            if message["type"] == "http.response.start":
+                message = with_vary(message) if origin is None else with_cors(message, origin)
+            await send(message)
 
         return send_with_cors
 
@@ -127,8 +152,7 @@ class RequestGuard:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if origin is not None:
-                    message = with_cors(message, origin)
+                message = with_vary(message) if origin is None else with_cors(message, origin)
             await send(message)
 
         try:
@@ -150,3 +174,22 @@ class RequestGuard:
                 watch.close()
         finally:
             self.observe(route_family(scope["path"]), scope.get("method", ""), status, time.perf_counter() - start)
+
+
+def json_object_or_none(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = jsonparse.loads(raw) if raw.strip() else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def error_message(raw: bytes) -> str:
+    """The message of an error answer in any family's shape (OpenAI, Ollama, Anthropic)."""
+    body = json_object_or_none(raw)
+    if body is None:
+        return raw.decode(errors="replace").strip()[:1000]
+    err = body.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or "")
+    return str(err or body.get("message") or body.get("detail") or "")

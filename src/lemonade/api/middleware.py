@@ -3,6 +3,7 @@ the body size limit, JSON as the default content type, metrics labels, header he
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
 
 OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico")
+SPAN_STREAM_PATHS = ("/spans/stream", "/traces/stream")
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -27,16 +29,30 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers, which cannot set headers on a WebSocket, send a key
+# Browsers cannot set headers on a WebSocket, so they send a key as a subprotocol: OpenAI's clients as
+# `openai-insecure-api-key.<KEY>`, Lemonade's app as `bearer.<base64url(KEY), no padding>` beside its
+# application protocol `lemonade-realtime` (which the server then selects).
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+CREDENTIAL_SUBPROTOCOL = "bearer."
+APP_SUBPROTOCOL = "lemonade-realtime"
+KEY_CARRIERS = (KEY_SUBPROTOCOL, CREDENTIAL_SUBPROTOCOL)
 
 
 def subprotocols(scope: Scope) -> list[str]:
     return [p.strip() for p in (header(scope, b"sec-websocket-protocol") or "").split(",") if p.strip()]
 
 
+def _credential(encoded: str) -> str:
+    """The key in a `bearer.` subprotocol; text that matches no key when it is not base64url."""
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return CREDENTIAL_SUBPROTOCOL + encoded
+
+
 def presented_key(scope: Scope) -> str | None:
     """The key a client sent: `Authorization: Bearer`, Anthropic's `x-api-key`, or on a WebSocket
-    `?api_key=` or the `openai-insecure-api-key.<KEY>` subprotocol (OpenAI's browser clients)."""
+    `?api_key=` or a key-carrying subprotocol (`openai-insecure-api-key.<KEY>`, `bearer.<base64url>`)."""
     auth = header(scope, b"authorization")
     if auth and auth.lower().startswith("bearer "):
         return auth[7:].strip()
@@ -50,18 +66,34 @@ def presented_key(scope: Scope) -> str | None:
         for proto in subprotocols(scope):
             if proto.startswith(KEY_SUBPROTOCOL):
                 return proto[len(KEY_SUBPROTOCOL):]
+            if proto.startswith(CREDENTIAL_SUBPROTOCOL):
+                return _credential(proto[len(CREDENTIAL_SUBPROTOCOL):])
     return None
 
 
 def chosen_subprotocol(scope: Scope) -> str | None:
     """The subprotocol to accept a WebSocket with: a browser that offered some fails the handshake
-    when none is chosen. The first one that is not a key carrier, else the key carrier itself."""
+    when none is chosen. `lemonade-realtime` when offered, else the first one that carries no key,
+    else the key carrier itself (never echoing a key the client did not have to see again)."""
     offered = subprotocols(scope)
-    plain = [p for p in offered if not p.startswith(KEY_SUBPROTOCOL)]
+    if APP_SUBPROTOCOL in offered:
+        return APP_SUBPROTOCOL
+    plain = [p for p in offered if not p.startswith(KEY_CARRIERS)]
     return (plain or offered or [None])[0]
 
 
-def _matches(given: str | None, *keys: str | None) -> bool:
+def is_span_stream(scope: Scope) -> bool:
+    """`/spans/stream` (or `/traces/stream`) under any prefix: it authenticates in its own messages."""
+    path: str = scope.get("path", "")
+    for prefix in ("/api/v1", "/api/v0", "/v1", "/v0"):
+        if path.startswith(prefix + "/"):
+            path = path[len(prefix):]
+            break
+    return path in SPAN_STREAM_PATHS
+
+
+def key_matches(given: str | None, *keys: str | None) -> bool:
+    """Whether `given` is one of `keys` (compared in constant time)."""
     return given is not None and any(k and hmac.compare_digest(given.encode(), k.encode()) for k in keys)
 
 
@@ -69,7 +101,7 @@ def is_admin(scope: Scope, api_key: str | None, admin_key: str | None) -> bool:
     """Whether the client may use `/internal/*` (and so may see filesystem paths): the admin key,
     or the API key when no admin key is set, or anyone when the server has no key at all."""
     required = admin_key or api_key
-    return required is None or _matches(presented_key(scope), required)
+    return required is None or key_matches(presented_key(scope), required)
 
 
 def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> str | None:
@@ -87,8 +119,10 @@ def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> st
     if path.startswith("/internal"):
         if is_admin(scope, api_key, admin_key):
             return None
-    elif api_key is None or _matches(presented_key(scope), api_key, admin_key):
+    elif api_key is None or key_matches(presented_key(scope), api_key, admin_key):
         return None
+    elif scope["type"] == "websocket" and presented_key(scope) is None and is_span_stream(scope):
+        return None  # connects anonymously and sends {"type": "auth"} (api/lemonade/spans.py); a wrong key is refused
     return ("Invalid or missing API key. Send it as 'Authorization: Bearer <key>'"
             + (" (the admin key for /internal routes)." if path.startswith("/internal") else "."))
 

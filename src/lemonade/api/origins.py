@@ -113,20 +113,35 @@ def refusal(policy: OriginPolicy, host: str | None, origin: str | None) -> str |
     return None
 
 
+VARY_ORIGIN = (b"vary", b"Origin")  # on every answer: it depends on the Origin (caches must not mix pages)
+
+
+def with_vary(message: dict[str, Any]) -> dict[str, Any]:
+    """A response start that says its answer depends on the Origin header."""
+    headers = list(message.get("headers", []))
+    if not any(k.lower() == b"vary" for k, _ in headers):
+        headers.append(VARY_ORIGIN)
+    return {**message, "headers": headers}
+
+
 def with_cors(message: dict[str, Any], origin: str) -> dict[str, Any]:
     """A response start for an allowed page: its CORS headers (any the app set are replaced)."""
-    headers = [(k, v) for k, v in message.get("headers", []) if not k.lower().startswith(b"access-control-")]
-    headers += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+    headers = [(k, v) for k, v in message.get("headers", [])
+               if not k.lower().startswith(b"access-control-") and k.lower() != b"vary"]
+    headers += [(b"access-control-allow-origin", origin.encode("latin-1")), VARY_ORIGIN,
                 (b"access-control-expose-headers", b"*")]
     return {**message, "headers": headers}
 
 
-async def preflight(send: Any, origin: str, requested_headers: str | None) -> None:
-    """204 to an allowed page's CORS preflight."""
-    headers = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+async def preflight(send: Any, origin: str, requested_headers: str | None, private_network: bool = False) -> None:
+    """204 to an allowed page's CORS preflight. A public page asking for a private-network server
+    (Chrome's Private Network Access: `Access-Control-Request-Private-Network: true`) is told yes."""
+    headers = [(b"access-control-allow-origin", origin.encode("latin-1")), VARY_ORIGIN,
                (b"access-control-allow-methods", b"GET, POST, PUT, PATCH, DELETE, OPTIONS, HEAD"),
                (b"access-control-allow-headers", (requested_headers or "*").encode("latin-1")),
                (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode())]
+    if private_network:
+        headers.append((b"access-control-allow-private-network", b"true"))
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
 
@@ -140,5 +155,6 @@ async def refuse(scope: Scope, receive: Any, send: Any, message: str) -> None:
         return
     body = json.dumps(error_body(api_family(scope.get("path", "")), 403, message, "forbidden",
                                  "origin_not_allowed")).encode()
-    await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.start", "status": 403,
+                "headers": [(b"content-type", b"application/json"), VARY_ORIGIN]})
     await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from lemonade.model_info import ModelInfo
 
 
+STREAM_USAGE_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
 class CloudConnection:
     """What a loaded cloud model is bound to: the parts of `WrappedServer` the router reads, with no
     process behind them (nothing to start, stop or watch)."""
@@ -100,7 +103,15 @@ class CloudEngine(Engine):
         headers = {**headers, **self.providers.headers(provider)}
         if body is not None and "model" in body:
             body = {**body, "model": conn.upstream_id}
+        if body is not None and self.asks_stream_usage(path, body):
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
         return provider.base_url + path.removeprefix("/v1"), body, headers
+
+    def asks_stream_usage(self, path: str, body: dict[str, Any]) -> bool:
+        """OpenAI-style providers report a stream's usage only when asked (`stream_options.include_usage`)."""
+        options = body.get("stream_options")
+        return bool(body.get("stream")) and path in STREAM_USAGE_PATHS and not (
+            isinstance(options, dict) and options.get("include_usage"))
 
     def upstream_error(self, launch: Launch, status: int, message: str) -> tuple[int, str, str] | None:
         name = launch.server.provider.name  # type: ignore[attr-defined]

@@ -80,15 +80,43 @@ def check_provider(name: Any, base_url: Any, header: Any = DEFAULT_HEADER, prefi
     if not isinstance(base_url, str) or not base_url:
         raise APIError(400, "Missing required field 'base_url' (the provider's OpenAI-compatible URL, ending in /v1)",
                        code="missing_argument")
-    parsed = httpx.URL(base_url) if base_url.startswith(("http://", "https://")) else None
-    if parsed is None or not parsed.host:
+    if not base_url.startswith(("http://", "https://")) or any(c.isspace() for c in base_url):
         raise APIError(400, f"Field 'base_url': '{base_url}' is not an http:// or https:// URL",
+                       code="invalid_argument")
+    try:
+        host = httpx.URL(base_url).host
+    except httpx.InvalidURL:
+        host = ""
+    if not host:
+        raise APIError(400, f"Field 'base_url': '{base_url}' must include a host, e.g. https://api.example.com/v1",
                        code="invalid_argument")
     if not isinstance(header, str) or not HEADER_PATTERN.match(header):
         raise APIError(400, f"Field 'auth_header_name': {header!r} is not a valid HTTP header name",
                        code="invalid_argument")
     if not isinstance(prefix, str) or "\n" in prefix or "\r" in prefix:
         raise APIError(400, "Field 'auth_header_prefix' must be a single-line string", code="invalid_argument")
+
+
+def is_plain_http(base_url: str) -> bool:
+    return base_url.lower().startswith("http://")
+
+
+def base_url_warnings(base_url: str, key_available: bool) -> list[str]:
+    """What to tell whoever registers or authenticates a provider about its URL (the same words as
+    Lemonade's, which its app shows)."""
+    if not is_plain_http(base_url):
+        return []
+    warnings = ["Base URL uses http://; traffic to this provider is not encrypted."]
+    if key_available:
+        warnings.append("An API key is configured for this http:// provider; Lemonade will send it as a Bearer "
+                        "token over plaintext HTTP.")
+    return warnings
+
+
+def insecure_http_refusal(name: str) -> APIError:
+    """A key for an http:// provider without the explicit opt-in: refused before it is stored or used."""
+    return APIError(400, f"Cloud provider '{name}' uses http://. Set allow_insecure_http=true to explicitly opt in "
+                    "before storing or using an API key over plaintext HTTP.", code="insecure_http_requires_opt_in")
 
 
 def public_id(provider: str, upstream: str) -> str:
@@ -163,7 +191,8 @@ class CloudProviders:
         if provider is None:
             raise APIError(404, f"Cloud provider '{name}' is not installed. Install it first: POST /v1/install with "
                            "{\"backend\": \"cloud\", \"provider\": ..., \"base_url\": ...} "
-                           "(lemonade cloud install NAME --base-url URL)", code="provider_not_found")
+                           "(lemonade cloud install NAME --base-url URL)", type="invalid_request_error",
+                           code="provider_not_found")
         return provider
 
     def save(self, provider: Provider) -> None:
@@ -200,7 +229,7 @@ class CloudProviders:
             raise APIError(502, f"No API key for cloud provider '{provider.name}': set {env_var(provider.name)} in "
                            f"the server's environment, or run: lemonade cloud auth {provider.name}",
                            type="server_error", code="cloud_auth_missing")
-        if provider.base_url.startswith("http://") and not provider.allow_insecure_http:
+        if is_plain_http(provider.base_url) and not provider.allow_insecure_http:
             raise APIError(502, f"Cloud provider '{provider.name}' has an http:// base URL; its API key is not sent "
                            "over plain HTTP unless the provider is installed with allow_insecure_http: true",
                            type="server_error", code="cloud_insecure_http")
@@ -264,7 +293,13 @@ class CloudProviders:
 
     def describe(self) -> list[dict[str, Any]]:
         """`cloud.providers` of `/v1/system-info`: names and states, never a key."""
-        return [{**p.stored(), "auth_header_name": p.auth_header_name, "auth_header_prefix": p.auth_header_prefix,
-                 "env_var": env_var(p.name), "env_var_set": self.env_key(p.name) is not None,
-                 "runtime_key_set": p.name in self._keys, "models_discovered": self.discovered(p.name)}
-                for p in self.providers().values()]
+        out = []
+        for p in self.providers().values():
+            entry = {**p.stored(), "auth_header_name": p.auth_header_name, "auth_header_prefix": p.auth_header_prefix,
+                     "env_var": env_var(p.name), "env_var_set": self.env_key(p.name) is not None,
+                     "runtime_key_set": p.name in self._keys, "models_discovered": self.discovered(p.name)}
+            warnings = base_url_warnings(p.base_url, self.key(p.name) is not None)
+            if warnings:
+                entry["warnings"] = warnings
+            out.append(entry)
+        return out

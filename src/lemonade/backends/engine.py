@@ -299,6 +299,12 @@ class Engine(ABC):
         with: a remote engine adds its credentials and names the model as the service knows it."""
         return launch.server.base_url + path, body, headers
 
+    def asks_stream_usage(self, path: str, body: dict[str, Any]) -> bool:
+        """Whether a stream sent to this remote service asks for token usage on the client's behalf
+        (for `/v1/stats` and the request's span); the proxy then keeps that usage-only event from the
+        client, whose stream stays as it asked."""
+        return False
+
     def upstream_error(self, launch: Launch, status: int, message: str) -> tuple[int, str, str] | None:
         """(status, message, code) for a remote service's refusal, or None to report it as it came."""
         return None

@@ -233,7 +233,8 @@ class Catalog:
     def _reindex(self) -> None:
         """Recompute every model's public id after the set of models changed."""
         models = [*self._builtin.values(), *self._user.values(), *self._extra.values()]
-        shown = public_ids((m.name for m in models), (m.name for m in models if m.is_collection))
+        shown = public_ids((m.name for m in models), (m.name for m in models if m.is_collection),
+                           (h for h in self._extra_hidden if h.startswith(PREFIXES[EXTRA])))
         for m in models:
             m.public = shown[m.name]
 
@@ -278,6 +279,7 @@ class Catalog:
             if origin == BUILTIN:
                 return self._builtin.get(name) or self._builtin_lower.get(bare.lower())
             return (self._user.get(PREFIXES[USER] + name) or self._extra.get(PREFIXES[EXTRA] + name)
+                    or self._extra.get(self._extra_hidden.get(PREFIXES[EXTRA] + name, ""))
                     or self._builtin.get(PREFIXES[BUILTIN] + name) or self._builtin_lower.get(name.lower())
                     or self._remote_lookup(name))
 

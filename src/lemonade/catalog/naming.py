@@ -45,18 +45,23 @@ def reserved_problem(model_name: str) -> str | None:
     return None
 
 
-def public_ids(canonical_ids: Iterable[str], always_prefixed: Iterable[str] = ()) -> dict[str, str]:
+def public_ids(canonical_ids: Iterable[str], always_prefixed: Iterable[str] = (),
+               claims: Iterable[str] = ()) -> dict[str, str]:
     """canonical id -> the id listings show: the bare name for the precedence winner of that bare
     name, the canonical id for every model it shadows. A bare name that itself looks prefixed
     (an extra file named `builtin.x.gguf`) is never shown bare: it would resolve elsewhere.
 
     `always_prefixed` ids are shown under their canonical id even when they win: Lemonade lists a
     registered or imported collection (`collection.omni`, `collection.router`) as `user.NAME`, the
-    id it was registered, fetched and chatted with (its bare name still resolves to it)."""
+    id it was registered, fetched and chatted with (its bare name still resolves to it).
+
+    `claims` are canonical names that resolve but are never listed (a split extra folder's old name):
+    they win their bare name by the same precedence, so the model they shadow is listed by its
+    canonical id and the bare name is not listed at all."""
     forced = {cid for cid in always_prefixed if split(cid)[0] in (USER, EXTRA)}
     winners: dict[str, tuple[int, str]] = {}
     ids = list(canonical_ids)
-    for cid in ids:
+    for cid in [*ids, *claims]:
         origin, bare = split(cid)
         if origin is None:
             continue

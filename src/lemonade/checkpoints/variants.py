@@ -11,7 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_SHARD_RE = re.compile(r"[-._](\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # `-`, `.` or `_` before the index
+# A quantization named anywhere in a file name, between separators (`Model-Q4_K_M-imatrix.gguf`,
+# `x.UD-Q4_K_XL.gguf`, `m-IQ4_XS-00001-of-00002.gguf`).
+_QUANT_TOKEN_RE = re.compile(
+    r"(?:^|[-._/])((?:UD[-_])?(?:Q\d+(?:_\d)?(?:_K)?(?:_(?:M|S|L|XL|XXL))?|IQ\d+(?:_(?:M|S|L|XS|XXS|NL))?|"
+    r"F16|F32|BF16|MXFP\d+(?:_MOE)?))(?=[-._/]|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,14 @@ def _is_model_gguf(path: str) -> bool:
     return path.lower().endswith(".gguf") and not is_mmproj(path)
 
 
+def quant_token(name: str) -> str | None:
+    """The quantization a file name states (upper case), or None."""
+    m = _QUANT_TOKEN_RE.search(name)
+    return m.group(1).upper() if m else None
+
+
 def shard_info(path: str) -> tuple[int, int] | None:
-    """(index, count) for `...-0000N-of-0000M.gguf`, else None."""
+    """(index, count) for `...-0000N-of-0000M.gguf` (or `.0000N-`, `_0000N-`), else None."""
     m = _SHARD_RE.search(path)
     return (int(m.group(1)), int(m.group(2))) if m else None
 

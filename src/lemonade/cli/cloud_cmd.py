@@ -54,14 +54,21 @@ def uninstall(provider: ProviderArg, host: HostOpt = None, port: PortOpt = None)
 @cloud_app.command("auth")
 def auth(provider: ProviderArg,
          api_key: Annotated[str | None, typer.Option("--api-key", help="The key (prompted when left out)")] = None,
+         allow_insecure_http: Annotated[bool, typer.Option("--allow-insecure-http", help="Allow sending the key to "
+                                                           "this provider's http:// URL (kept with it)")] = False,
          host: HostOpt = None, port: PortOpt = None) -> None:
     """Give the server a key for a provider, in its memory only."""
     if api_key is None:
         if not sys.stdin.isatty():
             raise fail("Pass --api-key KEY (no terminal to prompt on)", EXIT_USAGE)
         api_key = typer.prompt(f"API key for {provider}", hide_input=True)
-    done = require_server(host, port).post("/v1/cloud/auth", {"provider": provider, "api_key": api_key})
+    body: dict[str, Any] = {"provider": provider, "api_key": api_key}
+    if allow_insecure_http:
+        body["allow_insecure_http"] = True
+    done = require_server(host, port).post("/v1/cloud/auth", body)
     out.print(f"Key set for {escape(provider)}: {done['models_discovered']} model(s) discovered.", highlight=False)
+    if done.get("warning"):
+        out.print(f"[yellow]{escape(done['warning'])}[/yellow]", highlight=False)
 
 
 @cloud_app.command("clear")

@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.observability.metrics import Metrics
-from lemonade.observability.telemetry import RequestTrace
+from lemonade.observability.spans import InferenceSpan
 from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.engine_client import EngineClient, EngineStream
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
@@ -170,30 +170,23 @@ class Proxy:
                 return await self.client.request(method, lm.base_url, path, data, content_type)
             return await self.remote.request(method, url, data, headers)
 
-        trace = request_trace.get()
-        span = None if trace is None else engine_span(trace, lm, path, body)
+        span = request_trace.get()
+        if span is not None:
+            trace_engine(span, lm)
         try:
             status, content = await cancelled_when_gone(
                 round_trip() if streamed is None else self._assembled(lm, path, {**(body or {}), **streamed}))
-        except ClientGone as exc:
+        except ClientGone:
             log.info("%s: the client went away; the engine request was cancelled", lm.name)
-            if span is not None:
-                trace.fail(span, exc)  # type: ignore[union-attr]
             raise
         except ENGINE_ERRORS as exc:
-            err = crash_error(lm, exc)
-            if span is not None:
-                trace.fail(span, err)  # type: ignore[union-attr]
-            raise err from None
+            raise crash_error(lm, exc) from None
         finally:
             lm.last_progress = time.monotonic()
         if status != 200:
-            err = upstream_error(lm, status, content.decode(errors="replace"))
-            if span is not None:
-                trace.fail(span, err)  # type: ignore[union-attr]
-            raise err
+            raise upstream_error(lm, status, content.decode(errors="replace"))
         if span is not None:
-            trace_answer(trace, span, content)  # type: ignore[arg-type]
+            span.answer(content)
         return content
 
     async def _assembled(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -288,6 +281,9 @@ class Proxy:
             if not in_band_errors:
                 raise  # a raw byte stream (audio) has no error events; nothing was sent, so the status says it
             log.warning("Streamed request to %s failed: %s", model.name, exc.message)
+            span = request_trace.get()
+            if span is not None:
+                span.fail(exc.message)
             source = _error_events(exc)
             return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -315,15 +311,19 @@ class Proxy:
                         lm.kv.release(held[0])  # type: ignore[union-attr]
                     await use.__aexit__(None, None, None)
 
-            trace = request_trace.get()
-            span = None if trace is None else engine_span(trace, lm, path, body)
+            span = request_trace.get()
+            if span is not None:
+                trace_engine(span, lm)
             t0 = time.perf_counter()
+            asked_usage: list[dict[str, Any]] = []  # usage events we asked a remote service for (not relayed)
             opened: EngineStream | RemoteStream | None = None
             try:
                 refuse_oversized_prompt(lm, body)
                 held[0] = await self._reserve(lm, body)
                 resp = opened = await self._open_stream(lm, path, body)
                 chunks = aiter(resp)
+                if lm.engine.remote and lm.engine.asks_stream_usage(path, body):
+                    chunks = _without_usage_events(chunks, asked_usage)
                 # Our response starts with the engine's first chunk, not with its headers: llama-server
                 # sends those before it reads the prompt, and starting a response (ours, and the client
                 # reading it) meanwhile took CPU from the prompt's batch, a few ms of every stream's
@@ -335,40 +335,29 @@ class Proxy:
                 if opened is not None:
                     opened.close()
                 await release()
-                if span is not None:
-                    trace.fail(span, exc)  # type: ignore[union-attr]
                 if attempt or not await self.router.confirm_crash(lm):
                     raise crash_error(lm, exc) from None
-            except BaseException as exc:
+            except BaseException:
                 if opened is not None:
                     opened.close()
                 await release()
-                if span is not None:
-                    trace.fail(span, exc)  # type: ignore[union-attr]
                 raise
         if resp.status != 200:
             text = (await resp.read()).decode(errors="replace")
             resp.close()
             await release()
-            err = upstream_error(lm, resp.status, text)
-            if span is not None:
-                trace.fail(span, err)  # type: ignore[union-attr]
-            raise err
-        if span is not None:  # the engine answered: what follows is the relay
-            span.end()
-            span = trace.child("lemonade.stream", {"lemonade.model": lm.model.public})  # type: ignore[union-attr]
+            raise upstream_error(lm, resp.status, text)
+        reader = span.stream_reader() if span is not None else None  # the span reads what is relayed
 
         async def relay() -> AsyncIterator[bytes]:
             tail: collections.deque[bytes] = collections.deque()  # the last chunks, about TAIL_BYTES of them
             kept = 0
             started = False
-            count = 0
             final: dict[str, Any] | None = None
             accounted = False
             chunk = first
             try:
                 while chunk is not None:
-                    count += 1
                     if not started:
                         started = True
                         lm.streaming += 1
@@ -384,15 +373,17 @@ class Proxy:
                         # /v1/stats about it at once (the web app does): count it before it leaves, not
                         # at the engine's EOF, which can come later than that question on a busy machine.
                         accounted = True
-                        final = _final_event(tail)
+                        final = asked_usage[-1] if asked_usage else _final_event(tail)
                         self._account(model, endpoint, final)
+                    if reader is not None:
+                        reader.feed(chunk)
                     yield chunk
                     chunk = await anext(chunks, None)
             except ENGINE_ERRORS as exc:
                 err = crash_error(lm, exc)
                 log.error("%s", err.message)
                 if span is not None:
-                    span.set_attribute("lemonade.stream.error", err.message)
+                    span.fail(err.message)
                 yield error_event(err)
             finally:
                 if started:
@@ -400,12 +391,12 @@ class Proxy:
                 # A stream without [DONE] (other engines; a client gone first) is counted here: the
                 # figures are in `tail` already.
                 if not accounted:
-                    final = _final_event(tail)
+                    final = asked_usage[-1] if asked_usage else _final_event(tail)
                     self._account(model, endpoint, final)
-                if span is not None:
-                    span.set_attribute("lemonade.stream.chunks", count)
-                    trace.usage(span, *tokens_of(final), started=t0)  # type: ignore[union-attr]
-                    span.end()
+                if reader is not None:
+                    if asked_usage:
+                        reader.span.count_usage(asked_usage[-1].get("usage"), None)
+                    reader.close()
                 resp.close()
                 await release()
 
@@ -415,12 +406,9 @@ class Proxy:
                                  background=BackgroundTask(_cleanup, resp, release))
 
 
-def engine_span(trace: RequestTrace, lm: LoadedModel, path: str, body: dict[str, Any] | None) -> Any:
-    """The `lemonade.engine` span of a call to `lm`'s engine (telemetry on only)."""
-    span = trace.child("lemonade.engine", {"lemonade.model": lm.model.public, "lemonade.engine.pid": lm.server.pid})
-    trace.model_call(span, model=lm.model.public, recipe=lm.model.recipe, endpoint=path.removeprefix("/v1/"),
-                     body=body)
-    return span
+def trace_engine(span: InferenceSpan, lm: LoadedModel) -> None:
+    """The request's span learns which model and engine serve it (telemetry or a span listener on)."""
+    span.engine(lm.model.recipe, lm.model.checkpoint, lm.launch.device)
 
 
 def tokens_of(answer: dict[str, Any] | None) -> tuple[int | None, int | None]:
@@ -434,16 +422,6 @@ def tokens_of(answer: dict[str, Any] | None) -> tuple[int | None, int | None]:
         return (usage.get("prompt_tokens", usage.get("input_tokens")),
                 usage.get("completion_tokens", usage.get("output_tokens")))
     return None, None
-
-
-def trace_answer(trace: RequestTrace, span: Any, content: bytes) -> None:
-    """Token counts and the answer on the engine span, then end it."""
-    try:
-        answer = json.loads(content)
-    except ValueError:
-        answer = None
-    trace.usage(span, *tokens_of(answer), answer=answer if isinstance(answer, dict) else None)
-    span.end()
 
 
 class Framed:
@@ -465,6 +443,33 @@ class Framed:
         else:
             yield self.body
         yield self.tail
+
+
+async def _without_usage_events(chunks: AsyncIterator[bytes], kept: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """A remote stream whose usage we asked for ourselves (`Engine.asks_stream_usage`), relayed line by
+    line without its usage-only events (no choices), which are kept in `kept` instead. An event that
+    carries content and usage is relayed as it is."""
+    rest = b""
+    async for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        out = [line + b"\n" for line in lines if not _usage_only(line, kept)]
+        if out:
+            yield b"".join(out)
+    if rest and not _usage_only(rest, kept):
+        yield rest
+
+
+def _usage_only(line: bytes, kept: list[dict[str, Any]]) -> bool:
+    if not line.startswith(b"data:") or b'"usage"' not in line:
+        return False
+    try:
+        event = json.loads(line[5:].strip())
+    except ValueError:
+        return False
+    if not isinstance(event, dict) or not isinstance(event.get("usage"), dict) or event.get("choices"):
+        return False
+    kept.append(event)
+    return True
 
 
 def error_event(err: APIError) -> bytes:

@@ -3,7 +3,8 @@
 - `client_gone`: set by `DisconnectWatch` (api/disconnect.py, run by api/guard.py) when the client hangs up, so a
   request still waiting for a model slot leaves the queue (and causes no load), and a non-streamed
   request is cancelled at the engine.
-- `request_trace`: the request's OpenTelemetry trace when telemetry is on (None otherwise).
+- `request_trace`: the inference request's span while telemetry or a `/spans/stream` listener is on (None
+  otherwise); the proxy reports the engine, the answer and the stream to it.
 - `load_progress`: a callback that receives install/download/load progress events for the
   request's load (the `/v1/load` stream sets it; everything else logs progress only).
 """
@@ -16,7 +17,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from lemonade.observability.telemetry import RequestTrace
+    from lemonade.observability.spans import InferenceSpan
 
 T = TypeVar("T")
 
@@ -49,9 +50,9 @@ class Departure:
 
 
 client_gone: ContextVar[Departure | None] = ContextVar("client_gone", default=None)
-# The request's trace (observability/telemetry.py), set by api/guard.py only while telemetry is on:
-# every span site checks it for None and does nothing else when it is.
-request_trace: ContextVar[RequestTrace | None] = ContextVar("request_trace", default=None)
+# The request's span (observability/spans.py), set by api/guard.py for inference requests only while
+# tracing is on: every site checks it for None and does nothing else when it is.
+request_trace: ContextVar[InferenceSpan | None] = ContextVar("request_trace", default=None)
 load_progress: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("load_progress", default=None)
 
 

@@ -49,7 +49,7 @@ from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.options import RESIDENCY_OPTIONS
-from lemonade.runtime.request_context import ClientGone, load_progress, request_trace, until_gone_or
+from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
 from lemonade.system.devices import MemoryUse, memory_use
 
 log = logging.getLogger("lemonade.router")
@@ -255,18 +255,7 @@ class Router:
         if lm is not None and lm.usable and self._admits(lm, extra=True):
             self._take(lm, pinned)
             return lm
-        trace = request_trace.get()
-        if trace is None:
-            return await self._acquire_waiting(model, options, pinned)
-        span = trace.child("lemonade.load", {"lemonade.model": model.public, "lemonade.recipe": model.recipe,
-                                             "lemonade.resident": model.name in self.loaded})
-        try:
-            lm = await self._acquire_waiting(model, options, pinned)
-        except BaseException as exc:
-            trace.fail(span, exc)
-            raise
-        span.end()
-        return lm
+        return await self._acquire_waiting(model, options, pinned)
 
     async def _acquire_waiting(self, model: ModelInfo, options: Options, pinned: bool | None) -> LoadedModel:
         """`acquire` for a model that is not resident (or not admitting now): install, download, queue, load."""

@@ -18,8 +18,11 @@ from lemonade.backends.cloud_providers import (
     DEFAULT_PREFIX,
     CloudProviders,
     Provider,
+    base_url_warnings,
     check_provider,
     env_var,
+    insecure_http_refusal,
+    is_plain_http,
 )
 from lemonade.services import Services
 
@@ -30,6 +33,16 @@ class AuthRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     provider: str = Field(..., examples=["fireworks"])
     api_key: str = Field(..., description="Kept in the server's memory only")
+    allow_insecure_http: bool | None = Field(None, description="Opt in to sending the key to an http:// provider "
+                                                               "(kept with the provider)")
+
+
+def with_warnings(answer: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """`warnings` (a list) and, for older clients, `warning` (one text), when there are any."""
+    if warnings:
+        answer["warnings"] = warnings
+        answer["warning"] = " ".join(warnings)
+    return answer
 
 
 def registry(svc: Services) -> CloudProviders:
@@ -53,23 +66,27 @@ async def install_provider(svc: Services, body: Any, present: set[str]) -> dict[
         raise APIError(400, "Field 'api_key' is empty; leave it out, or give the key", code="invalid_argument")
     insecure = body.allow_insecure_http if "allow_insecure_http" in present else \
         (old.allow_insecure_http if old else False)
+    # A key (given now, or in the environment) goes to an http:// provider only after an explicit opt-in.
+    if is_plain_http(body.base_url) and not insecure and (body.api_key or cloud.env_key(body.provider) is not None):
+        raise insecure_http_refusal(body.provider)
     provider = Provider(body.provider, body.base_url.rstrip("/"), bool(insecure), header, prefix)
     cloud.save(provider)
     answer: dict[str, Any] = {"status": "success", "backend": "cloud", "provider": provider.name,
-                              "base_url": provider.base_url, "auth_header_name": header, "auth_header_prefix": prefix}
+                              "base_url": provider.base_url, "allow_insecure_http": provider.allow_insecure_http,
+                              "auth_header_name": header, "auth_header_prefix": prefix}
+    ignored = False
     if body.api_key:
         if cloud.env_key(provider.name) is not None:
-            answer["warning"] = (f"{env_var(provider.name)} is set in the server's environment; it takes precedence "
-                                 "and the supplied API key was not stored.")
+            ignored = True
         else:
             cloud.set_runtime_key(provider.name, body.api_key)
-    if provider.base_url.startswith("http://") and not provider.allow_insecure_http:
-        answer["warning"] = ((answer["warning"] + " ") if "warning" in answer else "") + (
-            f"{provider.base_url} is plain http://: the API key is not sent there (so no model is "
-            "discovered) unless the provider is installed with allow_insecure_http: true")
     answer["models_discovered"] = await cloud.discover(provider.name, svc.http)
     answer["auth_state"] = cloud.auth_state(provider.name)
-    return answer
+    warnings = base_url_warnings(provider.base_url, cloud.key(provider.name) is not None)
+    if ignored:
+        warnings.append(f"{env_var(provider.name)} is set in the server's environment; it takes precedence and the "
+                        "supplied API key was not stored.")
+    return with_warnings(answer, warnings)
 
 
 async def uninstall_provider(svc: Services, name: str | None) -> dict[str, Any]:
@@ -92,14 +109,21 @@ async def set_key(request: Request, body: AuthRequest) -> dict[str, Any]:
         raise APIError(400, "Field 'provider' is empty", code="missing_argument")
     if not body.api_key:
         raise APIError(400, "Field 'api_key' is empty", code="missing_argument")
-    cloud.get(body.provider)
+    provider = cloud.get(body.provider)
+    if is_plain_http(provider.base_url) and not provider.allow_insecure_http:
+        if not body.allow_insecure_http:
+            raise insecure_http_refusal(provider.name)
+        provider.allow_insecure_http = True  # the opt-in is kept with the provider, as an install's is
+        cloud.save(provider)
     if cloud.env_key(body.provider) is not None:
         var = env_var(body.provider)
         raise APIError(409, f"{var} is set in the lemond process; the env var takes precedence and the supplied API "
                        "key was not stored.", type="auth_conflict", extra={"env_var": var})
     cloud.set_runtime_key(body.provider, body.api_key)
     count = await cloud.discover(body.provider, svc.http)
-    return {"provider": body.provider, "auth_state": cloud.auth_state(body.provider), "models_discovered": count}
+    return with_warnings({"provider": body.provider, "allow_insecure_http": provider.allow_insecure_http,
+                          "auth_state": cloud.auth_state(body.provider), "models_discovered": count},
+                         base_url_warnings(provider.base_url, True))
 
 
 @router.delete("/cloud/auth/{provider}")
@@ -108,7 +132,8 @@ async def clear_key(request: Request, provider: str) -> dict[str, Any]:
     cloud = registry(svc)
     cloud.get(provider)
     cleared = cloud.clear_runtime_key(provider)
-    if cloud.env_key(provider) is None:  # nothing left to authenticate with: its models go
-        await svc.router.unload_where(lambda lm: lm.model.definition.get("cloud_provider") == provider)
+    if cloud.env_key(provider) is None:
+        # Nothing left to authenticate with: its models leave the listing. One that is loaded stays loaded
+        # (as in Lemonade) and its requests are refused for want of a key, which tells the client what to do.
         await cloud.discover(provider, svc.http)
     return {"provider": provider, "cleared_runtime_key": cleared, "auth_state": cloud.auth_state(provider)}

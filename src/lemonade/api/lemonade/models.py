@@ -11,6 +11,7 @@ from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import OptionsRequest
 from lemonade.api.openai.models import model_object
 from lemonade.catalog.catalog import RegistrationError
+from lemonade.checkpoints.variants import shard_info
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
@@ -106,13 +107,15 @@ async def model_files(request: Request, model_id: str, include_paths: bool = Que
     if files is None and not model.is_collection:
         files = svc.downloads.known_files(model)  # partially present or never downloaded
     for role, paths in (files or {}).items():
-        for path in paths:
+        for i, path in enumerate(paths):
             exists = path.exists()
+            # A shard set's later files are `shard`s: the first shard is the role's file, as Lemonade lists it.
+            shown_role = "shard" if i and shard_info(path.name) else role
             if path.is_dir():
                 size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
             else:
                 size = path.stat().st_size if exists else 0
-            entry: dict[str, Any] = {"name": path.name, "role": role, "size_bytes": size, "exists": exists}
+            entry: dict[str, Any] = {"name": path.name, "role": shown_role, "size_bytes": size, "exists": exists}
             if include_paths:
                 entry = {"name": path.name, "path": str(path.absolute()), **entry}
             entries.append(entry)

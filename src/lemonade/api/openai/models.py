@@ -7,19 +7,29 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
+from lemonade.api.middleware import is_admin
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
-IncludePaths = Annotated[bool, Query(description="Show extra-dir files by absolute path (privacy-sensitive)")]
+
+
+IncludePaths = Annotated[bool, Query(description="Show extra-dir files by absolute path (privacy-sensitive; "
+                                                 "admins see them anyway)")]
 
 
 def shown_checkpoint(model: ModelInfo, include_paths: bool = False) -> str:
-    """A model's checkpoint as clients see it. A file of the extra models dir goes by its file name:
-    its absolute path names the user's folders, so it is shown only when asked (`include_paths`)."""
+    """A model's checkpoint as clients see it. A file (or folder) of the extra models dir is shown by its
+    absolute path, as Lemonade does, to admins and when asked (`include_paths`); anyone else gets its
+    file name, since the path names the user's folders (api/privacy.py)."""
     if include_paths or model.local_files is None or not model.local_files.get("main"):
         return model.checkpoint
     return model.local_files["main"][0].name
+
+
+def paths_shown(request: Request, include_paths: bool) -> bool:
+    svc: Services = request.app.state.services
+    return include_paths or is_admin(request.scope, svc.api_key, svc.admin_key)
 
 
 def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
@@ -53,7 +63,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         if "context_length" in model.definition:
             obj["context_length"] = model.definition["context_length"]
     if len(model.checkpoints) > 1:
-        obj["checkpoints"] = dict(model.checkpoints)
+        obj["checkpoints"] = {**model.checkpoints, "main": obj["checkpoint"]}
     if model.source != "huggingface":
         obj["source"] = model.source
     if model.origin == "user" and not model.is_collection:  # the registry it was registered from (provenance)
@@ -81,6 +91,7 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
                       include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
     budget = await asyncio.to_thread(svc.memory_budget)  # models too big for this machine are not offered
+    include_paths = paths_shown(request, include_paths)
     data = []
     for model in svc.catalog.all():
         if not svc.offered(model, budget):
@@ -108,6 +119,7 @@ def alias_object(svc: Services, alias: str, target: ModelInfo, include_paths: bo
 async def get_model(request: Request, model_id: str,
                     include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
+    include_paths = paths_shown(request, include_paths)
     model = svc.resolve(model_id)
     target = svc.catalog.alias_of(model_id)
     obj = (alias_object(svc, model_id, target, include_paths, with_components=True) if target is not None
