@@ -75,7 +75,8 @@ def overhead(body: dict[str, Any]) -> int:
     """Tokens the template adds, tool definitions included (rendered into the prompt as text: at most
     one token per byte of their JSON)."""
     tools = body.get("tools")
-    return TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * _messages(body) + (len(str(tools).encode()) if tools else 0)
+    tool_bytes = len(str(tools).encode("utf-8", "surrogatepass")) if tools else 0
+    return TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * _messages(body) + tool_bytes
 
 
 @dataclass
@@ -109,7 +110,8 @@ class KvPool:
         if not body:
             return 0
         text = text_of(body)
-        prompt = len(text.encode()) + overhead(body)  # an upper bound: no token is shorter than a byte
+        # An upper bound: no token is shorter than a byte. (A lone surrogate is refused later, with a 400.)
+        prompt = len(text.encode("utf-8", "surrogatepass")) + overhead(body)
         answer = answer_budget(body, max(self.tokens // max(self.slots, 1), 1))
         need = prompt + answer
         if need <= self.tokens and self.fits(need):
