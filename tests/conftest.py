@@ -193,6 +193,9 @@ class ServerFactory:
         # Auto-tune off: what a test expects must not depend on the archetype of the machine it runs
         # on (test_autotune turns it back on with LEMONADE_AUTO_TUNE="").
         full_env["LEMONADE_AUTO_TUNE"] = "false"
+        # No discovery beacons: a CLI elsewhere on this machine (a quick start, a developer's shell)
+        # must never find a test's server; tests of the beacons turn them on (LEMONADE_BROADCAST="").
+        full_env["LEMONADE_BROADCAST"] = "false"
         full_env.update(env or {})
         server = Server(cache, port or free_port(), full_env, args or [])
         self.servers.append(server)

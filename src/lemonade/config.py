@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "engine_watchdog_seconds": 120,  # a busy engine that makes no progress this long is killed
     "max_request_body_mb": 64,  # larger request bodies get 413 (audio uploads and base64 images fit)
     "offline": False,
+    "broadcast": True,  # UDP discovery beacons (beacon.py), so apps and `lemonade scan` find this server
     "extra_models_dir": "",
     "models_dir": "",
     "auto_check_model_updates": True,
@@ -358,6 +359,18 @@ class Config:
                 _set_path(new_file, key, value)
             atomic_write_json(self.path, new_file)
             self._file = new_file
+            self._merged = None
+        for listener in self._listeners:
+            listener(flat)
+        return flat
+
+    def set_runtime(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Like `set`, in memory only: the change lasts until the server restarts, as a `lemonade serve`
+        flag does (`lemonade telemetry on|off`, guide-cli.md)."""
+        flat = validate_tree(updates)
+        with self._lock:
+            for key, value in flat.items():
+                _set_path(self._overrides, key, value)
             self._merged = None
         for listener in self._listeners:
             listener(flat)
