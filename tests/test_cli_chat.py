@@ -65,6 +65,31 @@ def test_run_chat_cli_is_the_terminal_chat(env, gemma_server):
     assert proc.stdout.strip() and "Opened" not in proc.stdout
 
 
+def test_the_guides_load_examples(env, gemma_server):
+    """guide-cli.md "Options for load", with this machine's model and backend."""
+    def options() -> dict:
+        [loaded] = health(gemma_server)["all_models_loaded"]
+        return loaded["recipe_options"]
+
+    ok(lemonade("load", GEMMA_NAME, "--ctx-size", "4096", "--save-options", env=env))
+    assert options()["ctx_size"] == 4096
+    with gemma_server.client() as c:
+        assert c.get(f"/v1/models/{GEMMA_NAME}/options").json()["saved"] == {"ctx_size": 4096}
+        c.post(f"/v1/models/{GEMMA_NAME}/options", json={"options": {}})
+    ok(lemonade("load", GEMMA_NAME, "--llamacpp", "cpu", env=env))
+    assert options()["llamacpp_backend"] == "cpu"
+    ok(lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on -t 2", env=env))
+    assert options()["llamacpp_args"] == "--flash-attn on -t 2"
+    # The guide's "--flash-attn on --no-mmap": per-model args may not touch files (the server's allow-list);
+    # it is refused naming the flag and where an admin sets it instead.
+    proc = lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on --no-mmap", env=env)
+    assert proc.returncode == 1 and "--no-mmap" in proc.stderr and "llamacpp.args" in proc.stderr
+    ok(lemonade("load", GEMMA_NAME, "--no-merge-args", "--llamacpp-args", "--flash-attn on", env=env))
+    assert options()["merge_args"] is False and options()["llamacpp_args"] == "--flash-attn on"
+    proc = lemonade("load", GEMMA_NAME, "--llamacpp", "opencl", env=env)
+    assert proc.returncode == 1 and "opencl" in proc.stderr
+
+
 # ----- chat through a pipe -------------------------------------------------------------------------
 
 def test_chat_uses_the_loaded_model_and_takes_slash_commands(env, gemma_server):
@@ -95,33 +120,87 @@ def test_chat_no_stream_and_system(env, gemma_server):
     assert proc.stdout.strip(), proc.stderr
 
 
-def test_chat_reasoning_is_shown_above_the_answer_and_not_sent_back(make_server, gemma_dir, tmp_path):
-    """A chat template that opens the assistant's turn with <think> makes llama-server return what the
-    model writes before </think> as reasoning_content: shown (on stderr, dimmed on a terminal), kept
-    out of stdout and of the history sent back next turn."""
-    template = tmp_path / "think.jinja"
-    template.write_text("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
-                        "m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<start_of_turn>model\n<think>\n{% endif %}")
-    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
-                           # the template is the point of this test; reasoning parsed the deepseek way
-                           "LEMONADE_LLAMACPP_ARGS": f"--chat-template-file {template} --reasoning-format deepseek"})
-    env = cli_env(tmp_path / "cache", srv.url)
-    with srv.client() as c:
-        body = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 24, "seed": 1,
-                                                    "messages": [{"role": "user", "content": "Hi"}]}).json()
-    message = body["choices"][0]["message"]
-    assert message.get("reasoning_content"), message  # what the engine does with this template
-    proc = ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "24", env=env, stdin="Hi\nAnd then?\n"))
-    assert "thinking…" in proc.stderr
-    assert message["reasoning_content"].strip()[:10] in proc.stderr or proc.stderr.count("thinking…") == 2
-    assert "thinking" not in proc.stdout
-    log = srv.log()
-    assert "reasoning_content" not in log  # (nothing to check there; the history is checked below)
-    ok(lemonade("chat", GEMMA_NAME, "--no-stream", "--max-tokens", "24", env=env, stdin="Hi\n"))
+# A chat template that thinks as Qwen 3's does: the assistant's turn opens with <think> unless
+# enable_thinking is false; llama-server then returns what the model writes before </think> as
+# reasoning_content. The 270M model never closes it by itself: --reasoning-budget does after 8 tokens.
+THINKING_TEMPLATE = """{%- for m in messages -%}
+{%- if m['role'] == 'assistant' -%}
+<start_of_turn>model
+{% if m.get('reasoning_content') %}<think>
+{{ m['reasoning_content'] }}
+</think>
+
+{% endif %}{{ m['content'] }}<end_of_turn>
+{% else -%}
+<start_of_turn>{{ m['role'] }}
+{{ m['content'] }}<end_of_turn>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<start_of_turn>model
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}
+{%- endif -%}
+"""
+
+
+@pytest.fixture(scope="module")
+def thinking_server(module_servers, gemma_dir, tmp_path_factory):
+    template = tmp_path_factory.mktemp("template") / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    # The server-wide llama.cpp args are what make Gemma a reasoning model here (see above).
+    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
+                               "LEMONADE_LLAMACPP_ARGS": f"--chat-template-file {template} --reasoning-budget 8"})
+
+
+def test_reasoning_is_yielded_apart_and_never_sent_back(thinking_server):
+    from lemonade.cli.chat import Chat
+    from lemonade.cli.client import ServerClient
+
+    for stream in (True, False):
+        chat = Chat(ServerClient(url=thinking_server.url), GEMMA_NAME, max_tokens=24, temperature=0, stream=stream)
+        pieces = list(chat.send("Hi"))
+        reasoning = "".join(p for kind, p in pieces if kind == "reasoning")
+        content = "".join(p for kind, p in pieces if kind == "content")
+        assert reasoning.strip() and content.strip(), pieces
+        assert chat.history == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content}]
+        assert chat.last.completion_tokens > 0 and chat.last.prompt_tokens > 0
+        chat.think = False  # /think off: the template's enable_thinking=false, no reasoning at all
+        assert [kind for kind, _ in chat.send("Again")] and all(kind == "content" for kind, _ in chat.send("More"))
+
+
+def test_chat_shows_the_reasoning_above_the_answer(thinking_server, tmp_path):
+    env = cli_env(tmp_path / "cache", thinking_server.url)
+    proc = ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "24", "--temperature", "0", env=env,
+                       stdin="Hi\n/think off\nHi\n"))
+    assert proc.stderr.count("thinking…") == 1  # the first turn only: /think off came before the second
+    with thinking_server.client() as c:  # the same greedy turn, asked directly
+        message = c.post("/v1/chat/completions", json={
+            "model": GEMMA_NAME, "max_tokens": 24, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+        ).json()["choices"][0]["message"]
+    shown = " ".join(proc.stderr[proc.stderr.index("thinking…"):].split())
+    assert " ".join(message["reasoning_content"].split()) in shown  # under the header, on stderr
+    # stdout starts with the answer: the reasoning, which came first, is not there
+    assert proc.stdout.lstrip().startswith(message["content"].strip()), (proc.stdout, message)
 
 
 # ----- chat on a terminal --------------------------------------------------------------------------
+
+PROMPT = "\n  > "  # the chat's prompt, at the start of a line (help rows have "<name> " in them)
+MORE = "\n  . "  # the continuation prompt of multi-line input
+
+
+def _controlling_terminal() -> None:
+    """In the child, after setsid: its terminal becomes the controlling one, so Ctrl-C is a SIGINT."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
 
 class Terminal:
     """`lemonade chat` on a pseudo-terminal: what a user sees and types."""
@@ -132,15 +211,15 @@ class Terminal:
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen([sys.executable, "-m", "lemonade.cli.main", *args], stdin=slave, stdout=slave,
                                      stderr=slave, env={**env, "TERM": "xterm", "COLUMNS": "100"},
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_controlling_terminal)
         os.close(slave)
         self.seen = ""
+        self.pos = 0  # where the next read_until starts looking
 
     def read_until(self, text: str, timeout: float = 120) -> str:
-        """Output until `text` appears (after what was already read); AssertionError naming it otherwise."""
-        start = len(self.seen)
+        """Output up to the next `text` (after what earlier calls matched); AssertionError naming it otherwise."""
         deadline = time.monotonic() + timeout
-        while text not in self.seen[start:]:
+        while (found := self.seen.find(text, self.pos)) < 0:
             left = deadline - time.monotonic()
             assert left > 0, f"{text!r} not seen; output:\n{self.seen[-3000:]}"
             ready, _, _ = select.select([self.master], [], [], min(left, 1.0))
@@ -149,20 +228,28 @@ class Terminal:
                     chunk = os.read(self.master, 65536)
                 except OSError:  # the child closed the terminal
                     chunk = b""
-                if not chunk:
-                    assert text in self.seen[start:], f"{text!r} not seen before exit; output:\n{self.seen[-3000:]}"
-                    break
+                assert chunk, f"{text!r} not seen before the program ended; output:\n{self.seen[-3000:]}"
                 self.seen += chunk.decode(errors="replace")
-        return self.seen[start:]
+        start, self.pos = self.pos, found + len(text)
+        return self.seen[start:self.pos]
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
     def wait(self, timeout: float = 30) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            os.close(self.master)
+        """The exit code, once the program ended; what it wrote meanwhile joins `seen`."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None or select.select([self.master], [], [], 0)[0]:
+            assert time.monotonic() < deadline, f"still running; output:\n{self.seen[-3000:]}"
+            if select.select([self.master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                self.seen += chunk.decode(errors="replace")
+        return self.proc.wait(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -193,7 +280,7 @@ def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(terminal, gemma_server):
     prompt back; Ctrl-C at an empty prompt leaves."""
     t = terminal("chat", GEMMA_NAME, "--max-tokens", "3000", "--temperature", "1.0")
     t.read_until("Stop response or exit: Ctrl-C")
-    t.read_until("> ")
+    t.read_until(PROMPT)
     t.type("Write a very long story about a lemon tree, with many chapters.\r")
     t.read_until("\n", timeout=60)  # the line typed
     deadline = time.monotonic() + 120
@@ -202,43 +289,51 @@ def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(terminal, gemma_server):
         time.sleep(0.1)
     t.type("\x03")
     t.read_until("(stopped)")
-    t.read_until("> ")
+    t.read_until(PROMPT)
     deadline = time.monotonic() + 30  # the server saw the client go and stopped the generation
     while any(m.get("is_busy") or m.get("is_streaming") for m in health(gemma_server)["all_models_loaded"]):
         assert time.monotonic() < deadline, health(gemma_server)
         time.sleep(0.1)
     t.type("/help\r")
     t.read_until("Slash commands")
-    t.read_until("> ")
+    t.read_until(PROMPT)
     t.type("\x03")
-    assert t.wait() == 0
+    assert t.wait() == 0, t.seen[t.pos:]
 
 
-def test_exit_and_ctrl_d_leave(terminal):
+def test_exit_ctrl_d_and_clearing_the_line(terminal):
+    """/exit and Ctrl-D leave; Esc and Ctrl-U clear what was typed (else "junk/exit" would be sent as a
+    message and the chat would go on)."""
     t = terminal("chat", GEMMA_NAME)
-    t.read_until("> ")
+    t.read_until(PROMPT)
+    t.type("junk\x15/exit\r")  # Ctrl-U
+    assert t.wait() == 0, t.seen[t.pos:]
+    t = terminal("chat", GEMMA_NAME)
+    t.read_until(PROMPT)
+    t.type("junk\x1b")  # Esc, alone: readline waits for its key-sequence timeout to know it is not a prefix
+    time.sleep(1.5)
     t.type("/exit\r")
-    assert t.wait() == 0
+    assert t.wait() == 0, t.seen[t.pos:]
     t = terminal("chat", GEMMA_NAME)
-    t.read_until("> ")
+    t.read_until(PROMPT)
     t.type("\x04")
     assert t.wait() == 0
 
 
 def test_multiline_input_is_sent_as_one_message(terminal, gemma_server):
     t = terminal("chat", GEMMA_NAME, "--max-tokens", "4")
-    t.read_until("> ")
+    t.read_until(PROMPT)
     t.type("/multiline\r")
     t.read_until("Multi-line input on")
-    t.read_until("> ")
+    t.read_until(PROMPT)
     before = _requests(gemma_server)
     t.type("First line.\r")
-    t.read_until(". ")
+    t.read_until(MORE)
     t.type("Second line.\r")
-    t.read_until(". ")
+    t.read_until(MORE)
     t.type("\r")
     t.read_until(" tok/s")  # the reply's figures
-    t.read_until("> ")
+    t.read_until(PROMPT)
     assert _requests(gemma_server) == before + 1
     t.type("/exit\r")
     assert t.wait() == 0

@@ -303,7 +303,7 @@ class Prompt:
                     err.print("  [dim]multi-line buffer cleared[/dim]", highlight=False)
                     return ""
                 return None
-            if not self.multiline:
+            if not self.multiline or (not lines and line.lstrip().startswith("/")):  # a command is one line
                 return line
             if not line.strip():
                 return "\n".join(lines)
