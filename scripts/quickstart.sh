@@ -11,14 +11,14 @@
 #   3. `lemonade backends install llamacpp:cpu`: llama.cpp's llama-server into the cache dir
 #      (release archive, or a build from source: about 10 minutes on 2 cores, the first time only);
 #   4. the Gemma GGUF placed in the extra models dir (<cache>/extra_models unless one is configured);
-#   5. `lemonade run extra.gemma-3-270m-q4_k_m --base` (its canonical id: the extra dir file, whatever
+#   5. `lemonade chat extra.gemma-3-270m-q4_k_m --base` (its canonical id: the extra dir file, whatever
 #      else is named gemma-3-270m-q4_k_m): starts the server in the background when
-#      none runs (stop it with `lemonade stop`), loads the model and opens the chat.
+#      none runs (stop it with `lemonade stop`), loads the model and opens the chat in the terminal.
 # A server already answering on the port is used only when it is one of this installation (same
 # cache dir); otherwise the script names it and stops. pip 21.3 or newer is needed (a fresh venv has
 # one; an older one is upgraded inside .venv).
 #
-# Extra arguments go to `lemonade run` (e.g. --max-tokens 200). Environment: LEMONADE_VENV,
+# Extra arguments go to `lemonade chat` (e.g. --max-tokens 200). Environment: LEMONADE_VENV,
 # LEMONADE_CACHE_DIR (default ~/.cache/lemonade), PYTHON (interpreter to create the venv with).
 set -euo pipefail
 
@@ -82,7 +82,7 @@ from lemonade.cli.background import check_server_is_ours
 from lemonade.cli.common import client
 
 try:
-    found = check_server_is_ours(client())
+    found = check_server_is_ours(client(discover=False))
 except typer.Exit as exc:
     sys.exit(exc.exit_code or 1)
 print(found or "")
@@ -121,6 +121,8 @@ if [ -n "$CONFIGURE" ]; then
 fi
 
 # 5. Chat. Gemma 3 270M is a base model: `--base` talks to it through a conversation transcript
-# (see `lemonade run --help`), which keeps its replies short and readable.
+# (see `lemonade chat --help`), which keeps its replies short and readable.
 say "Starting the chat (the server keeps running afterwards; stop it with: $LEMONADE stop)"
-exec "$LEMONADE" run "extra.${MODEL_FILE%.gguf}" --base "$@"
+# --no-discovery: with nothing on the port, start this installation's server rather than use another
+# one that announces itself on this machine.
+exec "$LEMONADE" --no-discovery chat "extra.${MODEL_FILE%.gguf}" --base "$@"

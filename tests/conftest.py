@@ -199,6 +199,9 @@ class ServerFactory:
         # No other setting: a test server runs with the defaults a user gets, auto-tune and its profile
         # for this machine's archetype included. A test that needs another setting passes it in `env`,
         # `args` or `config` and says why.
+        # No discovery beacons: a CLI elsewhere on this machine (a quick start, a developer's shell)
+        # must never find a test's server; tests of the beacons turn them on (LEMONADE_BROADCAST="").
+        full_env["LEMONADE_BROADCAST"] = "false"
         full_env.update(env or {})
         server = Server(cache, port or free_port(), full_env, args or [])
         self.servers.append(server)

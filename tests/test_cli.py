@@ -1,7 +1,7 @@
 """The `lemonade` command line, run for real (`python -m lemonade.cli.main ...` in a subprocess)
 against real servers from the fixtures: tables, JSON output, exit codes, the "no server" message,
-config on disk and through the server, backends, load/unload, and `run` chatting with the real
-Gemma 3 270M model through piped stdin (including `run` starting a server by itself).
+config on disk and through the server, backends, load/unload, and `chat` talking to the real
+Gemma 3 270M model through piped stdin (including `chat` starting a server by itself).
 
 Exit codes checked here: 0 ok, 1 the server refused, 2 bad usage or refused value, 3 no server.
 """
@@ -31,7 +31,9 @@ def cli_env(cache: Path, url: str | None = None, **extra: str) -> dict[str, str]
     """A clean environment: our own cache dir, the server URL, wide tables (no wrapping)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
     env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "COLUMNS": "250",
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1",
+                # a server the CLI starts in the background sends no discovery beacons (as test servers)
+                "LEMONADE_BROADCAST": "false"})
     if url:
         env["LEMONADE_BASE_URL"] = url
     env.update(extra)
@@ -73,6 +75,7 @@ def test_version(nowhere):
 @pytest.mark.parametrize("args", [
     ["status"], ["list"], ["list", "--all"], ["alias", "list"], ["alias", "add", "a", "b"], ["alias", "remove", "a"],
     ["load", GEMMA_NAME], ["unload"], ["unload", GEMMA_NAME], ["run", "--no-start", GEMMA_NAME],
+    ["chat", "--no-start", GEMMA_NAME],
 ])
 def test_commands_that_need_a_server_say_how_to_start_one(nowhere, args):
     proc = lemonade(*args, env=nowhere)
@@ -142,7 +145,7 @@ def test_https_base_url_without_a_server_names_the_next_step(tmp_path):
     """An https:// address nobody answers: the message says how to start a server, and that
     `lemonade serve` speaks http (so `run` does not start one that could never answer there)."""
     env = cli_env(tmp_path / "cache", f"https://127.0.0.1:{free_port()}/api/v1")
-    for args in (["status"], ["run", "some-model"]):
+    for args in (["status"], ["run", "some-model"], ["chat", "some-model"]):
         proc = lemonade(*args, env=env)
         assert proc.returncode == 3, proc.stderr
         assert "https://" in proc.stderr and "http://" in proc.stderr.replace("https://", "")
@@ -203,18 +206,21 @@ def test_stop_without_a_server(nowhere):
 # ----- against the Gemma server ------------------------------------------------------------------
 
 def test_list_sections_and_downloaded_flag(env, gemma_server):
-    """guide-cli.md: `list` shows Local and Available for Download; `--downloaded` only the first."""
+    """guide-cli.md: `list` shows Local and Available for Download; `--downloaded` only the first.
+    Each row starts with the model's id and Yes/No (what scripts split on)."""
     with gemma_server.client() as c:
         everything = c.get("/v1/models", params={"show_all": "true"}).json()["data"]
         downloaded = c.get("/v1/models").json()["data"]
-    proc = ok(lemonade("list", env=env))
-    assert f"Local ({len(downloaded)})" in proc.stdout
-    assert f"Available for Download ({len(everything) - len(downloaded)})" in proc.stdout
-    assert proc.stdout.index(GEMMA_NAME) < proc.stdout.index("Available for Download")
-    row = next(line for line in proc.stdout.splitlines() if GEMMA_NAME in line)
-    assert "yes" in row and "llamacpp" in row and "custom" in row and "MB" in row
-    qwen = next(line for line in proc.stdout.splitlines() if "Qwen3-0.6B-GGUF" in line)
-    assert " no " in qwen and proc.stdout.index("Qwen3-0.6B-GGUF") > proc.stdout.index("Available for Download")
+    lines = ok(lemonade("list", env=env)).stdout.splitlines()
+    assert lines[0] == "Local" and "Available for Download" in lines
+    split = lines.index("Available for Download")
+    local_rows = [line for line in lines[:split] if line.split()[1:2] in (["Yes"], ["No"])]
+    remote_rows = [line for line in lines[split:] if line.split()[1:2] in (["Yes"], ["No"])]
+    assert [r.split()[0] for r in local_rows] == [m["id"] for m in downloaded]
+    assert len(remote_rows) == len(everything) - len(downloaded) and all(r.split()[1] == "No" for r in remote_rows)
+    row = next(line for line in local_rows if line.split()[0] == GEMMA_NAME)
+    assert row.split()[1] == "Yes" and "llamacpp" in row and "custom" in row and "MB" in row
+    assert any(r.split()[0] == "Qwen3-0.6B-GGUF" for r in remote_rows)
     local = ok(lemonade("list", "--downloaded", env=env)).stdout
     assert GEMMA_NAME in local and "Qwen3-0.6B-GGUF" not in local and "Available for Download" not in local
     listed = json.loads(ok(lemonade("list", "--json", env=env)).stdout)
@@ -288,7 +294,7 @@ def test_alias_add_list_remove(env, gemma_server):
 
 
 def test_backends_through_the_server(env, gemma_server):
-    rows = json.loads(ok(lemonade("backends", "--json", env=env)).stdout)
+    rows = json.loads(ok(lemonade("backends", "--all", "--json", env=env)).stdout)
     with gemma_server.client() as c:
         recipes = c.get("/v1/system-info").json()["recipes"]
     for row in rows:
@@ -304,7 +310,7 @@ def test_backends_through_the_server(env, gemma_server):
     assert "llamacpp:cpu is installed" in proc.stdout
 
 
-# ----- `run`: the chat, driven through stdin ----------------------------------------------------
+# ----- `chat`: the conversation, driven through stdin ----------------------------------------------
 
 def _stats(server, requests: int = 0) -> dict:
     """`/v1/stats` once it has counted `requests` requests (the server records a stream's figures just
@@ -318,9 +324,9 @@ def _stats(server, requests: int = 0) -> dict:
             time.sleep(0.05)
 
 
-def test_run_chats_with_piped_stdin(env, gemma_server):
+def test_chat_chats_with_piped_stdin(env, gemma_server):
     before = _stats(gemma_server)["request_count_total"]
-    proc = ok(lemonade("run", GEMMA_NAME, "--max-tokens", "12", env=env, stdin="Hello! What is your name?\n"))
+    proc = ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "12", env=env, stdin="Hello! What is your name?\n"))
     assert proc.stdout.strip(), proc.stderr  # the model's reply, streamed to stdout
     assert "Chatting with" not in proc.stdout  # status goes to stderr, stdout holds only the reply
     with gemma_server.client() as c:
@@ -328,46 +334,46 @@ def test_run_chats_with_piped_stdin(env, gemma_server):
     assert _stats(gemma_server, before + 1)["output_tokens"] > 0  # (also: the next tests count from here)
 
 
-def test_run_with_host_and_port(gemma_server, tmp_path):
-    """`lemonade run MODEL --host H --port P` talks to that server (no LEMONADE_BASE_URL set)."""
+def test_chat_with_host_and_port(gemma_server, tmp_path):
+    """`lemonade chat MODEL --host H --port P` talks to that server (no LEMONADE_BASE_URL set)."""
     env = cli_env(tmp_path / "cache")
     url = httpx.URL(gemma_server.url)
-    proc = ok(lemonade("run", GEMMA_NAME, "--host", url.host, "--port", str(url.port), "--no-start",
+    proc = ok(lemonade("chat", GEMMA_NAME, "--host", url.host, "--port", str(url.port), "--no-start",
                        "--max-tokens", "4", env=env, stdin="Hello\n"))
     assert proc.stdout.strip(), proc.stderr
-    proc = lemonade("run", GEMMA_NAME, "--host", "127.0.0.1", "--port", str(free_port()), "--no-start", env=env)
+    proc = lemonade("chat", GEMMA_NAME, "--host", "127.0.0.1", "--port", str(free_port()), "--no-start", env=env)
     assert proc.returncode == 3 and NO_SERVER in proc.stderr
 
 
-def test_run_keeps_history_and_clear_resets_it(env, gemma_server):
+def test_chat_keeps_history_and_clear_resets_it(env, gemma_server):
     """Prompt sizes seen by the engine: turn 2 carries turn 1 unless /clear came in between."""
     question = "Name a color.\n"
     count = _stats(gemma_server)["request_count_total"]
-    ok(lemonade("run", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question))
+    ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question))
     single = _stats(gemma_server, count + 1)["prompt_tokens"]
     assert single and single > 0
-    ok(lemonade("run", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question + "/clear\n" + question))
+    ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question + "/clear\n" + question))
     assert _stats(gemma_server, count + 3)["prompt_tokens"] == single
-    ok(lemonade("run", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question + question))
+    ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "6", env=env, stdin=question + question))
     assert _stats(gemma_server, count + 5)["prompt_tokens"] > single
 
 
-def test_run_exit_stops_reading(env, gemma_server):
+def test_chat_exit_stops_reading(env, gemma_server):
     before = _stats(gemma_server)["request_count_total"]
-    ok(lemonade("run", GEMMA_NAME, "--max-tokens", "4", env=env, stdin="Hi\n\n/exit\nThis is never sent\n"))
+    ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "4", env=env, stdin="Hi\n\n/exit\nThis is never sent\n"))
     assert _stats(gemma_server, before + 1)["request_count_total"] == before + 1
 
 
-def test_run_reports_refused_turns_and_exits_non_zero(env, gemma_server):
+def test_chat_reports_refused_turns_and_exits_non_zero(env, gemma_server):
     before = _stats(gemma_server)["request_count_total"]
-    proc = lemonade("run", GEMMA_NAME, "--temperature", "5", env=env, stdin="Hi\nHello\n")
+    proc = lemonade("chat", GEMMA_NAME, "--temperature", "5", env=env, stdin="Hi\nHello\n")
     assert proc.returncode == 1
     assert proc.stderr.count("Error 400") == 2 and "temperature" in proc.stderr  # the chat went on
     assert _stats(gemma_server)["request_count_total"] == before  # refused before reaching the engine
 
 
-def test_run_unknown_model(env):
-    proc = lemonade("run", "No-Such-Model-GGUF", env=env, stdin="hi\n")
+def test_chat_unknown_model(env):
+    proc = lemonade("chat", "No-Such-Model-GGUF", env=env, stdin="hi\n")
     assert proc.returncode == 1 and "No-Such-Model-GGUF" in proc.stderr and proc.stdout == ""
 
 
@@ -380,8 +386,8 @@ def _kill_tree(pid: int) -> None:
         proc.kill()
 
 
-def test_run_starts_a_server_in_the_background_and_stop_ends_it(tmp_path, llama_backend, gemma_dir):
-    """The quick-start path: config on disk, then `run` with no server up, then `lemonade stop`."""
+def test_chat_starts_a_server_in_the_background_and_stop_ends_it(tmp_path, llama_backend, gemma_dir):
+    """The quick-start path: config on disk, then `chat` with no server up, then `lemonade stop`."""
     cache = tmp_path / "cache"
     link = cache / "backends" / "llamacpp" / "cpu"
     link.parent.mkdir(parents=True)
@@ -391,7 +397,7 @@ def test_run_starts_a_server_in_the_background_and_stop_ends_it(tmp_path, llama_
     server_pid = None
     engines: list[int] = []
     try:
-        proc = lemonade("run", GEMMA_NAME, "--max-tokens", "8", env=env, stdin="Hello!\n")
+        proc = lemonade("chat", GEMMA_NAME, "--max-tokens", "8", env=env, stdin="Hello!\n")
         with contextlib.suppress(OSError, ValueError):
             server_pid = json.loads((cache / "server.pid").read_text())["pid"]
         ok(proc)
@@ -402,8 +408,8 @@ def test_run_starts_a_server_in_the_background_and_stop_ends_it(tmp_path, llama_
         health = httpx.get(env["LEMONADE_BASE_URL"] + "/v1/health", timeout=10).json()
         engines = [m["pid"] for m in health["all_models_loaded"]]
         assert health["all_models_loaded"][0]["model_name"] == GEMMA_NAME
-        # a second `run` reuses the running server and the loaded model
-        again = ok(lemonade("run", GEMMA_NAME, "--max-tokens", "4", env=env, stdin="Hi\n"))
+        # a second `chat` reuses the running server and the loaded model
+        again = ok(lemonade("chat", GEMMA_NAME, "--max-tokens", "4", env=env, stdin="Hi\n"))
         assert "Started" not in again.stderr and "Loading" not in again.stderr
         proc = ok(lemonade("stop", env=env, timeout=60))
         assert f"Stopped the Lemonade server (pid {server_pid})" in proc.stdout

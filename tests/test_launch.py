@@ -43,7 +43,7 @@ def bindir(tmp_path_factory) -> Path:
     return folder
 
 
-def launch(server, bindir: Path, home: Path, *args: str, path: str | None = None,
+def launch(server, bindir: Path, home: Path, *args: str, path: str | None = None, stdin: str | None = None,
            **extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     record = home / "record.json"
     record.unlink(missing_ok=True)
@@ -53,7 +53,8 @@ def launch(server, bindir: Path, home: Path, *args: str, path: str | None = None
                 "AGENT_RECORD": str(record), "COLUMNS": "250", **extra})
     env.pop("XDG_CONFIG_HOME", None)
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "launch", *args], env=env,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=300, input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
     return proc, (json.loads(record.read_text()) if record.exists() else {})
 
 
@@ -124,4 +125,34 @@ def test_refusals(server, bindir, tmp_path):
     proc, _ = launch(server, bindir, tmp_path, "claude", "--model", "no-such-model")
     assert proc.returncode == 1 and "no-such-model" in proc.stderr
     proc, _ = launch(server, bindir, tmp_path, "claude", "--provider", "x")
-    assert proc.returncode == 2 and "--provider applies only to codex" in proc.stderr
+    assert proc.returncode == 2 and "--provider is only supported for 'lemonade launch codex'." in proc.stderr
+
+
+def test_launch_options_as_the_guide_gives_them(server, bindir, tmp_path):
+    """No agent named: it is asked for (a number or a name, also from a pipe); `-p` alone is the
+    provider named lemonade of the user's Codex config (nothing injected), `--provider NAME` that one;
+    `--api-key` after the command reaches the agent; --directory/--recipe-file give way to --model."""
+    proc, seen = launch(server, bindir, tmp_path, "--model", GEMMA_NAME, stdin="1\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "Select an agent to launch" in proc.stderr and "Selected agent: claude" in proc.stderr
+    assert Path(seen["argv"][0]).name == "claude"
+    proc, seen = launch(server, bindir, tmp_path, "--model", GEMMA_NAME, stdin="pi\n")
+    assert proc.returncode == 0 and Path(seen["argv"][0]).name == "pi"
+    proc, seen = launch(server, bindir, tmp_path, "--model", GEMMA_NAME, stdin="gemini\n")
+    assert proc.returncode == 2 and "Unknown agent 'gemini'" in proc.stderr and not seen
+    for extra, provider in ((["-p"], "lemonade"), (["--provider"], "lemonade"),
+                            (["--provider", "custom-provider"], "custom-provider")):
+        proc, seen = launch(server, bindir, tmp_path, "codex", "--model", GEMMA_NAME, *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert f'model_provider="{provider}"' in seen["argv"]
+        assert not any(a.startswith("model_providers.") for a in seen["argv"])  # the user's config has it
+    proc, seen = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--api-key", "test-api-key")
+    assert proc.returncode == 0 and seen["env"]["ANTHROPIC_AUTH_TOKEN"] == "test-api-key"
+    assert seen["env"]["CLAUDE_CODE_SUBAGENT_MODEL"] == GEMMA_NAME
+    proc, _ = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--directory", "coding-agents",
+                     "--recipe-file", "dummy.json", path=str(tmp_path / "empty"))
+    assert proc.returncode == 1
+    assert "Model was provided explicitly; skipping recipe import prompts." in proc.stderr
+    assert "Agent binary not found" in proc.stderr
+    proc, _ = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--provider")
+    assert proc.returncode == 2 and "--provider is only supported for 'lemonade launch codex'." in proc.stderr

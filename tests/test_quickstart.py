@@ -1,4 +1,4 @@
-"""The quick start's guards: it never uses a server of another installation, and `lemonade run`
+"""The quick start's guards: it never uses a server of another installation, and `lemonade chat`
 stops a reply that only repeats itself. (The whole quick start, as a new user runs it on a fresh
 machine, is `.ci/newuser`, which CI runs before the tests.)"""
 
@@ -86,7 +86,7 @@ def test_transcript_of_a_conversation():
     assert transcript([{"role": "system", "content": "Be terse."}]).startswith("Be terse.\n\n")
 
 
-def test_run_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_path):
+def test_chat_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_path):
     """The quick start's first contact: Gemma 3 270M (a base model) answers a question in one short
     paragraph of words, through /v1/completions with the transcript's stops."""
     import re
@@ -101,7 +101,7 @@ def test_run_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_p
 
     before = completions_served()
     env = cli_env(tmp_path / "cache", gemma_server.url)
-    proc = ok(lemonade("run", GEMMA_NAME, "--base", env=env, stdin="What is the capital of France?\n"))
+    proc = ok(lemonade("chat", GEMMA_NAME, "--base", env=env, stdin="What is the capital of France?\n"))
     reply = proc.stdout.strip()
     assert re.search(r"[A-Za-z]{2,}", reply), reply  # a sampled reply: "Paris." is as good as a sentence
     assert "\n\n" not in reply and "User:" not in reply and len(reply) < 1500, reply

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "no_fetch_executables": False,  # never download or build engines; installed and system ones still work
     "disable_model_filtering": False,  # list models bigger than this machine's memory too (catalog/fit.py)
     "enable_dgpu_gtt": False,  # count a discrete AMD GPU's GTT (shared system memory) when filtering by size
+    "broadcast": True,  # UDP discovery beacons (beacon.py), so apps and `lemonade scan` find this server
     "extra_models_dir": "",
     "models_dir": "",
     "auto_check_model_updates": True,
@@ -473,7 +474,8 @@ class Config:
         return flat
 
     def set_runtime(self, updates: dict[str, Any]) -> dict[str, Any]:
-        """`POST /v1/params`: the same validation, applied now and never written; gone at restart."""
+        """`POST /v1/params` and `/internal/set?persist=false` (`lemonade telemetry on|off`): the same
+        validation, applied now and never written; gone at restart."""
         flat = self._checked(updates)
         with self._lock:
             runtime = copy.deepcopy(self._runtime)

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from lemonade.beacon import BeaconSender
 from lemonade.config import Config, ConfigError
 from lemonade.legacy_state import MigrationError, migrate_legacy_state
 from lemonade.observability.logs import setup_logging
@@ -140,14 +141,24 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
 
     class Server(Quiet):
         follower: tuple[Quiet, socket.socket] | None = None
+        beacons: asyncio.Task[None] | None = None
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
+            if self.started:  # discovery beacons while `broadcast` is on (beacon.py)
+                self.beacons = asyncio.ensure_future(BeaconSender(config, host, port).run())
             if open_app and self.started:
                 url = app_url(local_base_url(host, port))
                 log.info("Opening the web app at %s", url)
                 # a browser command may take its time to return: never on the event loop
                 threading.Thread(target=open_url, args=(url,), daemon=True).start()
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            if self.beacons is not None:
+                self.beacons.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.beacons
+            await super().shutdown(sockets)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)

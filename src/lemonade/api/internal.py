@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from lemonade.api.errors import APIError, bad_request
@@ -24,19 +24,21 @@ async def get_config(request: Request) -> dict[str, Any]:
 
 @router.post("/set")
 async def set_config(request: Request, body: dict[str, Any] = Body(..., examples=[
-        {"max_loaded_models": 2, "llamacpp": {"args": "--threads 4"}}])) -> dict[str, Any]:
+        {"max_loaded_models": 2, "llamacpp": {"args": "--threads 4"}}]),
+        persist: bool = Query(True, description="false: apply in memory only, until the server restarts "
+                                                "(`lemonade telemetry on|off`)")) -> dict[str, Any]:
     svc: Services = request.app.state.services
     if not isinstance(body, dict):
         raise APIError(400, "Request body must be a JSON object of settings", code="invalid_json")
     try:
-        changed = svc.config.set(body)
+        changed = svc.config.set(body) if persist else svc.config.set_runtime(body)
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
-    shadowed = [k for k in changed if k in svc.config.overridden_keys()]
+    shadowed = [k for k in changed if persist and k in svc.config.overridden_keys()]
     out: dict[str, Any] = {"status": "success", "updated": nested(changed), "config": svc.config.values}
     if shadowed:
-        out["warning"] = (f"Saved, but {', '.join(shadowed)} is overridden by an environment variable or "
-                          "`lemonade serve` flag, which wins until the server restarts without it")
+        out["warning"] = (f"Saved, but {', '.join(shadowed)} is overridden by an environment variable, a "
+                          "`lemonade serve` flag or `lemonade telemetry`, which wins until the server restarts")
     return out
 
 

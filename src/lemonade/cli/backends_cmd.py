@@ -44,12 +44,27 @@ def _local_engine(recipe: str) -> Any:
     return engine
 
 
+def supported_only(recipes: dict[str, Any]) -> dict[str, Any]:
+    """`recipes` without the backends this machine cannot run (and recipes left with none)."""
+    out: dict[str, Any] = {}
+    for recipe, info in recipes.items():
+        if not isinstance(info, dict):
+            continue
+        backends = {b: st for b, st in (info.get("backends") or {}).items() if (st or {}).get("state") != "unsupported"}
+        if backends:
+            out[recipe] = {**info, "backends": backends}
+    return out
+
+
 @backends_app.callback(invoke_without_command=True)
-def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False) -> None:
-    """Recipes and backends with their state on this machine (installed, installable, ...)."""
+def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False,
+         show_all: Annotated[bool, typer.Option("--all", help="Also list the recipes and backends this machine "
+                                                "cannot run")] = False) -> None:
+    """Recipes and backends this machine supports, with their state (installed, installable, ...); --all
+    lists every recipe and backend."""
     if ctx.invoked_subcommand is not None:
         return
-    c = client(host, port)
+    c = client(host, port, discover=False)
     if c.is_running():
         recipes = (c.get("/v1/system-info") or {}).get("recipes") or {}
     else:
@@ -58,6 +73,8 @@ def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json
         err.print(f"[dim]No server running at {escape(c.url)}; showing the backends in "
                   f"{escape(str(cache_dir()))}.[/dim]", highlight=False)
         recipes = _local_engines().system_info()
+    if not show_all:
+        recipes = supported_only(recipes)
     if as_json:
         print_json(backend_rows(recipes))
         return
@@ -71,7 +88,7 @@ def install(spec: SpecArg,
             host: HostOpt = None, port: PortOpt = None) -> None:
     """Install a backend (llamacpp:cpu downloads or builds llama.cpp; a no-op when installed)."""
     recipe, backend = parse_spec(spec)
-    c = client(host, port)
+    c = client(host, port, discover=False)
     title = f"Installing {recipe}:{backend}"
     if c.is_running():
         done: dict[str, Any] | None = None
@@ -118,7 +135,7 @@ def install(spec: SpecArg,
 def uninstall(spec: SpecArg, host: HostOpt = None, port: PortOpt = None) -> None:
     """Remove an installed backend (models using it are unloaded first)."""
     recipe, backend = parse_spec(spec)
-    c = client(host, port)
+    c = client(host, port, discover=False)
     if c.is_running():
         result = c.post("/v1/uninstall", {"recipe": recipe, "backend": backend}) or {}
     else:

@@ -154,7 +154,7 @@ def stop(host: HostOpt = None, port: PortOpt = None,
     """Stop the local Lemonade server (and every engine it started)."""
     from lemonade.paths import cache_dir
 
-    c = client(host, port)
+    c = client(host, port, discover=False)
     path = pid_file(cache_dir())
     proc: psutil.Process | None = None
     with contextlib.suppress(OSError, ValueError, psutil.Error):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,29 +18,69 @@ err_console = Console(stderr=True)
 DEFAULT_PORT = 13305
 
 
+def _refuse(what: str, value: str, example: str) -> typer.Exit:
+    err_console.print(f"[red]Error:[/red] {what} must be {example} (got {value!r}). Fix or unset it.",
+                      highlight=False, markup=True)
+    return typer.Exit(2)
+
+
+def _strip_api_prefix(url: str) -> str:
+    for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
+        url = url.removesuffix(suffix)
+    return url
+
+
 def base_url(host: str | None = None, port: int | None = None) -> str:
     """`--host/--port`, else `LEMONADE_BASE_URL`, else `LEMONADE_HOST/PORT`, else localhost:13305.
 
     `LEMONADE_BASE_URL` may be http:// or https:// (a server behind a TLS proxy), with or without
-    the API prefix; anything else is refused here with the fix, not found out as a connect error."""
+    the API prefix. A host may be given as a URL too (`LEMONADE_HOST=http://127.0.0.1:8000`, as
+    people paste it): its scheme is used, and its port unless `--port` names one. Anything else
+    is refused here with the fix, not found out as a connect error."""
     if host is None and port is None and os.environ.get("LEMONADE_BASE_URL"):
         url = os.environ["LEMONADE_BASE_URL"].strip().rstrip("/")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            err_console.print(f"[red]Error:[/red] LEMONADE_BASE_URL must be a URL starting with http:// or https://, "
-                              f"e.g. http://127.0.0.1:{DEFAULT_PORT} (got {url!r}). Fix or unset it.",
-                              highlight=False, markup=True)
-            raise typer.Exit(2)
-        for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
-            url = url.removesuffix(suffix)
-        return url
-    host = host or os.environ.get("LEMONADE_HOST") or "127.0.0.1"
+            raise _refuse("LEMONADE_BASE_URL", url, f"a URL starting with http:// or https://, e.g. "
+                                                    f"http://127.0.0.1:{DEFAULT_PORT}")
+        return _strip_api_prefix(url)
+    from_flag = host is not None
+    host = (host or os.environ.get("LEMONADE_HOST") or "127.0.0.1").strip()
+    scheme, url_port = "http", None
+    if "://" in host:
+        what = "--host" if from_flag else "LEMONADE_HOST"
+        parts = urlsplit(host.rstrip("/"))
+        try:
+            url_port = parts.port
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _refuse(what, host, f"a host name or address (e.g. 127.0.0.1), or a URL starting with http:// "
+                                      f"or https:// (e.g. http://127.0.0.1:{DEFAULT_PORT})")
+        scheme, host = parts.scheme, parts.hostname
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    port = port or int(os.environ.get("LEMONADE_PORT") or DEFAULT_PORT)
-    return f"http://{host}:{port}"
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    if not port and not url_port and os.environ.get("LEMONADE_PORT", "").strip():
+        raw = os.environ["LEMONADE_PORT"].strip()
+        if not raw.isdigit() or not 0 < int(raw) < 65536:
+            raise _refuse("LEMONADE_PORT", raw, f"a port number, e.g. {DEFAULT_PORT}")
+        port = int(raw)
+    return f"{scheme}://{host}:{port or url_port or DEFAULT_PORT}"
 
 
+@dataclass
+class Target:
+    """Where the server is, as the global options said (`lemonade --host H --port P CMD`, or the same
+    options after the command); a command's own `--host/--port` win over these."""
+
+    host: str | None = None
+    port: int | None = None
+    discovery: bool = True  # `--no-discovery`: never look for a local server's beacon
+
+
+TARGET = Target()
 _KEY_FLAG: list[str] = []  # `lemonade --api-key KEY ...`, set by the root command
 
 
@@ -55,8 +96,9 @@ def api_key() -> str | None:
 
 
 class ServerClient:
-    def __init__(self, host: str | None = None, port: int | None = None, timeout: float | None = 600.0) -> None:
-        self.url = base_url(host, port)
+    def __init__(self, host: str | None = None, port: int | None = None, timeout: float | None = 600.0,
+                 url: str | None = None) -> None:
+        self.url = url or base_url(host, port)
         headers = {}
         key = api_key()
         if key:

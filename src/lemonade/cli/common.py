@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lemonade.cli.client import ServerClient
+from lemonade.cli.client import TARGET, ServerClient
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -36,17 +36,17 @@ def _console(stderr: bool) -> Console:
 out = _console(stderr=False)
 err = _console(stderr=True)
 
-HostOpt = Annotated[str | None, typer.Option("--host", help="Server host (default: LEMONADE_BASE_URL, "
-                                                           "else the configured host)")]
-PortOpt = Annotated[int | None, typer.Option("--port", help="Server port (default: LEMONADE_BASE_URL, "
-                                                           "else the configured port, 13305)")]
+HostOpt = Annotated[str | None, typer.Option("--host", help="Server host or URL (default: LEMONADE_HOST, else "
+                                                           "LEMONADE_BASE_URL, else the configured host)")]
+PortOpt = Annotated[int | None, typer.Option("--port", help="Server port (default: LEMONADE_PORT, else "
+                                                           "LEMONADE_BASE_URL, else the configured port, 13305)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the server's JSON instead of a table")]
 
 
 def configured_address() -> tuple[str | None, int | None]:
     """Host and port a `lemonade serve` started from this shell would use (file, then env).
 
-    Used when neither flags nor `LEMONADE_BASE_URL` say where the server is, so a user who set
+    Used when neither flags nor the environment say where the server is, so a user who set
     `port` in config.json does not have to repeat it on every command.
     """
     from lemonade.config import Config, ConfigError
@@ -54,15 +54,38 @@ def configured_address() -> tuple[str | None, int | None]:
 
     try:
         config = Config(config_dir(create=False))
-        return config.get("host"), config.get("port")
+        return config.get("host"), config.get("port") if config.user_set("port") else None
     except (ConfigError, OSError, ValueError):
         return None, None
 
 
-def client(host: str | None = None, port: int | None = None, timeout: float | None = 600.0) -> ServerClient:
-    if host is None and port is None and not os.environ.get("LEMONADE_BASE_URL"):
+ADDRESS_ENV = ("LEMONADE_BASE_URL", "LEMONADE_HOST", "LEMONADE_PORT")
+
+
+def client(host: str | None = None, port: int | None = None, timeout: float | None = 600.0,
+           discover: bool = True) -> ServerClient:
+    """A client for the server this command means: its own `--host/--port`, else the global ones,
+    else the environment, else config.json's address. When nothing said where (flags, environment)
+    and nobody answers at the configured address, a server on this machine that announces itself
+    (beacon.py) is used instead, unless `--no-discovery`. Commands that work on this machine's own
+    files when no server runs (config, backends, stop) pass `discover=False`: they must never act
+    on somebody else's server instead."""
+    host = TARGET.host if host is None else host
+    port = TARGET.port if port is None else port
+    chosen = host is not None or port is not None or any(os.environ.get(k, "").strip() for k in ADDRESS_ENV)
+    if not chosen:
         host, port = configured_address()
-    return ServerClient(host, port, timeout=timeout)
+    c = ServerClient(host, port, timeout=timeout)
+    if not chosen and discover and TARGET.discovery and not c.is_running():
+        from lemonade.beacon import discover_local
+
+        found = discover_local()
+        if found is not None:
+            err.print(f"[dim]Nothing answers at {escape(c.url)}; using the Lemonade server on this machine that "
+                      f"announced itself at {escape(found.base_url)} (--no-discovery to turn this off).[/dim]",
+                      highlight=False)
+            c = ServerClient(url=found.base_url, timeout=timeout)
+    return c
 
 
 def require_server(host: str | None, port: int | None) -> ServerClient:

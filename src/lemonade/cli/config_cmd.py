@@ -29,12 +29,24 @@ def _config(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None) -> N
         get(None, host, port)
 
 
+def dotted(key: str) -> str:
+    """`vllm_args` (a flag's spelling, as the docs use it) -> `vllm.args`; any other key as given."""
+    from lemonade.config import DEFAULTS
+
+    if "." in key or key in DEFAULTS:
+        return key
+    for section, value in DEFAULTS.items():
+        if isinstance(value, dict) and key.startswith(section + "_") and key[len(section) + 1:] in value:
+            return f"{section}.{key[len(section) + 1:]}"
+    return key
+
+
 def parse_assignments(pairs: list[str]) -> dict[str, Any]:
-    """`["llamacpp.args=--x 1", "max_loaded_models=2"]` -> validated nested partial object."""
+    """`["llamacpp.args=--x 1", "max_loaded_models=2", "vllm_args=..."]` -> validated nested partial object."""
     tree: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        key = key.strip()
+        key = dotted(key.strip())
         if not sep or not key:
             raise ConfigError(f"Expected KEY=VALUE, got '{pair}' (e.g. max_loaded_models=2)")
         value = parse_cli_value(key, raw)
@@ -71,7 +83,7 @@ def show(value: Any) -> None:
 def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.args; omit for everything")] = None,
         host: HostOpt = None, port: PortOpt = None) -> None:
     """Print one setting, or all of them as JSON."""
-    c = client(host, port)
+    c = client(host, port, discover=False)
     if c.is_running():
         values = c.get("/internal/config")
     else:
@@ -97,7 +109,7 @@ def set_(assignments: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs,
         tree = parse_assignments(assignments)
     except ConfigError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
-    c = client(host, port)
+    c = client(host, port, discover=False)
     if c.is_running():
         body = c.post("/internal/set", tree) or {}
         for k, v in flatten(body.get("updated") or {}).items():

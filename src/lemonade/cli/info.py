@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 from rich.markup import escape
 
 from lemonade.cli.common import HostOpt, JsonOpt, PortOpt, out, print_json, require_server
-from lemonade.cli.tables import crashed_table, loaded_table, models_table
+from lemonade.cli.tables import crashed_table, loaded_table, model_lines
 
 
 def status(host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False) -> None:
     """Is the server up, which version, which models are loaded (and which crashed)."""
     c = require_server(host, port)
     health = c.get("/v1/health")
-    if as_json:
-        print_json(health)
+    if as_json:  # where it answered too, so scripts can find the server the CLI found
+        print_json({"url": c.url, "port": urlsplit(c.url).port, **(health or {})})
         return
     out.print(f"Lemonade server [green]running[/green] at {c.url} (version {health.get('version', '?')})",
               highlight=False)
@@ -30,7 +32,7 @@ def status(host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False)
         out.print(loaded_table(loaded))
     else:
         out.print("No models loaded. Load one with [bold]lemonade load MODEL[/bold] or chat with "
-                  "[bold]lemonade run MODEL[/bold].")
+                  "[bold]lemonade chat MODEL[/bold].")
     crashed = health.get("crashed_models") or []
     if crashed:
         out.print(crashed_table(crashed))
@@ -61,21 +63,23 @@ def list_models(
     show_all: Annotated[bool, typer.Option("--all", "-a", hidden=True, help="Every model (the default)")] = False,
     host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Models the server can serve, in two sections: Local (downloaded) and Available for Download."""
+    """List all available models: Local (downloaded) and Available for Download; --downloaded for the first."""
     c = require_server(host, port)
     body = c.get("/v1/models", params=None if downloaded_only and not show_all else {"show_all": "true"})
     models = body.get("data", []) if isinstance(body, dict) else []
     if as_json:
         print_json(models)
         return
-    local = [m for m in models if m.get("downloaded")]
-    remote = [m for m in models if not m.get("downloaded")]
-    if local:
-        out.print(models_table(local, f"Local ({len(local)})"))
+    if downloaded_only and not show_all:
+        lines = model_lines(models) if models else ["No local models downloaded."]
+    elif not models:
+        lines = ["No models available"]
     else:
-        out.print("No models downloaded yet. Get one with [bold]lemonade pull MODEL[/bold].")
-    if remote:
-        out.print(models_table(remote, f"Available for Download ({len(remote)})"))
+        local = [m for m in models if m.get("downloaded")]
+        remote = [m for m in models if not m.get("downloaded")]
+        lines = ["Local", *(model_lines(local) if local else ["No local models downloaded."]), "",
+                 "Available for Download", *(model_lines(remote) if remote else ["No models available for download."])]
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def register(app: typer.Typer) -> None:

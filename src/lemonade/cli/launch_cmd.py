@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ from lemonade.cli.agents import AGENTS, DEFAULT_AGENT_KEY, Agent, split_args
 from lemonade.cli.background import start_background
 from lemonade.cli.client import ServerClient, api_key, error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail
+from lemonade.cli.parsing import RewritingCommand
 from lemonade.labels import MODE_ALIASES
 
 KNOWN = ", ".join(AGENTS)
@@ -89,37 +91,105 @@ class BackgroundLoad:
             self.error = str(exc)
 
 
+def ask_agent() -> str:
+    """The agent to launch, read from stdin (a number or a name); also works with piped input."""
+    names = list(AGENTS)
+    err.print("Select an agent to launch:", highlight=False)
+    for i, name in enumerate(names, 1):
+        err.print(f"  {i}. {name}", highlight=False)
+    err.print("Number or name: ", end="", highlight=False)
+    answer = sys.stdin.readline().strip()
+    if answer.isdigit() and 1 <= int(answer) <= len(names):
+        answer = names[int(answer) - 1]
+    if not answer:
+        raise fail(f"No agent chosen. Name it: lemonade launch AGENT (agents: {KNOWN})", EXIT_USAGE)
+    if answer not in AGENTS:
+        raise fail(f"Unknown agent '{answer}'. Known agents: {KNOWN}. Run with --help for more information.",
+                   EXIT_USAGE)
+    err.print(f"Selected agent: {answer}", highlight=False)
+    return answer
+
+
+def import_recipe(c: ServerClient, directory: str, recipe_file: str | None) -> str:
+    """Import a recipe of lemonade-sdk/recipes (`--directory`, `--recipe-file`, or picked from the
+    directory's listing) and return the name of the model it registered."""
+    from lemonade.cli.import_cmd import _browse, fetch_recipe, import_body
+    from lemonade.cli.models_cmd import run_pull
+
+    if recipe_file is None:
+        if not sys.stdin.isatty():
+            raise fail("--directory without --recipe-file needs a terminal to pick a recipe; add --recipe-file "
+                       "NAME.json.", EXIT_USAGE)
+        picked = _browse(directory)
+        if picked is None:
+            raise fail("No recipe chosen; nothing launched.")
+        directory, recipe_file = picked
+    raw, where = fetch_recipe(directory, recipe_file)
+    try:
+        body, _ = import_body(raw, where)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    c.http.timeout = httpx.Timeout(None)
+    run_pull(c, body)
+    return body["model_name"]
+
+
+class LaunchCommand(RewritingCommand):
+    """`-p` / `--provider` alone (codex): the provider named `lemonade` of the user's Codex config."""
+
+    optional = {"-p": "lemonade", "--provider": "lemonade"}
+
+
 def launch(
-    agent: Annotated[str | None, typer.Argument(help=f"Agent to launch: {KNOWN}")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model to use (default: the loaded chat model, "
-                                              "else a downloaded one)")] = None,
-    agent_args: Annotated[str | None, typer.Option("--agent-args", help="Arguments passed on to the agent, "
-                                                   "e.g. \"--resume SESSION\"")] = None,
-    provider: Annotated[str | None, typer.Option("--provider", "-p", help="codex only: a model provider of "
-                                                 "your Codex config.toml to use instead of Lemonade's")] = None,
+    agent: Annotated[str | None, typer.Argument(help=f"Agent to launch: {KNOWN} (default: asked)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model to launch with (default: the loaded chat "
+                                              "model, else a downloaded one)")] = None,
+    directory: Annotated[str | None, typer.Option("--directory", help="Remote recipes directory (lemonade-sdk/"
+                                                  "recipes) to import the model from, when no --model is given")]
+    = None,
+    recipe_file: Annotated[str | None, typer.Option("--recipe-file", help="Remote recipe JSON file name in "
+                                                    "--directory")] = None,
+    agent_args: Annotated[str | None, typer.Option("--agent-args", help="Custom arguments passed directly to the "
+                                                   "agent, e.g. \"--resume SESSION\"")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", "-p", help="codex only: Use model provider name for "
+                                                 "Codex config; Lemonade does not read or modify config.toml "
+                                                 "(-p alone: lemonade)")] = None,
     no_start: Annotated[bool, typer.Option("--no-start", help="Fail instead of starting a server")] = False,
     host: HostOpt = None, port: PortOpt = None,
 ) -> None:
-    """Launch a coding agent (claude, codex, opencode, pi) that uses this server and a model on it."""
-    if agent is None:
-        raise fail(f"Name the agent to launch: lemonade launch AGENT (known agents: {KNOWN})", EXIT_USAGE)
-    if agent not in AGENTS:
-        raise fail(f"Unknown agent '{agent}'. Known agents: {KNOWN}", EXIT_USAGE)
-    if provider is not None and agent != "codex":
-        raise fail("--provider applies only to codex", EXIT_USAGE)
+    """Launch a coding agent that uses this server and a model on it; the model loads in the background
+    while the agent starts.
+
+    Agents: claude, codex, opencode, pi.
+    """
+    if agent is not None and agent not in AGENTS:
+        raise fail(f"Unknown agent '{agent}'. Known agents: {KNOWN}. Run with --help for more information.",
+                   EXIT_USAGE)
+    if provider is not None and agent is not None and agent != "codex":
+        raise fail("--provider is only supported for 'lemonade launch codex'.", EXIT_USAGE)
+    if recipe_file and not directory:
+        raise fail("--recipe-file names a file of a remote recipes directory: give --directory too.", EXIT_USAGE)
     try:
         extra = split_args(agent_args)
     except ValueError as exc:
         raise fail(f"--agent-args: {exc}", EXIT_USAGE) from None
+    if agent is None:
+        agent = ask_agent()
+        if provider is not None and agent != "codex":
+            raise fail("--provider is only supported for 'lemonade launch codex'.", EXIT_USAGE)
+    if model is not None and (directory or recipe_file):
+        err.print("Model was provided explicitly; skipping recipe import prompts.", highlight=False)
     spec = AGENTS[agent]
     program = find_program(spec)
     if program is None:
-        raise fail(f"'{spec.program}' was not found on PATH. {spec.install}")
+        raise fail(f"Agent binary not found: '{spec.program}' was not found on PATH. {spec.install}")
     c = client(host, port)
     if not c.is_running():
         if no_start:
             raise c.not_running()
         start_background(c)
+    if model is None and directory:
+        model = import_recipe(c, directory, recipe_file)
     obj, why = choose_model(c, model)
     name = obj.get("alias_target") or obj["id"]
     loading = None if name in loaded_names(c) else BackgroundLoad(c, name)
@@ -152,4 +222,4 @@ PROVIDER_LABEL = "Lemonade"
 
 
 def register(app: typer.Typer) -> None:
-    app.command("launch")(launch)
+    app.command("launch", cls=LaunchCommand)(launch)

@@ -7,8 +7,21 @@ import importlib.util
 
 import typer
 
+from lemonade.cli.parsing import LemonadeGroup
+
 app = typer.Typer(help="Lemonade: local AI server and its command-line client.", no_args_is_help=True,
-                  add_completion=False)
+                  add_completion=False, cls=LemonadeGroup)
+
+# The root help groups commands as guide-cli.md does; commands not named here go under "Commands".
+PANELS = {
+    "Quick Start": ("run", "chat", "launch"),
+    "Server": ("serve", "status", "stop", "logs", "open", "backends", "cloud", "config", "scan", "telemetry",
+               "worker"),
+    "Model Management": ("list", "pull", "alias", "import", "delete", "load", "unload", "pin", "unpin", "export",
+                         "check-updates"),
+    "Inference": ("transcribe", "speak", "generate", "upscale"),
+    "Benchmarking": ("bench",),
+}
 
 
 def _version(value: bool) -> None:
@@ -19,15 +32,34 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    if value:
+        from lemonade.cli.parsing import print_help_all
+
+        print_help_all(ctx.find_root())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit"),
+def _root(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the lemonade CLI version and exit"),
+          help_all: bool = typer.Option(False, "--help-all", callback=_help_all, is_eager=True,
+                                        help="Display help information for all subcommands"),
+          host: str | None = typer.Option(None, "--host", help="Server host, or its URL (default: LEMONADE_HOST, "
+                                          "else LEMONADE_BASE_URL, else 127.0.0.1); also after the command"),
+          port: int | None = typer.Option(None, "--port", help="Server port (default: LEMONADE_PORT, else 13305); "
+                                          "also after the command"),
           api_key: str | None = typer.Option(None, "--api-key", help="API key for the server (default: "
-                                             "LEMONADE_ADMIN_API_KEY, else LEMONADE_API_KEY)")) -> None:
+                                             "LEMONADE_ADMIN_API_KEY, else LEMONADE_API_KEY); also after the command"),
+          discovery: bool = typer.Option(True, "--discovery/--no-discovery",
+                                         help="When nothing says where the server is and none answers there, use "
+                                              "one on this machine found by its UDP beacon")) -> None:
     """Lemonade: local AI server and its command-line client."""
-    from lemonade.cli.client import set_api_key
+    from lemonade.cli.client import TARGET, set_api_key
 
     set_api_key(api_key)
+    TARGET.host, TARGET.port, TARGET.discovery = host, port, discovery
 
 
 @app.command()
@@ -46,14 +78,22 @@ def serve(
     open_app: bool = typer.Option(False, "--open", help="Open the web app in your browser once the server is up"),
     auto_tune: bool | None = typer.Option(None, "--auto-tune/--no-auto-tune",
                                           help="Apply this machine's auto-tune profile at load (default: on)"),
+    broadcast: bool | None = typer.Option(None, "--broadcast/--no-broadcast",
+                                          help="Send UDP discovery beacons so apps and `lemonade scan` find this "
+                                               "server (default: the broadcast setting, on)"),
 ) -> None:
     """Start the server (foreground). Ctrl-C stops it and every engine it started."""
+    from lemonade.cli.client import TARGET
     from lemonade.server import serve as run
+
+    host = host if host is not None else TARGET.host  # `lemonade --port 8000 serve` serves there too
+    port = port if port is not None else TARGET.port
 
     overrides: dict = {}
     for key, value in (("host", host), ("port", port), ("websocket_port", websocket_port), ("log_level", log_level),
                        ("ctx_size", ctx_size), ("max_loaded_models", max_loaded_models),
-                       ("extra_models_dir", extra_models_dir), ("offline", offline), ("auto_tune", auto_tune)):
+                       ("extra_models_dir", extra_models_dir), ("offline", offline), ("auto_tune", auto_tune),
+                       ("broadcast", broadcast)):
         if value is not None:
             overrides[key] = value
     if llamacpp is not None or llamacpp_args is not None:
@@ -76,7 +116,7 @@ def _register_commands() -> None:
         backends_cmd,
         background,
         bench_cmd,
-        chat,
+        chat_cmd,
         cloud_cmd,
         config_cmd,
         image_cmd,
@@ -84,24 +124,36 @@ def _register_commands() -> None:
         launch_cmd,
         open_cmd,
         residency,
+        run_cmd,
+        scan_cmd,
         speech_cmd,
+        telemetry_cmd,
         transcribe_cmd,
     )
 
-    for module in (info, residency, chat, transcribe_cmd, alias_cmd, config_cmd, backends_cmd, background, open_cmd,
-                   speech_cmd, cloud_cmd, launch_cmd, bench_cmd, image_cmd):
+    for module in (info, residency, run_cmd, chat_cmd, transcribe_cmd, alias_cmd, config_cmd, backends_cmd,
+                   background, open_cmd, speech_cmd, cloud_cmd, launch_cmd, bench_cmd, image_cmd, scan_cmd,
+                   telemetry_cmd):
         module.register(app)
     importlib.import_module("lemonade.cli.worker_cmd").register(app)  # llama.cpp RPC worker (scale-out)
     if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
         importlib.import_module("lemonade.cli.models_cmd").register(app)
         importlib.import_module("lemonade.cli.import_cmd").register(app)
+    panel_of = {name: panel for panel, names in PANELS.items() for name in names}
+    order = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
+    app.registered_commands.sort(key=lambda c: order.get(c.name or c.callback.__name__ if c.callback else "", 99))
+    for info_ in (*app.registered_commands, *app.registered_groups):
+        name = info_.name or (info_.callback.__name__.replace("_", "-") if info_.callback else None)
+        given = info_.rich_help_panel
+        if (given is None or type(given).__name__ == "DefaultPlaceholder") and name in panel_of:
+            info_.rich_help_panel = panel_of[name]
 
 
 _register_commands()
 
 
 def main() -> None:
-    app()
+    app(prog_name="lemonade")  # also when run as `python -m lemonade.cli.main`
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`lemonade pull | delete | check-updates | export | import`: model management commands.
+"""`lemonade pull | delete | check-updates | export`: model management commands.
 
 All of them talk to a running server (`ServerClient`). `pull owner/repo` asks the server which
 GGUF variants the repository has and offers a menu (or takes `--variant`), then registers the
@@ -19,6 +19,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from lemonade.catalog.naming import EXTRA, USER, canonical, split
 from lemonade.cli.client import ServerClient, console, err_console
 from lemonade.cli.common import client as server_client
+from lemonade.cli.parsing import RewritingCommand
+from lemonade.util.atomic import atomic_write_bytes
 
 MENU_SIZE = 5
 EXPORT_DROP = ("id", "created", "object", "owned_by", "downloaded", "suggested", "update_available",
@@ -157,53 +159,110 @@ def _repo_pull_body(client: ServerClient, repo: str, variant: str | None, name: 
     return body
 
 
+# Labels a registered model may carry: guide-cli.md's list, the deployment-mode labels (labels.py) and
+# those of the built-in catalog. Anything else is most likely a typo, refused before anything is sent.
+LABELS = ("coding", "hot", "mtp", "reasoning", "tool-calling", "vision", "edit", "upscaling", "realtime-transcription",
+          "custom", "systemone")
+
+
+def known_labels() -> list[str]:
+    from lemonade.labels import MODE_ALIASES
+
+    return sorted(set(LABELS) | set(MODE_ALIASES))
+
+
+def usage_error(message: str) -> typer.Exit:
+    err_console.print(f"[red]Error:[/red] {message}\nRun with --help for more information.", highlight=False)
+    return typer.Exit(2)
+
+
+def registration_body(model: str, checkpoint: list[str] | None, recipe: str | None, label: list[str] | None,
+                      mmproj: str | None, components: list[str] | None, source: str | None) -> dict[str, Any]:
+    """The `/v1/pull` body that registers `user.<model>` (guide-cli.md, "Options for pull"); usage
+    errors end the command before anything is sent."""
+    unknown = [x for x in label or [] if x not in known_labels()]
+    if unknown:
+        raise usage_error(f"--label: '{unknown[0]}' is not a label. Valid: {', '.join(known_labels())}.")
+    recipe = recipe or ("collection.omni" if components else "llamacpp")
+    if recipe == "collection.omni" and not components:
+        raise usage_error("--recipe collection.omni bundles models: name them with --components MODEL [MODEL ...].")
+    if components and recipe != "collection.omni":
+        raise usage_error(f"--components makes an omni collection (--recipe collection.omni), not a {recipe} model.")
+    body: dict[str, Any] = {"model_name": model if model.startswith("user.") else f"user.{model}", "recipe": recipe}
+    checkpoints: dict[str, str] = {}
+    for item in checkpoint or []:
+        role, sep, value = item.partition("=")
+        if sep and "/" not in role:
+            checkpoints[role] = value
+        else:
+            checkpoints["main"] = item
+    if checkpoints:
+        body["checkpoints"] = checkpoints
+    for key, value in (("labels", label), ("mmproj", mmproj), ("components", components), ("source", source)):
+        if value:
+            body[key] = value
+    return body
+
+
+class PullCommand(RewritingCommand):
+    """`--checkpoint ROLE VALUE` and `--components A B ...`, as the guide writes them."""
+
+    greedy = {"--components": "--component"}
+    pairs = ("--checkpoint",)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(cls=PullCommand)
     def pull(
-        model: str = typer.Argument(..., help="Model name, or a repository as owner/repo[:VARIANT] (or its URL)"),
+        model: str = typer.Argument(..., help="Registered model name, or owner/repo[:VARIANT] Hugging Face or "
+                                              "ModelScope checkpoint (or its URL)"),
         variant: str | None = typer.Option(None, "--variant", help="GGUF variant to install (skips the menu)"),
         name: str | None = typer.Option(None, "--name", help="Name to register a repository under (user.*)"),
-        source: str | None = typer.Option(None, "--source", help="huggingface or modelscope"),
-        checkpoint: list[str] | None = typer.Option(None, "--checkpoint",
-                                                    help="Register MODEL with this checkpoint: 'owner/repo:VARIANT' "
-                                                         "(main) or 'ROLE=owner/repo:FILE'; repeatable"),
-        recipe: str | None = typer.Option(None, "--recipe", help="Recipe of a model being registered"),
-        label: list[str] | None = typer.Option(None, "--label", help="Label of a model being registered"),
+        source: str | None = typer.Option(None, "--source", help="huggingface or modelscope (default: the server's "
+                                                                 "default_model_source)"),
+        alias: str | None = typer.Option(None, "--alias", help="Add an alias for the model being registered or "
+                                                               "pulled"),
+        checkpoint: list[str] | None = typer.Option(None, "--checkpoint", metavar="TYPE CHECKPOINT",
+                                                    help="Manual registration: a checkpoint entry, e.g. --checkpoint "
+                                                         "main org/model:Q4_K_M; repeat for main + mmproj or main + "
+                                                         "vae (a lone CHECKPOINT is the main one)"),
+        recipe: str | None = typer.Option(None, "--recipe", help="Manual registration: the recipe of the new user.* "
+                                                                 "model (llamacpp, whispercpp, sd-cpp, kokoro, "
+                                                                 "collection.omni, ...)"),
+        label: list[str] | None = typer.Option(None, "--label", help="Manual registration: a label of the new "
+                                                                     "model; repeatable (coding, embeddings, hot, "
+                                                                     "mtp, reasoning, reranking, tool-calling, "
+                                                                     "vision, ...)"),
         mmproj: str | None = typer.Option(None, "--mmproj", help="mmproj file of a vision model"),
-        components: list[str] | None = typer.Option(None, "--component",
-                                                    help="Component of a collection.omni model; repeatable"),
+        components: list[str] | None = typer.Option(None, "--components", "--component", metavar="MODEL [MODEL ...]",
+                                                    help="Omni-model registration: the component models to bundle "
+                                                         "(with --recipe collection.omni); missing ones are pulled "
+                                                         "too"),
         yes: bool = typer.Option(False, "--yes", "-y", help="No questions: take the first variant"),
         host: str | None = typer.Option(None, help="Server host"),
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
-        """Download a model (and register it first when it is a repository or has --checkpoint)."""
-        client = server_client(host, port, timeout=None)
+        """Download a model: a registered one, a Hugging Face or ModelScope checkpoint, or a user.* model
+        registered with --checkpoint/--recipe (or --components)."""
         from lemonade.downloads.hub import split_repo_url
 
         target, url_source = split_repo_url(model)
         source = source or url_source
-        if checkpoint or recipe or components:
-            body: dict[str, Any] = {"model_name": model if model.startswith("user.") else f"user.{model}"}
-            checkpoints: dict[str, str] = {}
-            for item in checkpoint or []:
-                role, sep, value = item.partition("=")
-                if sep and "/" not in role:
-                    checkpoints[role] = value
-                else:
-                    checkpoints["main"] = item
-            if checkpoints:
-                body["checkpoints"] = checkpoints
-            body["recipe"] = recipe or ("collection.omni" if components else "llamacpp")
-            for key, value in (("labels", label), ("mmproj", mmproj), ("components", components),
-                               ("source", source)):
-                if value:
-                    body[key] = value
-        elif "/" in target:
-            repo, _, inline_variant = target.partition(":")
-            body = _repo_pull_body(client, repo, variant or inline_variant or None, name, source, yes)
+        if checkpoint or recipe or components or label:
+            body = registration_body(model, checkpoint, recipe, label, mmproj, components, source)
+            client = server_client(host, port, timeout=None)
         else:
-            body = {"model_name": target}
+            client = server_client(host, port, timeout=None)
+            if "/" in target:
+                repo, _, inline_variant = target.partition(":")
+                body = _repo_pull_body(client, repo, variant or inline_variant or None, name, source, yes)
+            else:
+                body = {"model_name": target}
         run_pull(client, body)
+        if alias:
+            result = client.post("/internal/aliases", {"alias": alias, "target": body["model_name"]}) or {}
+            console.print(f"Alias [bold]{alias}[/bold] -> {result.get('target', body['model_name'])}",
+                          highlight=False)
 
     @app.command()
     def delete(
@@ -235,21 +294,25 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_model(
         model: str = typer.Argument(..., help="Model or collection to export"),
-        output: str | None = typer.Option(None, "--output", "-o", help="File to write ('-' for stdout); "
-                                                                      "default <name>.json"),
+        output: str | None = typer.Option(None, "--output", "-o", help="Output file path; without it (or with '-') "
+                                                                      "the JSON goes to stdout"),
         host: str | None = typer.Option(None, help="Server host"),
         port: int | None = typer.Option(None, help="Server port"),
     ) -> None:
-        """Write an import-ready /v1/pull body for a model (collections embed their components)."""
+        """Export a model's information as import-ready JSON (collections embed their components)."""
         client = server_client(host, port)
         body = export_body(client, model)
         text = json.dumps(body, indent=2) + "\n"
-        if output == "-":
+        if output in (None, "-"):
             sys.stdout.write(text)
             return
-        path = Path(output or f"{body['model_name'].removeprefix('user.')}.json")
-        path.write_text(text)
-        console.print(f"Exported {body['model_name']} to {path}")
+        path = Path(output)
+        try:
+            atomic_write_bytes(path, text.encode())
+        except OSError as exc:
+            err_console.print(f"[red]Error:[/red] cannot write {path}: {exc.strerror or exc}")
+            raise typer.Exit(1) from None
+        console.print(f"Exported {body['model_name']} to {path}", highlight=False)
 
 
 # ----- export -----------------------------------------------------------------------------------------

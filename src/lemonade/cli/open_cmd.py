@@ -8,8 +8,7 @@ import typer
 from rich.markup import escape
 
 from lemonade.cli.background import start_background
-from lemonade.cli.client import ServerClient
-from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, err, out
+from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, out
 from lemonade.util.browser import VIEWS, app_url, open_url
 
 
@@ -18,7 +17,7 @@ def open_app(view: str | None, host: str | None, port: int | None) -> None:
     if view is not None and view not in VIEWS:
         err.print(f"Unknown view '{escape(view)}'; one of: {', '.join(VIEWS)}")
         raise typer.Exit(EXIT_USAGE)
-    c = ServerClient(host, port)
+    c = client(host, port)
     if not c.is_running():
         start_background(c)
     url = app_url(c.url, view)

@@ -9,31 +9,25 @@ from rich.markup import escape
 
 from lemonade.cli.client import ServerClient
 from lemonade.cli.common import HostOpt, PortOpt, fail, out, require_server
+from lemonade.cli.load_options import GENERAL, with_load_options
 from lemonade.cli.progress import ProgressView
 
-RECIPE_PANEL = "Recipe options: llamacpp"  # guide-cli.md groups the load options by recipe
-CtxOpt = Annotated[int | None, typer.Option("--ctx-size", help="Context size in tokens; -1 = automatic",
-                                            rich_help_panel=RECIPE_PANEL)]
-ArgsOpt = Annotated[str | None, typer.Option("--llamacpp-args", help="Extra llama-server arguments, e.g. "
-                                                                     "\"--threads 2 -np 2\"",
-                                             rich_help_panel=RECIPE_PANEL)]
-BackendOpt = Annotated[str | None, typer.Option("--llamacpp-backend",
-                                                help="llama.cpp backend: auto, cpu, vulkan, rocm, cuda, metal, system",
-                                                rich_help_panel=RECIPE_PANEL)]
 
-
-def load_body(model: str, ctx_size: int | None = None, llamacpp_args: str | None = None,
-              llamacpp_backend: str | None = None, pinned: bool | None = None,
+def load_body(model: str, options: dict[str, Any] | None = None, pinned: bool | None = None,
               save_options: bool = False) -> dict[str, Any]:
     """The `/v1/load` body; options left out stay out, so saved per-model options still apply."""
-    body: dict[str, Any] = {"model_name": model}
-    for key, value in (("ctx_size", ctx_size), ("llamacpp_args", llamacpp_args),
-                       ("llamacpp_backend", llamacpp_backend), ("pinned", pinned)):
-        if value is not None:
-            body[key] = value
+    body: dict[str, Any] = {"model_name": model, **(options or {})}
+    if pinned is not None:
+        body["pinned"] = pinned
     if save_options:
         body["save_options"] = True
     return body
+
+
+PinnedOpt = Annotated[bool | None, typer.Option("--pinned/--unpinned", help="Pin the model in memory to prevent "
+                                                "auto-eviction under capacity limits", rich_help_panel=GENERAL)]
+SaveOpt = Annotated[bool, typer.Option("--save-options", help="Persist the supplied recipe options for future "
+                                       "loads of this model", rich_help_panel=GENERAL)]
 
 
 def do_load(c: ServerClient, body: dict[str, Any]) -> str:
@@ -53,18 +47,16 @@ def do_load(c: ServerClient, body: dict[str, Any]) -> str:
     return str(done.get("message") or f"Loaded model: {body['model_name']}")
 
 
+@with_load_options
 def load(
     model: Annotated[str, typer.Argument(help="Model name (or alias)")],
-    ctx_size: CtxOpt = None, llamacpp_args: ArgsOpt = None, llamacpp_backend: BackendOpt = None,
-    pinned: Annotated[bool | None, typer.Option("--pinned/--unpinned", help="Never evict this model to make "
-                                                                            "room for another")] = None,
-    save_options: Annotated[bool, typer.Option("--save-options", help="Remember these options for this "
-                                                                      "model")] = False,
-    host: HostOpt = None, port: PortOpt = None,
+    pinned: PinnedOpt = None, save_options: SaveOpt = False,
+    host: HostOpt = None, port: PortOpt = None, options: dict[str, Any] | None = None,
 ) -> None:
-    """Load a model into memory (starts its llama-server)."""
+    """Load a model for inference (starts its engine; installs the engine and downloads the model first
+    when needed). Recipe options apply to this load only, unless --save-options."""
     c = require_server(host, port)
-    message = do_load(c, load_body(model, ctx_size, llamacpp_args, llamacpp_backend, pinned, save_options))
+    message = do_load(c, load_body(model, options, pinned, save_options))
     out.print(f"[green]{escape(message)}[/green]", highlight=False)
 
 

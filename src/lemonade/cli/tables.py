@@ -24,18 +24,20 @@ def _t(value: Any) -> str:
     return escape(str(value))
 
 
-def models_table(models: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("Name", no_wrap=True, style="bold")
-    table.add_column("Downloaded")
-    table.add_column("Recipe")
-    table.add_column("Labels")
-    table.add_column("Size", justify="right")
-    for m in models:
-        downloaded = m.get("downloaded")
-        table.add_row(_t(m.get("id")), "[green]yes[/green]" if downloaded else "[dim]no[/dim]", _t(m.get("recipe")),
-                      _t(", ".join(m.get("labels") or [])), fmt_size(m.get("size")))
-    return table
+def model_lines(models: list[dict[str, Any]]) -> list[str]:
+    """A plain-text table of models (`lemonade list`): one row per model, whose first two words are
+    its id (copy-paste-able into any other command) and Yes/No for downloaded, so scripts can split it."""
+    rows = [(str(m.get("id")), "Yes" if m.get("downloaded") else "No", fmt_size(m.get("size")),
+             str(m.get("recipe") or "-") + (f" ({', '.join(m['labels'])})" if m.get("labels") else ""))
+            for m in models]
+    header = ("Model Name", "Downloaded", "Size", "Details")
+    widths = [max(len(r[i]) for r in [header, *rows]) + 2 for i in range(3)]
+
+    def line(r: tuple[str, ...]) -> str:
+        return f"{r[0]:<{widths[0]}}{r[1]:<{widths[1]}}{r[2]:>{widths[2] - 2}}  {r[3]}".rstrip()
+
+    rule = "-" * max(len(line(r)) for r in [header, *rows])
+    return [line(header), rule, *(line(r) for r in rows), rule]
 
 
 def loaded_table(loaded: list[dict[str, Any]]) -> Table:

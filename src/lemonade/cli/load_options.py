@@ -1,0 +1,115 @@
+"""The recipe options `lemonade load` and `lemonade run` take (guide-cli.md, "Options for load").
+
+One table, `FLAGS`: each command-line flag, the `/v1/load` option it sets, and the help panel it
+is listed under. `with_load_options` adds them all to a command, so `load` and `run` can never
+offer different sets. The table is kept here rather than read from the engine descriptions, so
+`lemonade --help` does not import every engine; a test checks that every option an engine takes
+has its flag.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+GENERAL = "General Options"
+LLAMACPP = "Llama.cpp Backend Options"
+WHISPERCPP = "Whisper.cpp Options"
+FASTERWHISPER = "faster-whisper Options"
+SDCPP = "Stable Diffusion Options"
+VLLM = "vLLM Options"
+ONNX = "ONNX Runtime Options"
+SPEECH = "Text-to-Speech Options"
+
+
+@dataclass(frozen=True)
+class Flag:
+    decls: tuple[str, ...]  # "--llamacpp" (or "--merge-args/--no-merge-args"), then other names
+    key: str  # the /v1/load option
+    type: type
+    help: str
+    panel: str
+    metavar: str | None = None
+
+    @property
+    def param(self) -> str:
+        return "opt_" + self.key
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("--ctx-size",), "ctx_size", int, "Context size in tokens; -1 = automatic", GENERAL, "SIZE"),
+    Flag(("--merge-args/--no-merge-args",), "merge_args", bool, "Merge the server-wide and this model's *_args "
+         "(default); --no-merge-args: the model's replace the server-wide ones entirely", GENERAL),
+    Flag(("--auto-evict/--no-auto-evict",), "auto_evict", bool, "Unload this model after it idles for "
+         "--evict-idle-timeout (default: the server's auto_evict)", GENERAL),
+    Flag(("--evict-idle-timeout",), "evict_idle_timeout", float, "Seconds idle before an auto-evicted model is "
+         "unloaded", GENERAL, "SECONDS"),
+    Flag(("--downsize-idle-timeout",), "downsize_idle_timeout", float, "Seconds idle before the model's dynamic "
+         "memory is freed (weights stay)", GENERAL, "SECONDS"),
+    Flag(("--evict-weight-factor",), "evict_weight_factor", float, "How strongly this model resists eviction "
+         "(higher stays longer)", GENERAL, "FACTOR"),
+    Flag(("--llamacpp", "--llamacpp-backend"), "llamacpp_backend", str, "LlamaCpp backend to use: auto, cpu, "
+         "vulkan, rocm, cuda, metal, system (default: auto-detected)", LLAMACPP, "BACKEND"),
+    Flag(("--llamacpp-device",), "llamacpp_device", str, "Comma-separated list of accelerator devices to use "
+         "(e.g. Vulkan0)", LLAMACPP, "DEVICES"),
+    Flag(("--llamacpp-args",), "llamacpp_args", str, "Custom arguments to pass to llama-server, e.g. "
+         "\"--flash-attn on --no-mmap\"", LLAMACPP, "ARGS"),
+    Flag(("--rpc-workers",), "rpc_workers", str, "llama.cpp RPC workers to spread the model over: "
+         "HOST:PORT[,HOST:PORT...] (lemonade worker)", LLAMACPP, "WORKERS"),
+    Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use", WHISPERCPP, "BACKEND"),
+    Flag(("--whispercpp-args",), "whispercpp_args", str, "Custom arguments to pass to whisper-server",
+         WHISPERCPP, "ARGS"),
+    Flag(("--fasterwhisper-compute-type",), "fasterwhisper_compute_type", str, "int8 (default), int8_float32, "
+         "float32 or default", FASTERWHISPER, "TYPE"),
+    Flag(("--fasterwhisper-threads",), "fasterwhisper_threads", int, "CPU threads (0: one per core)",
+         FASTERWHISPER, "N"),
+    Flag(("--steps",), "steps", int, "Default inference steps of an image model", SDCPP, "N"),
+    Flag(("--cfg-scale",), "cfg_scale", float, "Default guidance scale of an image model", SDCPP, "SCALE"),
+    Flag(("--width",), "width", int, "Default image width in pixels", SDCPP, "PX"),
+    Flag(("--height",), "height", int, "Default image height in pixels", SDCPP, "PX"),
+    Flag(("--vllm",), "vllm_backend", str, "vLLM backend to use: auto, cuda, rocm", VLLM, "BACKEND"),
+    Flag(("--vllm-args",), "vllm_args", str, "Custom arguments to pass to vllm serve", VLLM, "ARGS"),
+    Flag(("--onnxruntime-threads",), "onnxruntime_threads", int, "ONNX Runtime threads of a classifier "
+         "(0: one per core)", ONNX, "N"),
+    Flag(("--kokoro-threads",), "kokoro_threads", int, "ONNX Runtime threads of Kokoro (0: one per core)",
+         SPEECH, "N"),
+    Flag(("--piper-threads",), "piper_threads", int, "ONNX Runtime threads of Piper (0: one per core)",
+         SPEECH, "N"),
+)
+
+
+def _value(flag: Flag, value: Any) -> Any:
+    if flag.key == "rpc_workers":  # the server takes a list
+        return [w.strip() for w in str(value).split(",") if w.strip()]
+    return value
+
+
+def with_load_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` gains every flag of `FLAGS`; it receives those given as `options` (a /v1/load dict)."""
+    sig = inspect.signature(func, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.name != "options"]
+    added = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[f.type | None, typer.Option(
+                                   *f.decls, help=f.help, rich_help_panel=f.panel, metavar=f.metavar,
+                                   show_default=False)])
+             for f in FLAGS]
+    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        options = {f.key: _value(f, kwargs.pop(f.param)) for f in FLAGS if kwargs.get(f.param) is not None}
+        for f in FLAGS:
+            kwargs.pop(f.param, None)
+        return func(**kwargs, options=options)
+
+    params = [*keyword, *added]
+    # typer reads the signature and the annotations: both are the new ones, already evaluated
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__
+    return wrapper
