@@ -251,7 +251,7 @@ def test_status_load_unload(env, gemma_server):
     assert loaded["model_name"] == GEMMA_NAME and loaded["pinned"] is True
     assert loaded["recipe_options"]["ctx_size"] == 2048
     proc = ok(lemonade("status", env=env))
-    row = next(line for line in proc.stdout.splitlines() if GEMMA_NAME in line)
+    row = next(line for line in proc.stdout.splitlines() if GEMMA_NAME in line and "llm" in line)  # the table's
     assert str(loaded["pid"]) in row and "llm" in row and "yes" in row  # pinned
     assert json.loads(ok(lemonade("status", "--json", env=env)).stdout)["all_models_loaded"][0]["pid"] == \
         loaded["pid"]

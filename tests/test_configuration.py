@@ -7,6 +7,7 @@ and the startup warning of a server exposed without an API key."""
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -284,7 +285,7 @@ def test_models_too_big_for_this_machine_are_not_offered(make_server):
     assert hidden, f"every built-in model fits {ram_gb} GB"  # the catalog has models of 24 and 45 GB
     assert all(unfiltered[m]["size"] > limit - 0.1 and not unfiltered[m]["downloaded"] for m in hidden)
     assert all(m.get("size", 0) <= limit + 0.1 or m["downloaded"] for m in everything.values()
-               if not m.get("components") and "cloud_provider" not in m and not m["id"].startswith("user."))
+               if "components" not in m and "cloud_provider" not in m and not m["id"].startswith("user."))
     assert "Huge" in filtered_again  # a model the user registered is their call
 
 
@@ -356,9 +357,15 @@ def release_mirror(llama_backend, tmp_path) -> Iterator[tuple[str, str]]:
     root = tmp_path / "mirror"
     (root / TAG).mkdir(parents=True)
     (root / "latest").write_text(json.dumps({"tag_name": TAG, "name": TAG}))
-    with tarfile.open(root / TAG / release_asset_name(TAG), "w:gz") as tar:
+    asset = release_asset_name(TAG)
+    with tarfile.open(root / TAG / asset, "w:gz") as tar:
         for name in ("llama-server", "ggml-rpc-server"):
             tar.add(llama_backend / name, arcname=f"build/bin/{name}")
+    # The digest GitHub's release API states for the asset (no pin covers another tag's archive).
+    tags = root / "repos" / "ggml-org" / "llama.cpp" / "releases" / "tags"
+    tags.mkdir(parents=True)
+    digest = hashlib.sha256((root / TAG / asset).read_bytes()).hexdigest()
+    (tags / TAG).write_text(json.dumps({"tag_name": TAG, "assets": [{"name": asset, "digest": f"sha256:{digest}"}]}))
 
     handler = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
@@ -374,7 +381,7 @@ def release_mirror(llama_backend, tmp_path) -> Iterator[tuple[str, str]]:
 def test_cpu_bin_latest_and_a_pinned_tag_install_from_the_release(make_server, gemma_dir, release_mirror):
     url, tag = release_mirror
     env = {"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_LLAMACPP_RELEASE_BASE_URL": url,
-           "LEMONADE_LLAMACPP_LATEST_URL": url + "/latest"}
+           "LEMONADE_LLAMACPP_LATEST_URL": url + "/latest", "LEMONADE_GITHUB_API_URL": url}
     srv = make_server(env=env, config={"llamacpp": {"cpu_bin": "latest", "backend": "cpu"}})
     installed = srv.cache / "backends" / "llamacpp" / f"cpu@{tag}"
     with srv.client() as c:

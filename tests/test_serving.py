@@ -200,6 +200,17 @@ def test_bad_named_tool_choice_is_a_400(server, choice, says):
     assert says in err["message"] and err["param"] == "tool_choice" and err["type"] == "invalid_request_error"
 
 
+def stated_context(server) -> int:
+    """The context the server states for Gemma (the engine's own figure once it is loaded)."""
+    with httpx.Client(base_url=server.url) as c:
+        return c.get(f"/v1/models/{GEMMA_NAME}").json()["context_length"]
+
+
+def too_long(server) -> str:
+    """A prompt of more tokens than the stated context (one token per "hello")."""
+    return "hello " * (stated_context(server) + 1000)
+
+
 def engine_url(server) -> str:
     """The loaded model's llama-server, to ask it directly."""
     with httpx.Client(base_url=server.url) as c:
@@ -249,7 +260,7 @@ def test_non_streamed_answer_assembled_from_the_stream_matches_the_engines(serve
 
 def test_engine_error_of_a_non_streamed_request_keeps_its_status(server):
     """An error llama-server answers a (now streamed) request with reaches the client as before."""
-    body = {"model": GEMMA_NAME, "prompt": "hello " * 9000, "max_tokens": 100}
+    body = {"model": GEMMA_NAME, "prompt": too_long(server), "max_tokens": 100}
     direct = httpx.post(engine_url(server) + "/v1/completions", json=body, timeout=300)
     ours = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
     assert direct.status_code == ours.status_code == 400
@@ -702,8 +713,13 @@ def test_client_gone_before_the_first_token_stops_the_engine(make_server, gemma_
         asker = threading.Thread(target=ask)
         asker.start()
         wait_for(lambda: processing(c), timeout=30, interval=0.02)
+        busy = next(s["id"] for s in c.get("/v1/slots").json() if s.get("is_processing"))
         asker.join(30)  # the client gave up (0.5 s timeout) and closed its connection
-        wait_for(lambda: not processing(c), timeout=20)
+        # The prompt's batch in progress is not interrupted (on a busy CPU it takes tens of seconds), so
+        # the proof is what the slot did, not how soon: it stopped without generating the 2000 tokens.
+        wait_for(lambda: not processing(c), timeout=300)
+        slot = next(s for s in c.get("/v1/slots").json() if s["id"] == busy)
+        assert slot["next_token"][0]["n_decoded"] < 100, slot["next_token"]
         health = c.get("/v1/health").json()["all_models_loaded"][0]
         assert not health["is_busy"] and not health["is_streaming"]
 
@@ -923,7 +939,9 @@ def test_context_length_is_what_the_model_gets(make_server, gemma_dir):
         def context() -> int:
             return c.get(f"/v1/models/{GEMMA_NAME}").json()["context_length"]
 
-        assert context() == 8192  # automatic: the trained 32768, capped at 8192
+        # automatic: the trained length, as this machine's free memory holds far more (test_context.py
+        # checks the sizing against the free memory)
+        assert context() == gguf_info(gemma_dir / f"{GEMMA_NAME}.gguf").context_length
         assert c.post("/internal/set", json={"ctx_size": 4096}).status_code == 200
         assert context() == 4096
         assert c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 2048}).status_code == 200
@@ -935,7 +953,7 @@ def test_context_length_is_what_the_model_gets(make_server, gemma_dir):
 def test_engine_errors_of_a_stream_arrive_as_stream_events(server, client):
     """A client that asked for a stream reads the engine's refusal (here: a prompt longer than the
     context) as its API's own error event, not as a JSON body an SSE parser skips."""
-    long = "hello " * 9000
+    long = too_long(server)
     with pytest.raises(openai.APIError) as err:  # the official client raises on the error event
         list(client.chat.completions.create(model=GEMMA_NAME, messages=[{"role": "user", "content": long}],
                                             max_tokens=2, stream=True))
@@ -959,7 +977,7 @@ def test_engine_errors_of_a_stream_arrive_as_stream_events(server, client):
 def test_a_prompt_that_cannot_fit_is_refused_before_the_engine(server, client):
     """Tens of MB of text would keep llama-server tokenizing for minutes before its own refusal; our
     code (not the engine's backend_error) shows the request never reached it."""
-    huge = "x" * (8192 * 256 + 1)  # more characters than 8192 tokens of any vocabulary can hold
+    huge = "x" * (stated_context(server) * 256 + 1)  # more characters than the context's tokens can hold
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=GEMMA_NAME, messages=[{"role": "user", "content": huge}], max_tokens=1)
     assert err.value.code == "context_length_exceeded" and "ctx_size" in str(err.value.message)
