@@ -504,7 +504,8 @@ def test_delete(client, hub, server):
     # errors
     resp = client.post("/v1/delete", json={})
     assert resp.status_code == 400 and "model_name" in error_of(resp)["message"]
-    assert client.post("/v1/delete", json={"model_name": "nope-nope"}).status_code == 404
+    resp = client.post("/v1/delete", json={"model_name": "nope-nope"})
+    assert resp.status_code == 422 and error_of(resp)["code"] == "model_not_found"  # as Lemonade answers it
     resp = client.post("/v1/delete", json={"model_name": "Qwen3-0.6B-GGUF"})
     assert resp.status_code == 400 and error_of(resp)["code"] == "model_not_downloaded"
     resp = client.post("/v1/delete", json={"model_name": "extra.my-local.gguf"})
