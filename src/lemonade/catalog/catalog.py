@@ -22,7 +22,14 @@ from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
-from lemonade.labels import COLLECTION_RECIPES, OMNI_PLACEHOLDERS, ROUTER_RECIPE, LabelError, deployment_mode
+from lemonade.labels import (
+    COLLECTION_RECIPES,
+    OMNI_PLACEHOLDERS,
+    ROUTER_RECIPE,
+    LabelError,
+    claimed_modes,
+    deployment_mode,
+)
 from lemonade.model_info import ModelInfo
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
@@ -116,6 +123,12 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
         mode = deployment_mode(name, recipe, labels)
     except LabelError as exc:
         raise RegistrationError(str(exc)) from None
+    if origin == "user" and recipe not in COLLECTION_RECIPES:
+        # guide-configuration-custom-models.md: `custom` is added, and the recipe's deployment label when
+        # the entry names none (`chat` for llamacpp, `image` for sd-cpp), as Lemonade's registry does.
+        labels = ["custom", *(x for x in labels if x != "custom")]
+        if not claimed_modes(labels):
+            labels.append(mode)
     source = definition.get("source") or "huggingface"
     if source not in SOURCES:
         raise RegistrationError(f"Model '{name}': Unsupported model source '{source}': 'source' must be "
