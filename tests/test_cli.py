@@ -503,12 +503,12 @@ def test_pin_unpin_survives_a_crash_and_launch_command_paths_are_for_admins(make
             return c.get("/v1/health").json()["all_models_loaded"][0]
 
     with srv.client(headers=admin) as c:
-        gone = c.post("/internal/pin", json={"model_name": GEMMA_NAME})
+        gone = c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": True})
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_loaded"
         assert c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": "yes"}).status_code == 400
         assert c.post("/v1/load", json={"model_name": GEMMA_NAME}).status_code == 200
     with srv.client(headers=user) as c:
-        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME}).status_code == 401  # admin only
+        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": True}).status_code == 401  # admin
     assert "Pinned" in ok(lemonade("pin", GEMMA_NAME, env=env)).stdout
     assert loaded(user)["pinned"] is True
     # An engine that dies keeps its pin when the next request starts it again.

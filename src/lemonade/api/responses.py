@@ -432,6 +432,8 @@ SUCCESS: dict[tuple[str, str], Answer] = {
                                                              "host": {"type": "string"}}}},
     ("post", "/params"): Status,
     ("post", "/internal/pin"): Pinned,
+    ("post", "/internal/simulate-vram-pressure"): {"application/json": {
+        "type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}},
     ("get", "/internal/aliases"): Aliases,
     ("post", "/internal/aliases"): Alias,
     ("delete", "/internal/aliases/{alias}"): Alias,

@@ -150,6 +150,7 @@ class LoadedModel:
             "type": self.model.type,
             "device": self.launch.device,
             "pinned": self.pinned,
+            "status": "in_use" if self.active > 0 else "downsized" if self.downsized else "ready",
             "residency_class": self.residency,
             "slot_pool": self.slot_pool,
             "is_busy": self.active > 0,
@@ -757,18 +758,34 @@ class Router:
             except Exception:
                 log.exception("Memory pressure check failed")
 
-    async def _relieve_pressure(self) -> None:
+    async def evaluate_now(self, reading: float | None) -> None:
+        """One pass of the eviction engine at once (`POST /internal/simulate-vram-pressure`, Lemonade's
+        admin and test hook): the idle rules for every idle model, then, for a `reading` of 0 or more,
+        pressure eviction as if device memory were that full. A negative or missing reading runs the
+        idle rules only."""
+        for lm in list(self.loaded.values()):
+            if lm.active == 0:
+                await self._trim_if_idle(lm)
+        if reading is not None and reading >= 0:
+            total = 1 << 30
+            await self._relieve_pressure(MemoryUse(int(reading * total), total, "vram"))
+
+    async def _relieve_pressure(self, reading: MemoryUse | None = None) -> None:
         """One pressure sample when due and some model could be evicted; evict one if over the threshold.
-        No reading at all while no loaded model has auto_evict on (the guide: no polling then)."""
+        No reading at all while no loaded model has auto_evict on (the guide: no polling then).
+        `reading`: a given figure instead of a sample (evaluate_now)."""
         if self.gate.held or not any(self._auto_evict(lm) for lm in self.loaded.values()):
             return
-        now = time.monotonic()
-        if now - self._sampled_at < PRESSURE_SAMPLE_SECONDS:
-            return
-        self._sampled_at = now
-        use = await asyncio.to_thread(self._memory)
-        self.last_memory = use
-        self.stats.pressure_samples += 1
+        if reading is None:
+            now = time.monotonic()
+            if now - self._sampled_at < PRESSURE_SAMPLE_SECONDS:
+                return
+            self._sampled_at = now
+            use = await asyncio.to_thread(self._memory)
+            self.last_memory = use
+            self.stats.pressure_samples += 1
+        else:
+            use = reading
         threshold = float(self.config.get("auto_evict_threshold_pct"))
         if use.fraction < threshold:
             return
