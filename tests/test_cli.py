@@ -126,9 +126,17 @@ def test_config_set_refuses_invalid_and_leaves_the_file_alone(nowhere, args, nam
 
 
 def test_config_alone_shows_every_setting(nowhere):
-    """guide-configuration-README.md: `lemonade config` views all current settings."""
-    everything = json.loads(ok(lemonade("config", env=nowhere)).stdout)
-    assert everything["port"] == 13305 and "llamacpp" in everything
+    """guide-configuration-README.md: `lemonade config` views all current settings, as Lemonade's CLI
+    shows them: by section, each key spelled as `config set` takes it (a flat `vllm_args` set shows
+    as `vllm.args`)."""
+    ok(lemonade("config", "set", "vllm_args=--max-num-seqs 128", env=nowhere))
+    lines = ok(lemonade("config", env=nowhere)).stdout.splitlines()
+    assert lines[0] == "Server Configuration" and "  [General]" in lines and "  [llamacpp]" in lines
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and "[" not in line[:3]}
+    assert rows["port"] == "13305" and rows["vllm.args"] == "--max-num-seqs 128"
+    assert rows["extra_models_dir"] == "(empty)" and rows["telemetry.otlp.semantics"].startswith('["')
+    everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)  # the JSON, for scripts
+    assert everything["vllm"]["args"] == "--max-num-seqs 128"
 
 
 @pytest.mark.parametrize("url, code, text", [
