@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import GEMMA_NAME, free_port
 
-NO_SERVER = "No Lemonade server is running"
+NO_SERVER = "Could not connect to Lemonade server"
 
 
 def cli_env(cache: Path, url: str | None = None, **extra: str) -> dict[str, str]:
