@@ -121,7 +121,7 @@ def test_register_user_model(make_server):
         assert body["model_name"] == "Phi-4-Mini-GGUF"  # the public id: it shadows nothing
         assert body["model"] == {"id": "Phi-4-Mini-GGUF", "recipe": "llamacpp", "downloaded": False}
         model = c.get("/v1/models/user.Phi-4-Mini-GGUF").json()
-        assert model["labels"] == ["reasoning"] and model["downloaded"] is False
+        assert model["labels"] == ["custom", "reasoning", "chat"] and model["downloaded"] is False
     stored = json.loads((srv.config_dir / "user_models.json").read_text())
     assert stored["Phi-4-Mini-GGUF"]["checkpoint"] == "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M"
 

@@ -250,6 +250,45 @@ def test_registry_backed_collection_is_pulled_through_its_file(hub, make_server)
         assert http.get("/v1/models/RPG-HaloTales-V1").json()["components"] == ["Tiny-Narrator"]
 
 
+def test_registered_pointer_collection_follows_its_file(hub, make_server) -> None:
+    """`lemonade pull <org>/<repo>` registers a collection as a pointer to a repository holding its
+    collection file: only the pointer is stored, the components are what the file lists at each pull
+    (an added component appears on the next pull), the copy pulled before serves while the registry
+    cannot be reached, and a restarted server reads the pulled file."""
+    repo = "acme/StoryKit"
+
+    def manifest(*components: str) -> str:
+        models = [{"model_name": c, "recipe": "llamacpp", "checkpoints": {"main": f"{fx.MULTIQUANT_REPO}:Q4_0"}}
+                  for c in components]
+        return json.dumps({"model_name": "StoryKit", "recipe": "collection.omni", "checkpoints": {"main": ""},
+                           "components": list(components), "models": models})
+
+    hub.create_repo(repo, {"StoryKit.json": manifest("Kit-Narrator")})
+    srv = make_server(env=hub.env())
+    pointer = {"model_name": "user.StoryKit", "recipe": "collection.omni", "checkpoints": {"main": repo}}
+    with srv.client() as http:
+        resp = http.post("/v1/pull", json=pointer, timeout=120)
+        assert resp.status_code == 200, resp.text
+        obj = http.get("/v1/models/user.StoryKit").json()
+        assert obj["components"] == ["Kit-Narrator"] and obj["downloaded"] is True
+        stored = json.loads((srv.config_dir / "user_models.json").read_text())["StoryKit"]
+        assert stored["checkpoints"] == {"main": repo} and "components" not in stored and "models" not in stored
+
+        hub.write_file(repo, "StoryKit.json", manifest("Kit-Narrator", "Kit-Voice"))
+        assert http.post("/v1/pull", json={"model_name": "user.StoryKit"}, timeout=120).status_code == 200
+        assert http.get("/v1/models/user.StoryKit").json()["components"] == ["Kit-Narrator", "Kit-Voice"]
+
+        hub.fail(path=repo, status=503, count=None)  # the registry is down for this repository
+        resp = http.post("/v1/pull", json={"model_name": "user.StoryKit"}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        assert "could not be fetched again" in srv.log()
+    hub.reset()
+    srv.stop()
+    again = make_server(env=hub.env(), cache=srv.cache)
+    with again.client() as http:
+        assert http.get("/v1/models/user.StoryKit").json()["components"] == ["Kit-Narrator", "Kit-Voice"]
+
+
 def test_readme_models_pull_from_their_repositories(hub, make_server, tmp_path) -> None:
     """`lemonade pull Gemma-4-E2B-it-GGUF` (upstream's README model) and `Qwen3.5-4B-GGUF` fetch what
     their entries name from repositories laid out as upstream's (tiny random GGUFs under the real file

@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import GEMMA_NAME, free_port
 
-NO_SERVER = "No Lemonade server is running"
+NO_SERVER = "Could not connect to Lemonade server"
 
 
 def cli_env(cache: Path, url: str | None = None, **extra: str) -> dict[str, str]:
@@ -126,9 +126,17 @@ def test_config_set_refuses_invalid_and_leaves_the_file_alone(nowhere, args, nam
 
 
 def test_config_alone_shows_every_setting(nowhere):
-    """guide-configuration-README.md: `lemonade config` views all current settings."""
-    everything = json.loads(ok(lemonade("config", env=nowhere)).stdout)
-    assert everything["port"] == 13305 and "llamacpp" in everything
+    """guide-configuration-README.md: `lemonade config` views all current settings, as Lemonade's CLI
+    shows them: by section, each key spelled as `config set` takes it (a flat `vllm_args` set shows
+    as `vllm.args`)."""
+    ok(lemonade("config", "set", "vllm_args=--max-num-seqs 128", env=nowhere))
+    lines = ok(lemonade("config", env=nowhere)).stdout.splitlines()
+    assert lines[0] == "Server Configuration" and "  [General]" in lines and "  [llamacpp]" in lines
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and "[" not in line[:3]}
+    assert rows["port"] == "13305" and rows["vllm.args"] == "--max-num-seqs 128"
+    assert rows["extra_models_dir"] == "(empty)" and rows["telemetry.otlp.semantics"].startswith('["')
+    everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)  # the JSON, for scripts
+    assert everything["vllm"]["args"] == "--max-num-seqs 128"
 
 
 @pytest.mark.parametrize("url, code, text", [
@@ -503,12 +511,12 @@ def test_pin_unpin_survives_a_crash_and_launch_command_paths_are_for_admins(make
             return c.get("/v1/health").json()["all_models_loaded"][0]
 
     with srv.client(headers=admin) as c:
-        gone = c.post("/internal/pin", json={"model_name": GEMMA_NAME})
+        gone = c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": True})
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_loaded"
         assert c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": "yes"}).status_code == 400
         assert c.post("/v1/load", json={"model_name": GEMMA_NAME}).status_code == 200
     with srv.client(headers=user) as c:
-        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME}).status_code == 401  # admin only
+        assert c.post("/internal/pin", json={"model_name": GEMMA_NAME, "pinned": True}).status_code == 401  # admin
     assert "Pinned" in ok(lemonade("pin", GEMMA_NAME, env=env)).stdout
     assert loaded(user)["pinned"] is True
     # An engine that dies keeps its pin when the next request starts it again.

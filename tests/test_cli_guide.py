@@ -79,7 +79,7 @@ def test_broadcast_setting_turns_beacons_off_and_on_live(servers, beacon_port, t
     server_env = cli_env(tmp_path / "cache")
     ok(lemonade("--port", str(srv.port), "config", "set", "broadcast=true", env=server_env))
     assert f"at http://127.0.0.1:{srv.port}/api/v1/" in scan(scan_env)
-    assert json.loads((srv.cache / "config.json").read_text())["broadcast"] is True
+    assert json.loads((srv.config_dir / "config.json").read_text())["broadcast"] is True
     ok(lemonade("config", "set", "broadcast=false", "--port", str(srv.port), env=server_env))
     assert "No beacons discovered." in scan(scan_env, 3)
 
@@ -131,7 +131,7 @@ def test_the_cli_finds_a_local_server_by_its_beacon(servers, beacon_port, tmp_pa
     assert f"running at {srv.url}" in proc.stdout and "announced itself" in proc.stderr
     assert json.loads(ok(lemonade("status", "--json", env=env)).stdout)["port"] == srv.port
     proc = lemonade("--no-discovery", "status", env=env)
-    assert proc.returncode == 3 and "No Lemonade server is running" in proc.stderr
+    assert proc.returncode == 3 and "Could not connect to Lemonade server" in proc.stderr
     proc = lemonade("status", env={**env, "LEMONADE_PORT": str(free_port())})
     assert proc.returncode == 3
     # commands that work on this machine's files when no server runs never use another's server
@@ -249,7 +249,7 @@ def test_status_json_backends_all_and_telemetry(plain, env):
         assert c.get("/v1/health").json()["telemetry"]["enabled"] is True
         assert ok(lemonade("telemetry", "off", env=env)).stdout.strip() == "Telemetry successfully turned off."
         assert c.get("/v1/health").json()["telemetry"]["enabled"] is False
-    saved = plain.cache / "config.json"
+    saved = plain.config_dir / "config.json"
     assert "telemetry" not in (json.loads(saved.read_text()) if saved.exists() else {})  # in memory only
     assert lemonade("telemetry", "maybe", env=env).returncode == 2
 
@@ -300,7 +300,8 @@ def test_pull_as_the_guide_writes_it(hubbed, tiny_repo, tmp_path):
                        "cli-tiny", env=env))
     with httpx.Client(base_url=hubbed.url) as c:
         kit = c.get("/v1/models/user.CliKit").json()
-    assert kit["recipe"] == "collection.omni" and kit["components"] == ["user.CliTiny", "cli-tiny"]
+    # components are listed by public id, as Lemonade lists them (the alias is the model it names)
+    assert kit["recipe"] == "collection.omni" and kit["components"] == ["CliTiny", "CliTiny"]
     # list: the two sections, every row's first words its id and Yes/No
     text = ok(lemonade("list", env=env)).stdout
     lines = text.splitlines()

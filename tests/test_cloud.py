@@ -48,6 +48,22 @@ def test_discovery_names_and_kinds():
     assert model_from_listing("x", {"object": "model"}) is None
 
 
+def test_provider_usage_counts_its_cached_prompt_tokens():
+    """A provider's OpenAI `usage` (no llama.cpp timings) counts in /v1/stats with its cached prompt
+    tokens; its `prompt_tokens` already includes them, so the prompt is not counted twice (pure)."""
+    from lemonade.runtime.stats import Stats
+
+    stats = Stats()
+    usage = {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52,
+             "prompt_tokens_details": {"cached_tokens": 37}}
+    assert stats.record_llamacpp({"usage": usage}) == (50, 2)
+    last = stats.snapshot()
+    assert (last["input_tokens"], last["cache_tokens"], last["prompt_tokens"]) == (50, 37, 50)
+    assert last["cache_tokens_total"] == 37
+    stats.record_llamacpp({"usage": {"prompt_tokens": 9, "completion_tokens": 1}})  # a provider that does not say
+    assert stats.snapshot()["cache_tokens"] is None and stats.snapshot()["cache_tokens_total"] == 37
+
+
 @pytest.fixture(scope="module")
 def cloud(llama_backend, gemma_dir):
     """llama-server with an API key: the provider. Stopped by pid at the end."""

@@ -48,7 +48,7 @@ def register(http: httpx.Client, body: dict) -> httpx.Response:
 
 
 def stored(server: Server) -> dict:
-    path = server.cache / "user_models.json"
+    path = server.config_dir / "user_models.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 

@@ -224,7 +224,7 @@ def test_params_are_live_and_never_written(make_server):
     assert params["llamacpp"]["args"] == "" and params["max_loaded_models"] == 2  # live values gone, saved kept
 
 
-def test_params_changes_need_the_admin_key_and_paths_stay_hidden(make_server, gemma_dir):
+def test_params_what_runs_needs_the_admin_key_and_paths_stay_hidden(make_server, gemma_dir):
     srv = make_server(env={"LEMONADE_API_KEY": "user-key", "LEMONADE_ADMIN_API_KEY": "admin-key",
                            "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     user, admin = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
@@ -233,9 +233,22 @@ def test_params_changes_need_the_admin_key_and_paths_stay_hidden(make_server, ge
         seen = c.get("/v1/params", headers=user).json()
         assert seen["extra_models_dir"] == "<extra_models_dir>" and str(gemma_dir) not in json.dumps(seen)
         assert c.get("/v1/params", headers=admin).json()["extra_models_dir"] == str(gemma_dir)
-        refused = c.post("/v1/params", json={"llamacpp_args": "--threads 2"}, headers=user)
-        assert refused.status_code == 403 and "admin key" in refused.json()["error"]
+        # What decides what runs and what it reads stays the admin's: engine flags and binaries, folders
+        for body in ({"llamacpp_args": "--threads 2"}, {"llamacpp": {"cpu_bin": "/tmp"}}, {"models_dir": "/tmp"},
+                     {"max_loaded_models": 3, "whispercpp": {"args": "-t 2"}}):
+            refused = c.post("/v1/params", json=body, headers=user)
+            assert refused.status_code == 403 and "admin key" in refused.json()["error"], body
+            assert ("args" in refused.json()["error"] or "_bin" in refused.json()["error"]
+                    or "models_dir" in refused.json()["error"])
+        assert c.get("/v1/params", headers=user).json()["max_loaded_models"] != 3  # nothing of a refusal applies
         assert c.post("/v1/params", json={"llamacpp_args": "--threads 2"}, headers=admin).status_code == 200
+        # ...the other settings are any API client's, as on Lemonade's server
+        changed = c.post("/v1/params", json={"max_loaded_models": 3, "telemetry": {"hide_inputs": True}},
+                         headers=user)
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["updated"] == {"max_loaded_models": 3, "telemetry": {"hide_inputs": True}}
+        bad = c.post("/v1/params", json={"telemetry": {"enabled": "yes"}}, headers=user)
+        assert bad.status_code == 400 and "enabled" in bad.json()["error"]
 
 
 @pytest.mark.parametrize(("body", "needle"), [

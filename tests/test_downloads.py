@@ -160,11 +160,11 @@ def test_pull_exact_file_checkpoints_dict_and_legacy_flags(client, hub):
         "checkpoints": {"main": f"{MQ}:tiny-F16.gguf", "mmproj": f"{MQ}:{fx.MMPROJ_FILE}"}, "reasoning": True})
     assert resp.status_code == 200, resp.text
     obj = model(client, "user.tiny-f16")
-    assert obj["downloaded"] and obj["labels"] == ["reasoning"]
+    assert obj["downloaded"] and obj["labels"] == ["custom", "reasoning", "chat"]
     emb = client.post("/v1/pull", json={"model_name": "user.tiny-emb", "recipe": "llamacpp", "embedding": True,
                                         "checkpoint": f"{fx.EMBEDDING_REPO}:F16"})
     assert emb.status_code == 200, emb.text
-    assert model(client, "user.tiny-emb")["labels"] == ["embeddings"]
+    assert model(client, "user.tiny-emb")["labels"] == ["custom", "embeddings"]
     # a checkpoint given as a Hugging Face URL is normalised
     url = client.post("/v1/pull", json={"model_name": "user.tiny-url", "recipe": "llamacpp",
                                         "checkpoint": f"https://huggingface.co/{fx.RERANKER_REPO}"})
@@ -285,7 +285,8 @@ def test_import_rules_and_remote_recipes(client, server, tmp_path, recipes_site)
     assert out.returncode == 0, out.stderr
     assert "Ignoring unrecognized field(s)" in out.stderr and "colour" in out.stderr
     imported = model(client, "user.imp-q4")
-    assert imported["checkpoint"] == f"{MQ}:Q4_0" and imported["labels"] == ["coding"] and imported["downloaded"]
+    assert imported["checkpoint"] == f"{MQ}:Q4_0" and imported["downloaded"]
+    assert imported["labels"] == ["custom", "coding", "chat"]  # `custom` and the deployment label added
 
     recipes = {"LEMONADE_RECIPES_URL": recipes_site}
     out = run_cli(server, "import", "--directory", "coding-agents", "--recipe-file", "Tiny-Q4_0.json", "--yes",
@@ -324,7 +325,7 @@ def test_collection_pull_export_import(client, hub, server, tmp_path):
     kit = model(client, "user.Kit")
     # Components are listed by public id, the namespace of `id` (registered models shadowing nothing show bare).
     assert kit["downloaded"] and kit["components"] == ["kit-q4", "kit-q6"]
-    assert model(client, "user.kit-q6")["labels"] == ["coding"]
+    assert model(client, "user.kit-q6")["labels"] == ["custom", "coding", "chat"]
     assert client.get("/v1/models/user.kit-q4/options").json()["saved"] == {"ctx_size": 1024}
 
     out = run_cli(server, "export", "user.Kit", "-o", str(tmp_path / "kit.json"))
@@ -504,7 +505,8 @@ def test_delete(client, hub, server):
     # errors
     resp = client.post("/v1/delete", json={})
     assert resp.status_code == 400 and "model_name" in error_of(resp)["message"]
-    assert client.post("/v1/delete", json={"model_name": "nope-nope"}).status_code == 404
+    resp = client.post("/v1/delete", json={"model_name": "nope-nope"})
+    assert resp.status_code == 422 and error_of(resp)["code"] == "model_not_found"  # as Lemonade answers it
     resp = client.post("/v1/delete", json={"model_name": "Qwen3-0.6B-GGUF"})
     assert resp.status_code == 400 and error_of(resp)["code"] == "model_not_downloaded"
     resp = client.post("/v1/delete", json={"model_name": "extra.my-local.gguf"})
@@ -665,7 +667,7 @@ def test_cli_pull_repository_with_variant_flag(server, client, hub):
     assert out.returncode == 0, out.stderr + out.stdout
     assert "Installed model: user.tiny-multiquant-GGUF-UD-Q4_K_XL" in out.stdout
     obj = model(client, "user.tiny-multiquant-GGUF-UD-Q4_K_XL")
-    assert obj["downloaded"] and obj["labels"] == ["vision"]
+    assert obj["downloaded"] and obj["labels"] == ["custom", "vision", "chat"]
     assert obj["checkpoints"] == {"main": f"{MQ}:UD-Q4_K_XL", "mmproj": f"{MQ}:{fx.MMPROJ_FILE}"}
     # an unknown repository, and a bare repository without a terminal (it needs --variant)
     out = run_cli(server, "pull", fx.EMBEDDING_REPO + "-missing")
@@ -714,7 +716,7 @@ def test_cli_pull_interactive_menu(server, client, hub):
     assert "Select a variant" in text and "3) Q8_0  (2 files" in text and "6) Other" in text
     assert "user.tiny-multiquant-GGUF-Q4_0" in text  # the suggested name, offered as the default
     assert model(client, "user.menu-pick")["checkpoint"] == f"{MQ}:Q4_0"
-    assert model(client, "user.menu-pick")["labels"] == ["vision"]
+    assert model(client, "user.menu-pick")["labels"] == ["custom", "vision", "chat"]
 
 
 def test_cli_delete_and_check_updates(server, client, hub):

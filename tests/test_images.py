@@ -37,7 +37,8 @@ import psutil
 import pytest
 from PIL import Image
 
-from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings, model_args
+from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings, sampler_args
+from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
 from tests.conftest import GEMMA_NAME, TEST_CACHE
@@ -169,18 +170,36 @@ def test_multi_file_checkpoints_become_diffusion_model_llm_and_vae():
     assert checkpoint_args(flux, {"main": [Path("/m/sd.safetensors")]}) == ["-m", "/m/sd.safetensors"]
 
 
-def test_catalog_sampler_and_memory_flags_reach_sd_server(tmp_path):
-    """Qwen-Image's entry: a flow model sampled with euler (image_defaults) and upstream's memory flags
-    (recipe_options.sdcpp_args, trusted from the built-in catalog, never from a registered model)."""
-    from lemonade.catalog.catalog import Catalog, build_model
+def test_catalog_sampler_defaults_under_the_load_options(tmp_path):
+    """Qwen-Image's entry is a flow model sampled with euler (its image_defaults); the load options
+    `sampling_method` and `flow_shift` replace them."""
+    from lemonade.catalog.catalog import Catalog
 
     qwen = Catalog(tmp_path).resolve("Qwen-Image-GGUF")
-    assert model_args(qwen) == ["--sampling-method", "euler", "--flow-shift", "3.0", "--diffusion-fa",
-                                "--offload-to-cpu"]
-    mine = build_model("user.Mine", {**qwen.definition, "recipe_options": {"sdcpp_args": "--lora-model-dir /"}},
-                       "user")
-    assert "--lora-model-dir" not in model_args(mine)
-    assert model_args(Catalog(tmp_path).resolve("SD-Turbo")) == []
+    assert sampler_args(qwen, {}) == ["--sampling-method", "euler", "--flow-shift", "3.0"]
+    assert sampler_args(qwen, {"sampling_method": "dpm++2m", "flow_shift": 1.5}) == [
+        "--sampling-method", "dpm++2m", "--flow-shift", "1.5"]
+    assert sampler_args(Catalog(tmp_path).resolve("SD-Turbo"), {}) == []
+
+
+def test_sdcpp_args_flags_by_who_sets_them():
+    """Per model or request: sd-server flags that touch no file (the catalog's memory flags are such);
+    the admin's server-wide `sdcpp.args`: also flags naming files; nobody: what Lemonade sets, or a
+    flag the pinned sd-server does not know (it would exit at start)."""
+    from lemonade.runtime.options import OptionsError, validate_option
+
+    assert validate_option("sd-cpp", "sdcpp_args", "--diffusion-fa --offload-to-cpu -t 2") == \
+        "--diffusion-fa --offload-to-cpu -t 2"
+    with pytest.raises(OptionsError, match="--lora-model-dir.*sdcpp.args"):
+        validate_option("sd-cpp", "sdcpp_args", "--vae-tiling --lora-model-dir /")
+    assert check_sdcpp_args("--lora-model-dir /loras", trusted=True) == ["--lora-model-dir", "/loras"]
+    for flag in ("--listen-port 9", "-m /x.gguf", "--steps 3"):
+        with pytest.raises(ValueError, match="Lemonade sets"):
+            check_sdcpp_args(flag, trusted=True)
+    with pytest.raises(ValueError, match="not a flag sd-server"):
+        check_sdcpp_args("--no-such-flag", trusted=True)
+    with pytest.raises(OptionsError, match="sd-cpp_backend"):
+        validate_option("sd-cpp", "sd-cpp_backend", "cuda")
 
 
 # ----- the engine ----------------------------------------------------------------------------------------
@@ -295,6 +314,34 @@ def test_upscale_refuses_bad_base64_and_non_images(http):
     assert "'image'" in error_of(http.post("/v1/images/upscale", json={"model": ESRGAN, "image": "%%%"}))
     resp = http.post("/v1/images/upscale", json={"model": ESRGAN, "image": "aGVsbG8="})
     assert resp.status_code == 400 and "not a PNG" in error_of(resp)
+
+
+def test_registered_image_model_keeps_its_defaults_and_options(http):
+    """A registration as Lemonade's app writes one: `image_defaults` and sd-cpp `recipe_options`
+    (backend, sd-server flags, sampler). The model's info shows both as its recipe options, defaults
+    under options; it is labelled `custom` and `image`; a load runs sd-server with every one of them."""
+    name = "user.Tiny-SD1-Tuned"
+    body = {"model_name": name, "checkpoint": f"{SD_REPO}:{SD_FILE}", "recipe": "sd-cpp",
+            "image_defaults": {"steps": 3, "cfg_scale": 1.5, "width": 128, "height": 64, "sampling_method": "euler"},
+            "recipe_options": {"sd-cpp_backend": "cpu", "sdcpp_args": "--vae-tiling", "width": 64, "flow_shift": 2.0}}
+    resp = http.post("/v1/pull", json=body)
+    assert resp.status_code == 200, resp.text
+    try:
+        obj = http.get(f"/v1/models/{name}").json()
+        assert obj["labels"] == ["custom", "image"]
+        assert obj["recipe_options"] == {"steps": 3, "cfg_scale": 1.5, "width": 64, "height": 64,
+                                         "sampling_method": "euler", "sd-cpp_backend": "cpu",
+                                         "sdcpp_args": "--vae-tiling", "flow_shift": 2.0}
+        refused = http.post("/v1/pull", json={**body, "recipe_options": {"sdcpp_args": "--lora-model-dir /"}})
+        assert refused.status_code == 400 and "--lora-model-dir" in refused.json()["error"]
+        assert http.post("/v1/load", json={"model_name": name}).status_code == 200
+        argv = loaded(http)[name.removeprefix("user.")]["launch_command"]
+        joined = " ".join(argv)
+        for part in ("--steps 3", "--cfg-scale 1.5", "-W 64", "-H 64", "--sampling-method euler",
+                     "--flow-shift 2.0", "--vae-tiling"):
+            assert part in joined, (part, argv)
+    finally:
+        http.post("/v1/delete", json={"model_name": name})
 
 
 # ----- residency, other APIs, the CLI ------------------------------------------------------------------

@@ -106,6 +106,7 @@ def test_opencode_and_pi_config_files(server, bindir, tmp_path):
     assert seen["argv"][1:] == ["-m", f"Lemonade/{GEMMA_NAME}"]
     written = json.loads(config.read_text())
     assert written["theme"] == "dark" and written["provider"]["other"] == {"name": "kept"}
+    assert written["$schema"] == "https://opencode.ai/config.json"  # added to a file that had none
     ours = written["provider"]["Lemonade"]
     assert ours["options"]["baseURL"] == server.url + "/v1" and GEMMA_NAME in ours["models"]
     proc, seen = launch(server, bindir, tmp_path, "pi", "--model", GEMMA_NAME)
@@ -148,6 +149,7 @@ def test_launch_options_as_the_guide_gives_them(server, bindir, tmp_path):
         assert not any(a.startswith("model_providers.") for a in seen["argv"])  # the user's config has it
     proc, seen = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--api-key", "test-api-key")
     assert proc.returncode == 0 and seen["env"]["ANTHROPIC_AUTH_TOKEN"] == "test-api-key"
+    assert "Model was provided explicitly; skipping recipe import prompts." in proc.stderr  # said for any --model
     assert seen["env"]["CLAUDE_CODE_SUBAGENT_MODEL"] == GEMMA_NAME
     proc, _ = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--directory", "coding-agents",
                      "--recipe-file", "dummy.json", path=str(tmp_path / "empty"))

@@ -182,6 +182,50 @@ def test_idle_models_are_downsized_then_unloaded_unless_pinned(make_server, two_
     assert "its KV cache was cleared" in srv.log()  # the engine erased its slots when asked
 
 
+def status_of(c: httpx.Client, name: str) -> str | None:
+    return next((m["status"] for m in health(c)["all_models_loaded"] if m["model_name"] == name), None)
+
+
+def test_one_eviction_pass_on_demand(make_server, two_models):
+    """`POST /internal/simulate-vram-pressure` runs the eviction engine once, now: a negative `pct` the
+    idle rules only (a model idle past its downsize_idle_timeout is downsized and says so in its
+    `status`, and the next request serves it as usual), a `pct` at or above auto_evict_threshold_pct
+    pressure eviction (the most disposable unpinned model goes; a high evict_weight_factor protects)."""
+    # Two chat slots, so both models are resident and only the pass evicts one; auto_evict on
+    # server-wide with a threshold the pass is tested against.
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)},
+                      config={"max_loaded_models": 2, "auto_evict": True, "auto_evict_threshold_pct": 0.9})
+    with srv.client() as c:
+        idle = {"auto_evict": True, "downsize_idle_timeout": 0, "evict_idle_timeout": 300}
+        assert c.post("/v1/load", json={"model_name": A, **idle}).status_code == 200
+        assert status_of(c, A) in ("ready", "downsized")  # downsize_idle_timeout 0: housekeeping may be first
+        assert c.post("/internal/simulate-vram-pressure", json={"pct": -1}).json() == {"status": "ok"}
+        assert status_of(c, A) == "downsized" and loaded_names(c) == {A}
+        answer = c.post("/v1/chat/completions", json={"model": A, "messages": HELLO, "max_tokens": 2})
+        assert answer.status_code == 200 and status_of(c, A) in ("ready", "downsized")
+
+        assert c.post("/v1/unload", json={}).status_code == 200
+        assert c.post("/v1/load", json={"model_name": A, "evict_weight_factor": 1e12}).status_code == 200
+        assert c.post("/v1/load", json={"model_name": B}).status_code == 200
+        assert c.post("/internal/simulate-vram-pressure", json={"pct": 0.5}).status_code == 200
+        assert loaded_names(c) == {A, B}  # below the threshold: nothing goes
+        assert c.post("/internal/simulate-vram-pressure", json={"pct": 0.95}).status_code == 200
+        assert loaded_names(c) == {A}  # A was loaded first, but its weight factor protects it
+        assert health(c)["queue"]["pressure_evictions_total"] == 1
+        bad = c.post("/internal/simulate-vram-pressure", json={"pct": "high"})
+        assert bad.status_code == 400 and "'pct'" in bad.json()["error"]["message"]
+
+        # /internal/pin names what is missing, in Lemonade's words
+        missing = c.post("/internal/pin", json={"pinned": True})
+        assert missing.status_code == 400
+        assert "Parameter 'model' or 'model_name' is required" in missing.json()["error"]["message"]
+        for body in ({"model": A}, {"model": A, "pinned": "true"}):
+            resp = c.post("/internal/pin", json=body)
+            assert resp.status_code == 400
+            assert resp.json()["error"]["message"] == "Parameter 'pinned' is required and must be a boolean"
+            assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_watchdog_kills_a_stopped_engine(make_server, two_models):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)}, config={"engine_watchdog_seconds": 3})
     with srv.client() as c:

@@ -81,6 +81,7 @@ class Services:
         self.remote_http = RemoteHttp(read_timeout=lambda: float(config.get("global_timeout")))
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
                              client=self.engine_client)
+        self.router.needed_helpers = self.routing_helpers
         self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
@@ -189,6 +190,23 @@ class Services:
         file is pulled: on first use, pull it (file and components), as a load of any model downloads it."""
         if self.catalog.collection_file(model) is not None:
             await self.downloads.ensure_downloaded(model)
+
+    def routing_helpers(self) -> set[str]:
+        """Canonical names of the models that registered routing policies call to choose a candidate
+        (router LLMs, classifiers, embedders): the router's routing-helper pool is for these only."""
+        needed: set[str] = set()
+        for model in self.catalog.all(rescan=False):
+            if model.recipe != ROUTER_RECIPE:
+                continue
+            try:
+                policy, _ = self.policies.get(model.name, model.definition)
+            except ValueError:  # an invalid policy calls nothing (its requests say why)
+                continue
+            for clf in policy.classifiers.values():
+                helper = self.catalog.find(clf.model)
+                if helper is not None:
+                    needed.add(helper.name)
+        return needed
 
     def component_names(self, model: ModelInfo) -> list[str]:
         """The canonical ids of a collection's components (stored as the names they were given)."""
@@ -305,6 +323,8 @@ class Services:
                 raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
                                   code="model_not_deletable")
             self.catalog.unregister(model.name)
+            if model.recipe == ROUTER_RECIPE:
+                self.router.prune_helpers()  # the helpers only its policy called leave with it
             return True
         await self.router.unload(model.name)
         removed = await self.downloads.delete(model)

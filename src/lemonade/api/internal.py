@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lemonade.api.errors import APIError, bad_request
 from lemonade.catalog.catalog import RegistrationError
@@ -42,22 +42,40 @@ async def set_config(request: Request, body: dict[str, Any] = Body(..., examples
     return out
 
 
-class PinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model_name: str = Field(..., min_length=1, validation_alias=AliasChoices("model_name", "model"))
-    pinned: bool = Field(True, description="false unpins")
-
-
 @router.post("/pin")
-async def pin(request: Request, body: PinRequest) -> dict[str, Any]:
-    """Pin (or unpin) a loaded model: a pinned model is never evicted to make room for another."""
+async def pin(request: Request, body: dict[str, Any] = Body(..., examples=[
+        {"model_name": "Qwen3-0.6B-GGUF", "pinned": True}])) -> dict[str, Any]:
+    """Pin (or unpin) a loaded model: a pinned model is never evicted to make room for another.
+    `model` (or `model_name`) and a boolean `pinned` are required, in Lemonade's words when missing."""
     svc: Services = request.app.state.services
-    model = svc.resolve(body.model_name)
+    name = body.get("model", body.get("model_name"))
+    if not isinstance(name, str) or not name:
+        raise bad_request("Parameter 'model' or 'model_name' is required", code="missing_argument")
+    pinned = body.get("pinned")
+    if not isinstance(pinned, bool):
+        raise bad_request("Parameter 'pinned' is required and must be a boolean")
+    model = svc.resolve(name)
     names = svc.component_names(model) if model.is_collection else [model.name]
-    if not all(svc.router.pin(name, body.pinned) for name in names):
+    if not all(svc.router.pin(n, pinned) for n in names):
         raise APIError(404, f"Model {model.public} is not loaded; load it with \"pinned\": true instead "
                        f"(lemonade load {model.public} --pinned)", type="not_found", code="model_not_loaded")
-    return {"status": "success", "model_name": model.public, "pinned": body.pinned}
+    return {"status": "success", "model_name": model.public, "pinned": pinned}
+
+
+@router.post("/simulate-vram-pressure")
+async def simulate_vram_pressure(request: Request, body: dict[str, Any] = Body(..., examples=[{"pct": 0.95}])
+                                 ) -> dict[str, Any]:
+    """Run the eviction engine once, now, as Lemonade's admin hook does: `pct` (0 to 1) is taken as the
+    device memory in use, so at or above `auto_evict_threshold_pct` the most disposable idle model of
+    those with auto_evict on is unloaded; a negative `pct` applies the idle rules (downsize, evict) only.
+    Answers once the pass is done."""
+    svc: Services = request.app.state.services
+    pct = body.get("pct", 0.0)
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)):
+        raise bad_request("'pct' must be a number: the fraction of device memory in use (e.g. 0.95), or -1 for the "
+                          "idle rules only")
+    await svc.router.evaluate_now(float(pct))
+    return {"status": "ok"}
 
 
 class AliasRequest(BaseModel):

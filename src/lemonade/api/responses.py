@@ -38,6 +38,8 @@ class LoadedModel(Doc):
     recipe: str
     device: str
     pinned: bool
+    residency_class: Literal["standard", "routing_helper"]
+    slot_pool: str
     is_busy: bool
     backend_url: str
     recipe_options: dict[str, Any]
@@ -51,6 +53,7 @@ class Health(Doc):
     all_models_loaded: list[LoadedModel]
     max_models: dict[str, int]
     pinned_models: dict[str, int]
+    pinned_helper_models: dict[str, int]
     queue: dict[str, Any]
     websocket_port: int | None = None
 
@@ -429,6 +432,8 @@ SUCCESS: dict[tuple[str, str], Answer] = {
                                                              "host": {"type": "string"}}}},
     ("post", "/params"): Status,
     ("post", "/internal/pin"): Pinned,
+    ("post", "/internal/simulate-vram-pressure"): {"application/json": {
+        "type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}},
     ("get", "/internal/aliases"): Aliases,
     ("post", "/internal/aliases"): Alias,
     ("delete", "/internal/aliases/{alias}"): Alias,

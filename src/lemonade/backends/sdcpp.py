@@ -11,7 +11,9 @@ How a model runs, and why:
   costs no reload. The per-request settings it has no field for (steps, cfg scale, seed) travel the
   way its parser reads them: a `<sd_cpp_extra_args>{json}</sd_cpp_extra_args>` suffix of the prompt.
   The load options `steps`, `cfg_scale`, `width`, `height` become its defaults (`--steps`,
-  `--cfg-scale`, `-W`, `-H`).
+  `--cfg-scale`, `-W`, `-H`); `sampling_method` and `flow_shift` its sampler defaults; `sdcpp_args`
+  adds sd-server flags (sdcpp_flags.py says which), `sd-cpp_backend` picks the backend, as
+  Lemonade's sd-cpp recipe options do. An entry's `image_defaults` is the layer under them.
 - A running generation cannot be interrupted inside sd-server (its job API cancels queued jobs
   only; a generating one answers 409, and the library has no abort hook). So when the client of a
   generation hangs up, the API stops the model's sd-server (`cancel_running`), which ends the work
@@ -30,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import shlex
 import tempfile
 import uuid
 from pathlib import Path
@@ -47,6 +48,7 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.backends.native_engine import NativeCpuBackend
+from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
@@ -83,6 +85,22 @@ def _check_cfg(v: float) -> str | None:
     return None if v >= 0 else f"Option 'cfg_scale' must be 0 or more, got {v}"
 
 
+def _check_backend(value: str) -> str | None:
+    return None if value in BACKENDS else f"Option 'sd-cpp_backend' must be one of {', '.join(BACKENDS)}, got '{value}'"
+
+
+def _check_args(value: str) -> str | None:
+    try:
+        check_sdcpp_args(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_flow_shift(v: float) -> str | None:
+    return None if v >= 0 else f"Option 'flow_shift' must be 0 or more, got {v}"
+
+
 def is_upscaler(model: ModelInfo) -> bool:
     """A Real-ESRGAN model: run by `sd-cli` per request, never loaded as a server."""
     return UPSCALE_LABEL in model.labels
@@ -110,20 +128,17 @@ def generation_settings(model: ModelInfo, options: dict[str, Any], config_defaul
     return out
 
 
-def model_args(model: ModelInfo) -> list[str]:
-    """sd-server defaults the catalog entry carries beyond the four settings: `image_defaults`'
-    `sampling_method` and `flow_shift` (Qwen-Image is a flow model sampled with euler), and a built-in
-    entry's `recipe_options.sdcpp_args` (memory flags upstream Lemonade ships with it; ours to trust,
-    unlike a registered model's)."""
+def sampler_args(model: ModelInfo, options: dict[str, Any]) -> list[str]:
+    """The sampler defaults: the load options `sampling_method` and `flow_shift`, else the entry's
+    `image_defaults` (Qwen-Image is a flow model sampled with euler)."""
     image_defaults = model.image_defaults or {}
+    method = options.get("sampling_method") or image_defaults.get("sampling_method")
+    shift = options.get("flow_shift") or image_defaults.get("flow_shift")
     argv: list[str] = []
-    if image_defaults.get("sampling_method"):
-        argv += ["--sampling-method", str(image_defaults["sampling_method"])]
-    if image_defaults.get("flow_shift"):
-        argv += ["--flow-shift", str(image_defaults["flow_shift"])]
-    own = model.definition.get("recipe_options") if model.origin == "builtin" else None
-    if isinstance(own, dict) and own.get("sdcpp_args"):
-        argv += shlex.split(str(own["sdcpp_args"]))
+    if method:
+        argv += ["--sampling-method", str(method)]
+    if shift:
+        argv += ["--flow-shift", str(shift)]
     return argv
 
 
@@ -204,7 +219,13 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         "cfg_scale": Option((int, float), "sdcpp.cfg_scale", check=_check_cfg),
         "width": Option(int, "sdcpp.width", check=_check_side("width")),
         "height": Option(int, "sdcpp.height", check=_check_side("height")),
+        "sampling_method": Option(str, None),
+        "flow_shift": Option((int, float), None, check=_check_flow_shift),
+        "sd-cpp_backend": Option(str, "sdcpp.backend", check=_check_backend),
+        "sdcpp_args": Option(str, "sdcpp.args", check=_check_args),
     }
+    args_option = "sdcpp_args"
+    backend_option = "sd-cpp_backend"
     process = "sd-server"
     endpoints = {"images/generations": GENERATIONS_PATH, "images/edits": EDITS_PATH}
 
@@ -233,7 +254,12 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         return {**os.environ, "LD_LIBRARY_PATH": folder + (os.pathsep + old if old else "")}
 
     def config_defaults(self) -> dict[str, Any]:
-        return {key: self.config.get(opt.config_key) for key, opt in self.options.items() if opt.config_key}
+        return {key: self.config.get(opt.config_key) for key, opt in self.options.items()
+                if opt.config_key and key in DEFAULTS}
+
+    # ----- options -----------------------------------------------------------------------------------
+    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
+        return check_sdcpp_args(text, trusted=trusted)
 
     # ----- running a model ---------------------------------------------------------------------------
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
@@ -248,11 +274,15 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
             raise EngineUnavailable(f"The stable-diffusion.cpp '{backend}' backend is not installed ({st.message}). "
                                     f"Install it with: {action}", action=action)
         settings = generation_settings(model, options, self.config_defaults())
+        try:  # per-model flags were checked when saved; the server-wide ones merged in are the admin's
+            user_args = check_sdcpp_args(options.get("sdcpp_args") or "", trusted=True)
+        except ValueError as exc:
+            raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
         argv = [str(binary), *checkpoint_args(model, files), "--listen-ip", "127.0.0.1", "--listen-port", str(port),
                 "--steps", str(settings["steps"]), "--cfg-scale", str(settings["cfg_scale"]),
-                "-W", str(settings["width"]), "-H", str(settings["height"]), *model_args(model)]
+                "-W", str(settings["width"]), "-H", str(settings["height"]), *sampler_args(model, options), *user_args]
         if backend == "cpu":
-            argv += thread_args([], self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
+            argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
                                env=self.engine_env(backend))
         try:

@@ -22,7 +22,14 @@ from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.catalog.naming import BUILTIN, EXTRA, PREFIXES, USER, public_ids, reserved_problem, split
 from lemonade.checkpoints.local import hub_cache_dir, resolve_local
 from lemonade.checkpoints.variants import parse_checkpoint
-from lemonade.labels import COLLECTION_RECIPES, OMNI_PLACEHOLDERS, ROUTER_RECIPE, LabelError, deployment_mode
+from lemonade.labels import (
+    COLLECTION_RECIPES,
+    OMNI_PLACEHOLDERS,
+    ROUTER_RECIPE,
+    LabelError,
+    claimed_modes,
+    deployment_mode,
+)
 from lemonade.model_info import ModelInfo
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
@@ -77,17 +84,16 @@ def _checkpoints_of(name: str, definition: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _collection_pointer(name: str, definition: dict[str, Any], origin: str) -> dict[str, str]:
-    """A built-in collection may name, as its `checkpoint`, the repository holding its collection file
-    (`<RepoName>.json`, catalog/collection_file.py), as upstream Lemonade's do; its components then come
-    from that file when it gives none inline. {"main": repo} or {} (an exported file's `"main": ""`)."""
+def _collection_pointer(name: str, definition: dict[str, Any]) -> dict[str, str]:
+    """A collection may name, as its `checkpoint`, the repository holding its collection file
+    (`<RepoName>.json`, catalog/collection_file.py), as upstream Lemonade's built-ins and `lemonade pull
+    <org>/<repo>` registrations do; its components then come from that file when it gives none inline.
+    {"main": repo} or {} (an exported file's `"main": ""`)."""
     raw = definition.get("checkpoint")
     if raw is None and isinstance(definition.get("checkpoints"), dict):
         raw = definition["checkpoints"].get("main")
     if not raw:
         return {}
-    if origin != "builtin":
-        return {}  # a registered collection lists its components; the pointer is only kept as given
     try:
         pointer = parse_checkpoint(raw)
     except ValueError as exc:
@@ -116,6 +122,12 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
         mode = deployment_mode(name, recipe, labels)
     except LabelError as exc:
         raise RegistrationError(str(exc)) from None
+    if origin == "user" and recipe not in COLLECTION_RECIPES:
+        # guide-configuration-custom-models.md: `custom` is added, and the recipe's deployment label when
+        # the entry names none (`chat` for llamacpp, `image` for sd-cpp), as Lemonade's registry does.
+        labels = ["custom", *(x for x in labels if x != "custom")]
+        if not claimed_modes(labels):
+            labels.append(mode)
     source = definition.get("source") or "huggingface"
     if source not in SOURCES:
         raise RegistrationError(f"Model '{name}': Unsupported model source '{source}': 'source' must be "
@@ -124,7 +136,7 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
     if definition.get("routing") is not None and recipe != ROUTER_RECIPE:
         raise RegistrationError(f"Model '{name}': only '{ROUTER_RECIPE}' models take 'routing' (a routing policy)")
     if recipe in COLLECTION_RECIPES:
-        checkpoints = _collection_pointer(name, definition, origin)
+        checkpoints = _collection_pointer(name, definition)
         if not (components is None and checkpoints) and (
                 not isinstance(components, list) or not components
                 or not all(isinstance(c, str) and c for c in components)):
@@ -344,7 +356,13 @@ class Catalog:
         model = self.validate_registration(body)
         embedded = body.get("models")
         new_components: dict[str, ModelInfo] = {}
-        if model.is_collection:
+        if model.is_collection and model.checkpoints.get("main"):
+            # A registry-backed collection is stored as its pointer only, as Lemonade stores it: the
+            # components are what its file lists at each pull, never a copy that could go stale.
+            for key in ("components", "models"):
+                model.definition.pop(key, None)
+            model.components = embedded = None
+        if model.is_collection and model.components is not None:
             if embedded is not None and not isinstance(embedded, list):
                 raise RegistrationError(f"Model '{model.name}': 'models' must be an array of model definitions")
             by_name: dict[str, dict[str, Any]] = {}
@@ -414,8 +432,8 @@ class Catalog:
 
     # ----- registry-backed collections (catalog/collection_file.py) ------------------------------
     def _adopt_collection_files(self) -> None:
-        """Components of the built-in collections whose file an earlier pull left in the cache."""
-        for model in self._builtin.values():
+        """Components of the registry-backed collections whose file an earlier pull left in the cache."""
+        for model in [*self._builtin.values(), *self._user.values()]:
             if model.components is None and collection_file.file_checkpoint(model):
                 try:
                     self.adopt_collection_file(model, register=False)
@@ -428,6 +446,11 @@ class Catalog:
         if model.components is None and collection_file.file_checkpoint(model):
             return collection_file.file_model(model)
         return None
+
+    def pointer_file(self, model: ModelInfo) -> ModelInfo | None:
+        """A registry-backed collection's file, whether or not its components are known yet: what a pull
+        fetches again, so a changed file (components added or removed) is what the collection lists."""
+        return collection_file.file_model(model) if collection_file.file_checkpoint(model) else None
 
     def adopt_collection_file(self, model: ModelInfo, register: bool = True) -> bool:
         """Take a registry-backed collection's components from its pulled file; with `register`, the

@@ -85,18 +85,22 @@ def _home() -> Path:
     return Path(os.environ.get("HOME") or Path.home())
 
 
+OPENCODE_SCHEMA = "https://opencode.ai/config.json"
+
+
 def _opencode(url: str, model: str, key: str, options: dict[str, Any]) -> Plan:
     base = Path(os.environ["XDG_CONFIG_HOME"]) if os.environ.get("XDG_CONFIG_HOME") else _home() / ".config"
     path = base / "opencode" / "opencode.json"
     context = int(options.get("context") or 0) or 32768
 
     def update(data: dict[str, Any]) -> None:
+        data.setdefault("$schema", OPENCODE_SCHEMA)  # an existing file without one gets it, as Lemonade's does
         data.setdefault("provider", {})[PROVIDER_NAME] = {
             "npm": "@ai-sdk/openai-compatible", "name": "Lemonade Server (local)",
             "options": {"baseURL": f"{url}/v1", "apiKey": key},
             "models": {model: {"name": model, "limit": {"context": context, "output": context // 3}}}}
 
-    _merge_json(path, update, {"$schema": "https://opencode.ai/config.json"})
+    _merge_json(path, update, {"$schema": OPENCODE_SCHEMA})
     env = {"LEMONADE_API_KEY": key}
     return Plan("opencode", ["-m", f"{PROVIDER_NAME}/{model}"], env, [path], _masked(env, key))
 

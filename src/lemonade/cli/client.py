@@ -108,7 +108,8 @@ class ServerClient:
     def not_running(self) -> typer.Exit:
         hint = (" An https:// address needs a TLS proxy in front of the server: `lemonade serve` itself speaks "
                 "http://." if self.url.startswith("https://") else "")
-        err_console.print(f"[red]No Lemonade server is running at {self.url}.[/red] Start one with "
+        err_console.print(f"[red]Could not connect to Lemonade server at {self.url}: no server is running there."
+                          "[/red] Start one with "
                           "[bold]lemonade serve[/bold] (or pass --host/--port, or set LEMONADE_BASE_URL)." + hint,
                           highlight=False)
         return typer.Exit(3)

@@ -1,4 +1,7 @@
-"""`lemonade config get [KEY]` / `lemonade config set KEY=VALUE ...`.
+"""`lemonade config` / `lemonade config get [KEY]` / `lemonade config set KEY=VALUE ...`.
+
+`lemonade config` alone shows every setting as Lemonade's CLI does: a table by section, each key as
+`config set` takes it (`llamacpp.args`); `config get` prints JSON (one value raw), for scripts.
 
 With a server running, both go through it (`GET /internal/config`, `POST /internal/set`), so a
 change is validated, persisted and applied live by the process that owns the file. Without one
@@ -24,9 +27,42 @@ config_app = typer.Typer(help="Read and change server settings (config.json), th
 
 @config_app.callback(invoke_without_command=True)
 def _config(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None) -> None:
-    """`lemonade config` alone shows every setting (as `lemonade config get` does)."""
+    """`lemonade config` alone shows every setting, by section."""
     if ctx.invoked_subcommand is None:
-        get(None, host, port)
+        typer.echo(table(current(host, port)), nl=False)
+
+
+def table(values: dict[str, Any]) -> str:
+    """Settings by section: `[General]` for the top-level ones, then one section per nested object,
+    each key dotted as `config set` takes it; a value as `config set` would read it back."""
+    sections: dict[str, dict[str, Any]] = {"General": {}}
+    for key, value in flatten(values).items():
+        section = key.split(".", 1)[0] if "." in key else "General"
+        sections.setdefault(section, {})[key] = value
+    width = max((len(k) for rows in sections.values() for k in rows), default=0) + 4
+    lines = ["Server Configuration", "-" * (width + 30)]
+    for name, rows in sections.items():
+        if not rows:
+            continue
+        lines += ["", f"  [{name}]"]
+        for key, value in rows.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            lines.append(f"  {key:<{width}}{text if text != '' else '(empty)'}")
+    return "\n".join(lines) + "\n"
+
+
+def current(host: str | None, port: int | None) -> dict[str, Any]:
+    """Every setting: the running server's, else config.json's with the defaults (said on stderr)."""
+    c = client(host, port, discover=False)
+    if c.is_running():
+        return c.get("/internal/config")
+    try:
+        config = Config(local_config_dir(), environ={})
+    except (ConfigError, MigrationError) as exc:
+        raise fail(str(exc)) from None
+    err.print(f"[dim]No server running at {escape(c.url)}; showing {escape(str(config.path))} "
+              "(with defaults).[/dim]", highlight=False)
+    return config.values
 
 
 def dotted(key: str) -> str:
@@ -83,17 +119,7 @@ def show(value: Any) -> None:
 def get(key: Annotated[str | None, typer.Argument(help="Dot path, e.g. llamacpp.args; omit for everything")] = None,
         host: HostOpt = None, port: PortOpt = None) -> None:
     """Print one setting, or all of them as JSON."""
-    c = client(host, port, discover=False)
-    if c.is_running():
-        values = c.get("/internal/config")
-    else:
-        try:
-            config = Config(local_config_dir(), environ={})
-        except (ConfigError, MigrationError) as exc:
-            raise fail(str(exc)) from None
-        err.print(f"[dim]No server running at {escape(c.url)}; showing {escape(str(config.path))} "
-                  "(with defaults).[/dim]", highlight=False)
-        values = config.values
+    values = current(host, port)
     try:
         show(lookup(values, key) if key else values)
     except ConfigError as exc:

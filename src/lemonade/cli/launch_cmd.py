@@ -177,7 +177,7 @@ def launch(
         agent = ask_agent()
         if provider is not None and agent != "codex":
             raise fail("--provider is only supported for 'lemonade launch codex'.", EXIT_USAGE)
-    if model is not None and (directory or recipe_file):
+    if model is not None:  # guide-cli.md: a given model skips the recipe import prompts (said as Lemonade says it)
         err.print("Model was provided explicitly; skipping recipe import prompts.", highlight=False)
     spec = AGENTS[agent]
     program = find_program(spec)

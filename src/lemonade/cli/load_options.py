@@ -38,7 +38,7 @@ class Flag:
 
     @property
     def param(self) -> str:
-        return "opt_" + self.key
+        return "opt_" + self.key.replace("-", "_")  # `sd-cpp_backend` is no Python name
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -68,10 +68,17 @@ FLAGS: tuple[Flag, ...] = (
          "float32 or default", FASTERWHISPER, "TYPE"),
     Flag(("--fasterwhisper-threads",), "fasterwhisper_threads", int, "CPU threads (0: one per core)",
          FASTERWHISPER, "N"),
+    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, "SD.cpp backend to use: cpu, vulkan, rocm",
+         SDCPP, "BACKEND"),
+    Flag(("--sdcpp-args",), "sdcpp_args", str, "Custom arguments to pass to sd-server, e.g. \"--vae-tiling "
+         "--diffusion-fa\" (must not conflict with the ones Lemonade sets)", SDCPP, "ARGS"),
     Flag(("--steps",), "steps", int, "Default inference steps of an image model", SDCPP, "N"),
     Flag(("--cfg-scale",), "cfg_scale", float, "Default guidance scale of an image model", SDCPP, "SCALE"),
     Flag(("--width",), "width", int, "Default image width in pixels", SDCPP, "PX"),
     Flag(("--height",), "height", int, "Default image height in pixels", SDCPP, "PX"),
+    Flag(("--sampling-method",), "sampling_method", str, "Default sampling method of an image model (e.g. euler)",
+         SDCPP, "METHOD"),
+    Flag(("--flow-shift",), "flow_shift", float, "Default flow shift of a flow image model", SDCPP, "SHIFT"),
     Flag(("--vllm",), "vllm_backend", str, "vLLM backend to use: auto, cuda, rocm", VLLM, "BACKEND"),
     Flag(("--vllm-args",), "vllm_args", str, "Custom arguments to pass to vllm serve", VLLM, "ARGS"),
     Flag(("--onnxruntime-threads",), "onnxruntime_threads", int, "ONNX Runtime threads of a classifier "

@@ -43,6 +43,7 @@ class ModelFiles(Protocol):
     def is_downloaded(self, model: ModelInfo) -> bool: ...
     def all(self, rescan: bool = True) -> list[ModelInfo]: ...
     def collection_file(self, model: ModelInfo) -> ModelInfo | None: ...
+    def pointer_file(self, model: ModelInfo) -> ModelInfo | None: ...
     def adopt_collection_file(self, model: ModelInfo, register: bool = True) -> bool: ...
 
 
@@ -187,10 +188,19 @@ class DownloadManager:
         registry is asked for the current files, and only what changed is fetched.
         """
         if model.is_collection:
-            file = self.catalog.collection_file(model)
-            if file is not None:  # a registry-backed collection: its file names the components
-                async for event in self.pull_events(file, upgrade=upgrade, job=job):
-                    yield event
+            # A registry-backed collection: its file names the components (fetched again on an upgrading
+            # pull, so the collection follows its file).
+            file = self.catalog.collection_file(model) or (self.catalog.pointer_file(model) if upgrade else None)
+            if file is not None:
+                try:
+                    async for event in self.pull_events(file, upgrade=upgrade, job=job):
+                        yield event
+                except APIError as exc:
+                    if self.catalog.local_files(file) is None:
+                        raise
+                    log.warning("Collection %s: its file could not be fetched again (%s); using the copy pulled "
+                                "before. Pull it again once the registry answers to refresh it.", model.public,
+                                exc.message)
                 try:
                     await asyncio.to_thread(self.catalog.adopt_collection_file, model)
                 except ValueError as exc:

@@ -7,6 +7,9 @@
   otherwise); the proxy reports the engine, the answer and the stream to it.
 - `load_progress`: a callback that receives install/download/load progress events for the
   request's load (the `/v1/load` stream sets it; everything else logs progress only).
+- `routing_dependency`: True while a routing policy calls one of its helper models (a router LLM,
+  a classifier, an embedder) for a `collection.router` request, so the router keeps that model in
+  the routing-helper pool instead of a user-facing slot (runtime/router.py, "Residency classes").
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ client_gone: ContextVar[Departure | None] = ContextVar("client_gone", default=No
 # tracing is on: every site checks it for None and does nothing else when it is.
 request_trace: ContextVar[InferenceSpan | None] = ContextVar("request_trace", default=None)
 load_progress: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("load_progress", default=None)
+routing_dependency: ContextVar[bool] = ContextVar("routing_dependency", default=False)
 
 
 class ClientGone(Exception):

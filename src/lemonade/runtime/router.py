@@ -23,6 +23,18 @@ slot to the model of the oldest waiting request. A request that waits is admitte
 model is loaded, so it is never evicted from under itself and never loads a model twice; a
 request whose client left leaves the queue and causes no load. More than `max_queue_depth`
 waiting requests → 503 with Retry-After.
+
+Residency classes (the guide's "Router and Classifier Dependencies", Lemonade's router): every live
+process is either `standard` (a user-facing model, counted under `max_loaded_models` by type) or a
+`routing_helper` (a model a registered routing policy calls to choose a candidate: its router LLM,
+classifiers, embedders). Helpers are counted per distinct model, so they never take or evict a
+standard slot, and several of one type stay warm together; a model has one process whatever its
+class. Residency follows the current use of the process: a standard model that a policy calls is
+promoted in place, a helper called directly by a user is demoted in place, after the standard pool
+makes room for it (its least recently used unpinned model leaves; 409 `slots_pinned_error` when
+every one is pinned). Pins count per pool (`pinned_counts`, `pinned_helper_counts`); the implicit
+"most recent model" prefers a standard one; a helper no registered policy calls any more is unloaded
+(`prune_helpers`) unless pinned. Cloud models take neither pool (`slot_pool: unmetered`).
 """
 
 from __future__ import annotations
@@ -49,7 +61,7 @@ from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.options import RESIDENCY_OPTIONS
-from lemonade.runtime.request_context import ClientGone, load_progress, until_gone_or
+from lemonade.runtime.request_context import ClientGone, load_progress, routing_dependency, until_gone_or
 from lemonade.system.devices import MemoryUse, memory_use
 
 log = logging.getLogger("lemonade.router")
@@ -58,6 +70,7 @@ Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only ev
 FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
 HOUSEKEEPING_SECONDS = 1.0
 PRESSURE_SAMPLE_SECONDS = 5.0  # memory use is read this often while some model may be pressure-evicted
+STANDARD, HELPER = "standard", "routing_helper"  # residency classes (module docstring)
 
 
 @dataclass
@@ -78,6 +91,7 @@ class LoadedModel:
     last_progress: float = field(default_factory=time.monotonic)  # last byte relayed from the engine
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     kv: KvPool | None = None  # the engine's shared KV cache, when its slots share one (runtime/kv_pool.py)
+    residency: str = STANDARD  # STANDARD or HELPER: which slot pool the process counts in
     _cpu_seen: float = -1.0
     _cpu_changed_at: float = field(default_factory=time.monotonic)
     _ps: psutil.Process | None = None  # the engine process, for the watchdog
@@ -120,6 +134,14 @@ class LoadedModel:
     def usable(self) -> bool:
         return not self.retiring and self.server.alive
 
+    @property
+    def slot_pool(self) -> str:
+        """The pool the process counts in: `<class>/<type>`, or `unmetered` for a cloud model."""
+        return "unmetered" if self.engine.remote else f"{self.residency}/{self.model.type}"
+
+    def in_standard_pool(self, model_type: str) -> bool:
+        return self.model.type == model_type and self.residency == STANDARD and not self.engine.remote
+
     def describe(self) -> dict[str, Any]:
         return {
             "model_name": self.model.public,
@@ -128,6 +150,9 @@ class LoadedModel:
             "type": self.model.type,
             "device": self.launch.device,
             "pinned": self.pinned,
+            "status": "in_use" if self.active > 0 else "downsized" if self.downsized else "ready",
+            "residency_class": self.residency,
+            "slot_pool": self.slot_pool,
             "is_busy": self.active > 0,
             "is_streaming": self.streaming > 0,
             "recipe": self.model.recipe,
@@ -149,6 +174,7 @@ class Waiter:
     options: Options
     pinned: bool | None
     future: asyncio.Future[LoadedModel]
+    helper: bool = False  # a routing policy's call: loads into the routing-helper pool
     since: float = field(default_factory=time.monotonic)
 
 
@@ -181,7 +207,6 @@ class Router:
         self._on_change = on_change or (lambda: None)
         self.loaded: dict[str, LoadedModel] = {}
         self.crashed: dict[str, dict[str, Any]] = {}
-        self.last_used_name: str | None = None
         self.stats = QueueStats()
         self._queue: list[Waiter] = []
         self._loading: dict[str, str] = {}  # model name -> its type: loads under way, each holding a slot
@@ -192,6 +217,8 @@ class Router:
         self._housekeeper: asyncio.Task[None] | None = None
         self._closed = False
         self.gate = ExclusiveGate()  # a running job's hold on every model (runtime/exclusive.py)
+        # Names of the models registered routing policies call (Services sets it): only those become helpers.
+        self.needed_helpers: Callable[[], set[str]] = set
 
     # ----- queries -----------------------------------------------------------------------------
     def limit_for(self, model_type: str) -> int:
@@ -206,16 +233,23 @@ class Router:
     def describe(self) -> list[dict[str, Any]]:
         return [lm.describe() for lm in sorted(self.loaded.values(), key=lambda m: m.last_use, reverse=True)]
 
-    def pinned_counts(self) -> dict[str, int]:
+    def pinned_counts(self, residency: str = STANDARD) -> dict[str, int]:
+        """Pinned models by type in one residency class (`pinned_models` of health: the standard pool)."""
         counts = dict.fromkeys(MODEL_TYPES, 0)
         for lm in self.loaded.values():
-            if lm.pinned:
+            if lm.pinned and lm.residency == residency:
                 counts[lm.model.type] = counts.get(lm.model.type, 0) + 1
         return counts
 
+    def pinned_helper_counts(self) -> dict[str, int]:
+        return self.pinned_counts(HELPER)
+
     def most_recent(self, recipe: str | None = None) -> LoadedModel | None:
+        """The most recently used live model (of `recipe`): a standard one if there is any, so a helper
+        that just chose a candidate never becomes the implicit user-facing model."""
         live = [lm for lm in self.loaded.values() if lm.usable and (recipe is None or lm.model.recipe == recipe)]
-        return max(live, key=lambda m: m.last_use) if live else None
+        pool = [lm for lm in live if lm.residency == STANDARD] or live
+        return max(pool, key=lambda m: m.last_use) if pool else None
 
     def queue_info(self) -> dict[str, Any]:
         waiting: dict[str, int] = {}
@@ -252,12 +286,71 @@ class Router:
         if self.gate.blocks_caller():
             await self.gate.pass_through()
         lm = self.loaded.get(model.name)
-        if lm is not None and lm.usable and self._admits(lm, extra=True):
+        helper = self._as_helper(model, lm)
+        if lm is not None and lm.usable and self._admits(lm, extra=True, helper=helper):
+            self._settle(lm, helper)
             self._take(lm, pinned)
             return lm
-        return await self._acquire_waiting(model, options, pinned)
+        return await self._acquire_waiting(model, options, pinned, helper)
 
-    async def _acquire_waiting(self, model: ModelInfo, options: Options, pinned: bool | None) -> LoadedModel:
+    def _as_helper(self, model: ModelInfo, lm: LoadedModel | None) -> bool:
+        """Is this request a routing dependency that keeps (or puts) the model in the helper pool? Only
+        for a model a registered policy calls, or one already a helper: a policy's stale copy never
+        turns a user's standard model into a helper."""
+        if not routing_dependency.get():
+            return False
+        return (lm is not None and lm.residency == HELPER) or model.name in self.needed_helpers()
+
+    def _settle(self, lm: LoadedModel, helper: bool) -> None:
+        """Move a live process to the pool of its current use (promotion or demotion in place). A
+        demotion is admitted into the standard pool first: its least recently used unpinned model of
+        the type leaves (409 when every one is pinned, and nothing changes)."""
+        want = HELPER if helper else STANDARD
+        if lm.residency == want or lm.engine.remote:
+            return
+        if want == STANDARD:
+            self._admit_standard(lm)
+        log.info("%s moves from the %s pool to the %s pool (same process, pid %s)", lm.name, lm.residency, want,
+                 lm.server.pid)
+        lm.residency = want
+        self._on_change()
+
+    def _admit_standard(self, lm: LoadedModel) -> None:
+        mtype = lm.model.type
+        limit = self.limit_for(mtype)
+        if limit == -1:
+            return
+        others = [x for x in self.loaded.values() if x is not lm and x.usable and x.in_standard_pool(mtype)]
+        while len(others) >= limit:
+            movable = [x for x in others if not x.pinned]
+            if not movable:
+                raise APIError(409, f"Cannot use {lm.model.public} directly: all {limit} {mtype} slot(s) are held by "
+                               f"pinned models ({', '.join(x.model.public for x in others)}). Unload one, or raise "
+                               "max_loaded_models.", type="conflict", code="slots_pinned_error")
+            victim = min(movable, key=lambda x: x.last_use)
+            others.remove(victim)
+            log.info("Evicting %s (least recently used %s) to make room for %s, a routing helper now used directly",
+                     victim.name, mtype, lm.name)
+            self.stats.evictions += 1
+            self._take_out_of_service(victim)
+            self._spawn(self._finish_retiring(victim))
+
+    def prune_helpers(self) -> list[str]:
+        """Unload the routing helpers no registered policy calls any more (its router model deleted or
+        changed); a pinned helper stays, a pin outranks policy churn. A busy one finishes first."""
+        helpers = [lm for lm in self.loaded.values() if lm.residency == HELPER and not lm.pinned and lm.usable]
+        if not helpers:
+            return []
+        needed = self.needed_helpers()
+        stale = [lm for lm in helpers if lm.name not in needed]
+        for lm in stale:
+            log.info("Unloading routing helper %s: no registered routing policy calls it any more", lm.name)
+            self._take_out_of_service(lm)
+            self._spawn(self._finish_retiring(lm))
+        return [lm.name for lm in stale]
+
+    async def _acquire_waiting(self, model: ModelInfo, options: Options, pinned: bool | None,
+                               helper: bool = False) -> LoadedModel:
         """`acquire` for a model that is not resident (or not admitting now): install, download, queue, load."""
         self._start_housekeeping()
         engine = self.engine_for(model)
@@ -267,7 +360,7 @@ class Router:
             raise APIError(503, f"The server is busy: {len(self._queue)} requests are already waiting for a model "
                            "slot. Retry shortly, or raise max_loaded_models so fewer models have to take turns.",
                            code="queue_full", headers={"Retry-After": "5"})
-        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future())
+        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future(), helper)
         self._queue.append(waiter)
         self.stats.waits += 1
         self._dispatch()
@@ -305,7 +398,6 @@ class Router:
         lm.downsized = False
         if pinned is not None:
             lm.pinned = pinned
-        self.last_used_name = lm.name
 
     @contextlib.asynccontextmanager
     async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
@@ -389,28 +481,29 @@ class Router:
         log.info("Backend %s installed", spec)
 
     # ----- the scheduler -------------------------------------------------------------------------
-    def _admits(self, lm: LoadedModel, extra: bool = False) -> bool:
+    def _admits(self, lm: LoadedModel, extra: bool = False, helper: bool = False) -> bool:
         """May `lm` take one more request now? Not when it is leaving, nor past its batch while
-        another model waits for its slot type."""
+        another model waits for its standard slot type (a helper's use takes no such slot)."""
         if lm.draining or lm.retiring:
             return False
-        if extra and self._queue and self._contended(lm.model.type):
+        if extra and self._queue and not (helper and lm.residency == HELPER) and self._contended(lm.model.type):
             return lm.served < self.config.get("swap_batch")
         return True
 
     def _contended(self, model_type: str) -> bool:
-        """Does a request wait for a model of this type that is neither resident nor loading?"""
-        return any(w.model.type == model_type and not self._resident(w.model.name) and w.model.name not in self._loading
-                   for w in self._queue)
+        """Does a request wait for a standard model of this type that is neither resident nor loading?"""
+        return any(w.model.type == model_type and not w.helper and not self._resident(w.model.name)
+                   and w.model.name not in self._loading for w in self._queue)
 
     def _resident(self, name: str) -> bool:
         lm = self.loaded.get(name)
         return lm is not None and lm.usable and not lm.draining
 
     def _occupied(self, model_type: str) -> int:
-        names = {n for n, lm in self.loaded.items() if lm.model.type == model_type and not lm.engine.remote}
+        """Standard slots of the type taken: resident, loading and still stopping (helpers take none)."""
+        names = {n for n, lm in self.loaded.items() if lm.in_standard_pool(model_type)}
         names |= {n for n, t in self._loading.items() if t == model_type}
-        return len(names) + sum(1 for lm in self._retiring if lm.model.type == model_type and not lm.engine.remote)
+        return len(names) + sum(1 for lm in self._retiring if lm.in_standard_pool(model_type))
 
     def _remote(self, model: ModelInfo) -> bool:
         """A model served elsewhere (a cloud provider): it takes no slot and never evicts a local one."""
@@ -436,9 +529,14 @@ class Router:
             lm = self.loaded.get(w.model.name)
             if lm is None or not lm.usable or lm.draining:
                 continue
-            if self._contended(lm.model.type) and lm.served >= batch:
+            if lm.residency == STANDARD and self._contended(lm.model.type) and lm.served >= batch:
                 continue  # its batch is served; the slot goes to the model waiting longest
             self._queue.remove(w)
+            try:
+                self._settle(lm, w.helper)
+            except APIError as exc:
+                w.future.set_exception(exc)
+                continue
             self._take(lm, w.pinned)
             w.future.set_result(lm)
         # 2. Models that need a slot, in order of their oldest waiter; one decision per type per pass.
@@ -446,16 +544,17 @@ class Router:
         seen: set[str] = set()
         for w in self._queue:
             name, mtype = w.model.name, w.model.type
-            if name in seen or mtype in decided:
+            if name in seen or (mtype in decided and not w.helper):
                 continue
             seen.add(name)
             if name in self._loading or self._resident(name):
                 continue
             if any(lm.name == name for lm in self._retiring):
-                decided.add(mtype)  # its old process is still stopping; load again once it is gone
+                if not w.helper:
+                    decided.add(mtype)  # its old process is still stopping; load again once it is gone
                 continue
             limit = self.limit_for(mtype)
-            if limit == -1 or self._remote(w.model) or self._occupied(mtype) < limit:
+            if limit == -1 or self._remote(w.model) or w.helper or self._occupied(mtype) < limit:
                 self._begin_load(w)
                 continue
             decided.add(mtype)
@@ -463,9 +562,9 @@ class Router:
 
     def _make_room(self, w: Waiter, batch: int) -> None:
         mtype = w.model.type
-        same = [lm for lm in self.loaded.values() if lm.model.type == mtype and not lm.engine.remote]
-        candidates = [lm for lm in same if not lm.pinned and not lm.engine.remote]
-        leaving = any(lm.model.type == mtype for lm in self._retiring)
+        same = [lm for lm in self.loaded.values() if lm.in_standard_pool(mtype)]
+        candidates = [lm for lm in same if not lm.pinned]
+        leaving = any(lm.in_standard_pool(mtype) for lm in self._retiring)
         if not candidates:
             if mtype not in self._loading.values() and not leaving:
                 err = APIError(409, f"Cannot load {w.model.public}: all {self.limit_for(mtype)} {mtype} slot(s) are "
@@ -506,14 +605,15 @@ class Router:
                 x.future.set_exception(exc)
 
     def _begin_load(self, w: Waiter) -> None:
-        # A remote model's load is counted under no slot type (it takes none).
-        self._loading[w.model.name] = "remote" if self._remote(w.model) else w.model.type
+        # A remote model's load, and a helper's, is counted under no standard slot type (they take none).
+        self._loading[w.model.name] = "remote" if self._remote(w.model) else HELPER if w.helper else w.model.type
         pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
-        self._spawn(self._load(w.model, w.options, pinned))  # a pin survives an engine crash
+        self.prune_helpers()  # as Lemonade does before every load: stale helpers leave first
+        self._spawn(self._load(w.model, w.options, pinned, HELPER if w.helper else STANDARD))  # a pin survives a crash
 
-    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None) -> None:
+    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None, residency: str = STANDARD) -> None:
         try:
-            lm = await self._start(model, options() if callable(options) else options, bool(pinned))
+            lm = await self._start(model, options() if callable(options) else options, bool(pinned), residency)
         except BaseException as exc:
             self._loading.pop(model.name, None)
             err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load model {model.public}: {exc}",
@@ -529,19 +629,19 @@ class Router:
             return
         self.loaded[model.name] = lm
         self.crashed.pop(model.name, None)
-        self.last_used_name = model.name
         self.stats.loads += 1
         self._on_change()
         self._dispatch()
 
-    async def _start(self, model: ModelInfo, options: dict[str, Any], pinned: bool) -> LoadedModel:
+    async def _start(self, model: ModelInfo, options: dict[str, Any], pinned: bool,
+                     residency: str = STANDARD) -> LoadedModel:
         engine = self.engine_for(model)
         files = await self._files_for(model)  # normally on disk already (downloaded in _prepare)
         try:
             backend = engine.ready_backend(engine.requested_backend(options))
         except EngineUnavailable as exc:
             raise APIError(400, str(exc), code=exc.code) from None
-        log.info("Loading %s (%s, %s backend %s)", model.name, model.type, engine.recipe, backend)
+        log.info("Loading %s (%s, %s backend %s, %s pool)", model.name, model.type, engine.recipe, backend, residency)
         listener = load_progress.get()
         if listener is not None:
             listener({"phase": "load", "message": f"Starting {engine.process} for {model.public}", "percent": None})
@@ -554,7 +654,8 @@ class Router:
             raise APIError(500, f"Failed to load model {model.public}: {exc}", type="server_error",
                            code="model_load_error") from None
         elapsed = time.perf_counter() - started
-        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed)
+        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed,
+                         residency=residency)
         launch.server.on_exit = lambda srv, code, lm=lm: self._crashed(lm, code)
         log.info("Loaded %s in %.2fs (pid %s)", model.name, elapsed, launch.server.pid)
         return lm
@@ -657,18 +758,34 @@ class Router:
             except Exception:
                 log.exception("Memory pressure check failed")
 
-    async def _relieve_pressure(self) -> None:
+    async def evaluate_now(self, reading: float | None) -> None:
+        """One pass of the eviction engine at once (`POST /internal/simulate-vram-pressure`, Lemonade's
+        admin and test hook): the idle rules for every idle model, then, for a `reading` of 0 or more,
+        pressure eviction as if device memory were that full. A negative or missing reading runs the
+        idle rules only."""
+        for lm in list(self.loaded.values()):
+            if lm.active == 0:
+                await self._trim_if_idle(lm)
+        if reading is not None and reading >= 0:
+            total = 1 << 30
+            await self._relieve_pressure(MemoryUse(int(reading * total), total, "vram"))
+
+    async def _relieve_pressure(self, reading: MemoryUse | None = None) -> None:
         """One pressure sample when due and some model could be evicted; evict one if over the threshold.
-        No reading at all while no loaded model has auto_evict on (the guide: no polling then)."""
+        No reading at all while no loaded model has auto_evict on (the guide: no polling then).
+        `reading`: a given figure instead of a sample (evaluate_now)."""
         if self.gate.held or not any(self._auto_evict(lm) for lm in self.loaded.values()):
             return
-        now = time.monotonic()
-        if now - self._sampled_at < PRESSURE_SAMPLE_SECONDS:
-            return
-        self._sampled_at = now
-        use = await asyncio.to_thread(self._memory)
-        self.last_memory = use
-        self.stats.pressure_samples += 1
+        if reading is None:
+            now = time.monotonic()
+            if now - self._sampled_at < PRESSURE_SAMPLE_SECONDS:
+                return
+            self._sampled_at = now
+            use = await asyncio.to_thread(self._memory)
+            self.last_memory = use
+            self.stats.pressure_samples += 1
+        else:
+            use = reading
         threshold = float(self.config.get("auto_evict_threshold_pct"))
         if use.fraction < threshold:
             return

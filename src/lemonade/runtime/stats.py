@@ -33,8 +33,11 @@ class Stats:
         self._routes: OrderedDict[str, str] = OrderedDict()  # conversation key -> member it was last routed to
 
     def record(self, *, ttft: float | None, tps: float | None, input_tokens: int | None,
-               output_tokens: int | None, cache_tokens: int | None) -> None:
-        prompt = (input_tokens or 0) + (cache_tokens or 0) if input_tokens is not None else None
+               output_tokens: int | None, cache_tokens: int | None, prompt_tokens: int | None = None) -> None:
+        """`prompt_tokens`: the whole prompt where the answer counts it so (OpenAI's `prompt_tokens`
+        includes the cached ones); else llama.cpp's way, the tokens evaluated plus those from its cache."""
+        prompt = prompt_tokens if prompt_tokens is not None else \
+            (input_tokens or 0) + (cache_tokens or 0) if input_tokens is not None else None
         with self._lock:
             self.last = {"time_to_first_token": ttft, "tokens_per_second": tps, "input_tokens": input_tokens,
                          "output_tokens": output_tokens, "prompt_tokens": prompt, "cache_tokens": cache_tokens}
@@ -56,10 +59,12 @@ class Stats:
                         tps=timings.get("predicted_per_second"), input_tokens=prompt_n,
                         output_tokens=predicted, cache_tokens=timings.get("cache_n"))
             return prompt_n, predicted
-        if isinstance(usage, dict):
+        if isinstance(usage, dict):  # a cloud provider's answer: its cached prompt tokens count too
             prompt_n = usage.get("prompt_tokens", usage.get("input_tokens"))
             out = usage.get("completion_tokens", usage.get("output_tokens"))
-            self.record(ttft=None, tps=None, input_tokens=prompt_n, output_tokens=out, cache_tokens=None)
+            whole = prompt_n if isinstance(prompt_n, int) else None
+            self.record(ttft=None, tps=None, input_tokens=prompt_n, output_tokens=out,
+                        cache_tokens=cache_tokens_of(body), prompt_tokens=whole)
             return prompt_n, out
         return None, None
 

@@ -269,7 +269,12 @@ async def pull_variants(request: Request, checkpoint: str | None = Query(None),
 async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
         {"model_name": "Qwen3-0.6B-GGUF"}])) -> dict[str, Any]:
     svc = _services(request)
-    model = svc.resolve(body.model_name)
+    try:
+        model = svc.resolve(body.model_name)
+    except APIError as exc:
+        if exc.status == 404:  # Lemonade's server answers an unknown name with 422 here (its app and tests rely on it)
+            exc.status = 422
+        raise
     if not await svc.delete_model(model):
         raise bad_request(f"Model {model.public} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")

@@ -7,10 +7,11 @@ same key, `POST /internal/set`, replaces it). Backend keys may be flat (`{"llama
 as Lemonade's recipe options spell them. Lemonade's own app and tests use it; its refusals are
 `{"error": "<message naming the key>"}`, as theirs read them.
 
-Changing settings is the admin's (the guide: configuration belongs to `LEMONADE_ADMIN_API_KEY`
-where one is set, and `llamacpp.args` may use flags a request may not), so POST needs the key that
-`/internal/*` needs; GET answers any API client, with this machine's folders shown as placeholders
-to non-admins, as `/v1/system-info` does.
+Who may change what: Lemonade's server takes POST from any API client, and so do we, except for the
+settings that decide what runs and what it can reach, which stay the admin's where an admin key is
+set (`admin_only`): engine flags (`*.args` may use flags a request may not), engine binaries, RPC
+workers, model folders, cloud providers, the executables policy. GET answers any API client, with
+this machine's folders shown as placeholders to non-admins, as `/v1/system-info` does.
 """
 
 from __future__ import annotations
@@ -22,11 +23,22 @@ from fastapi import APIRouter, Request
 
 from lemonade.api.middleware import is_admin
 from lemonade.api.privacy import text_view
-from lemonade.config import ConfigError, nested
+from lemonade.config import ConfigError, nested, validate_tree
 from lemonade.errors import APIError
 from lemonade.services import Services
 
 router = APIRouter(tags=["config"])
+
+
+ADMIN_ONLY_KEYS = frozenset({"extra_models_dir", "models_dir", "cloud_providers", "no_fetch_executables",
+                             "llamacpp.prefer_system", "llamacpp.rpc_workers", "host", "port", "websocket_port"})
+
+
+def admin_only(key: str) -> bool:
+    """A setting only the admin may change live: it picks a program to run, the flags it runs with, the
+    folders the server reads, or the addresses it connects to or listens on."""
+    leaf = key.rsplit(".", 1)[-1]
+    return key in ADMIN_ONLY_KEYS or leaf == "args" or leaf.endswith("_args") or leaf.endswith("_bin")
 
 
 def _refusal(message: str) -> APIError:
@@ -51,16 +63,20 @@ async def get_params(request: Request) -> dict[str, Any]:
     "schema": {"type": "object"}, "example": {"llamacpp_args": "--threads 4", "telemetry": {"enabled": True}}}}}})
 async def set_params(request: Request) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    if not is_admin(request.scope, svc.api_key, svc.admin_key):
-        raise APIError(403, "Changing settings needs the admin key (LEMONADE_ADMIN_API_KEY) as 'Authorization: "
-                       "Bearer <key>'; the API key may only read them (GET /v1/params)", type="permission_error",
-                       code="admin_key_required", plain=True)
     try:
         body = json.loads(await request.body() or b"null")
     except ValueError as exc:
         raise _refusal(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict) or not body:
         raise _refusal("Request body must be a non-empty JSON object of settings, e.g. {\"max_loaded_models\": 2}")
+    try:
+        guarded = sorted(k for k in validate_tree(body) if admin_only(k))
+    except ConfigError as exc:
+        raise _refusal(str(exc)) from None
+    if guarded and not is_admin(request.scope, svc.api_key, svc.admin_key):
+        raise APIError(403, f"Changing {', '.join(guarded)} needs the admin key (LEMONADE_ADMIN_API_KEY) as "
+                       "'Authorization: Bearer <key>': it decides what the server runs or reads. The API key may "
+                       "change the other settings.", type="permission_error", code="admin_key_required", plain=True)
     try:
         changed = svc.config.set_runtime(body)
     except ConfigError as exc:

@@ -23,7 +23,7 @@ def services(request: Request) -> Services:
 async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
     view = text_view(request.scope, svc)
-    last = svc.router.last_used_name
+    recent = svc.router.most_recent()  # a standard model before a routing helper (runtime/router.py)
     loaded = [{**m, "launch_command": [view(arg) for arg in m["launch_command"]]} for m in svc.router.describe()]
     for entry in loaded:  # the auto-tune profile and overrides each loaded model runs with
         lm = next((lm for lm in svc.router.loaded.values() if lm.model.public == entry["model_name"]), None)
@@ -32,10 +32,10 @@ async def health(request: Request) -> dict[str, Any]:
     body: dict[str, Any] = {
         "status": "ok",
         "version": __version__,
-        "model_loaded": svc.router.loaded[last].model.public if last in svc.router.loaded else
-        (loaded[0]["model_name"] if loaded else None),
+        "model_loaded": recent.model.public if recent is not None else (loaded[0]["model_name"] if loaded else None),
         "all_models_loaded": loaded,
-        "pinned_models": svc.router.pinned_counts(),
+        "pinned_models": svc.router.pinned_counts(),  # the standard pool's; helpers' below (router.py)
+        "pinned_helper_models": svc.router.pinned_helper_counts(),
         "max_models": svc.router.limits(),
         "telemetry": svc.telemetry.state(),
         "update_check_done": svc.downloads.update_check_done,

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from lemonade.api.middleware import is_admin
 from lemonade.model_info import ModelInfo
+from lemonade.runtime.options import options_for
 from lemonade.services import Services
 
 router = APIRouter(tags=["models"])
@@ -124,7 +125,18 @@ async def get_model(request: Request, model_id: str,
     target = svc.catalog.alias_of(model_id)
     obj = (alias_object(svc, model_id, target, include_paths, with_components=True) if target is not None
            else model_object(svc, model, with_components=True, include_paths=include_paths))
-    saved = svc.options.saved(model.name)
-    if saved:
-        obj["recipe_options"] = saved
+    shown = model_recipe_options(svc, model)
+    if shown:
+        obj["recipe_options"] = shown
     return obj
+
+
+def model_recipe_options(svc: Services, model: ModelInfo) -> dict[str, Any]:
+    """A model's own recipe options as Lemonade's model info shows them, lowest layer first: its
+    `image_defaults` that are options of its recipe, a built-in entry's `recipe_options`, then the
+    saved ones (recipe_options.json)."""
+    known = options_for(model.recipe)
+    shown = {k: v for k, v in (model.image_defaults or {}).items() if k in known}
+    shown.update(svc.options.model_defaults(model.name))
+    shown.update(svc.options.saved(model.name))
+    return shown

@@ -8,14 +8,17 @@ adds the per-condition `trace` to it.
 Model-backed conditions call the policy's helper models through the same router and proxy as any
 request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
 chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
+Those calls are routing dependencies: the router keeps their models in its routing-helper pool, out
+of the user-facing slots (runtime/router.py, "Residency classes").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +30,7 @@ from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.context import conversation_key, route_context
 from lemonade.routing.evaluate import ClassifierServices, Decision, decide
-from lemonade.runtime.request_context import ClientGone
+from lemonade.runtime.request_context import ClientGone, routing_dependency
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.routing")
@@ -72,6 +75,16 @@ def is_router(model: ModelInfo) -> bool:
     return model.recipe == ROUTER_RECIPE
 
 
+@contextlib.contextmanager
+def _as_dependency() -> Iterator[None]:
+    """The enclosed calls load and use their model as a routing helper."""
+    token = routing_dependency.set(True)
+    try:
+        yield
+    finally:
+        routing_dependency.reset(token)
+
+
 def _json_object(text: str) -> Any:
     """The JSON object in a model's reply (a ``` fence around it is tolerated)."""
     text = text.strip()
@@ -94,8 +107,9 @@ class Helpers:
     async def _chat(self, model: ModelInfo, system: str, user: str) -> str:
         body = {"model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
-        data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
-                                              "chat/completions")
+        with _as_dependency():
+            data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
+                                                  "chat/completions")
         return str(data["choices"][0]["message"].get("content") or "")
 
     async def classify(self, name: str, text: str) -> Mapping[str, float]:
@@ -103,7 +117,8 @@ class Helpers:
         if model.mode == "chat":  # an LLM as classifier
             scores = _json_object(await self._chat(model, LLM_CLASSIFY_PROMPT, text))
         else:  # an encoder classifier: the service /v1/classify uses
-            scores = (await classify_with(self.svc, classifier(self.svc, model.name), [text]))[0]
+            with _as_dependency():
+                scores = (await classify_with(self.svc, classifier(self.svc, model.name), [text]))[0]
         if not isinstance(scores, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                    for v in scores.values()):
             raise ValueError(f"{name} did not answer label scores: {str(scores)[:200]}")
@@ -111,8 +126,9 @@ class Helpers:
 
     async def embed(self, name: str, text: str) -> list[float]:
         model = self._model(name)
-        data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "embeddings"),
-                                              {"model": model.public, "input": text}, "embeddings")
+        with _as_dependency():
+            data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "embeddings"),
+                                                  {"model": model.public, "input": text}, "embeddings")
         return list(data["data"][0]["embedding"])
 
     async def chat(self, name: str, system: str, user: str) -> str:
