@@ -275,3 +275,33 @@ def classifier_models() -> Path:
     return final
 
 
+# ----- the models on the local hub ----------------------------------------------------------------------
+
+REPOS = {"Topic": "test-org/minilm-topic-onnx", "City": "test-org/minilm-city-onnx",
+         "Multi": "test-org/minilm-multilabel-onnx", "Manifest": "test-org/minilm-manifest-onnx",
+         "XLNet": "test-org/xlnet-onnx", "NoConfig": "test-org/no-config-onnx"}
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    return {p.name: p for p in folder.iterdir() if p.is_file()}
+
+
+def publish_classifiers(hub, models: Path) -> None:
+    """The exported folders as hub repos, plus variants: a manifest.json override (the multi-label
+    weights under a config without problem_type, renamed labels, sigmoid from the manifest), an
+    XLNet config (an architecture outside the allow-list) and a folder without config.json."""
+    if (hub.scratch / REPOS["Topic"]).is_dir():
+        return
+    hub.create_repo(REPOS["Topic"], _files(models / "topic"))
+    hub.create_repo(REPOS["City"], _files(models / "city"))
+    hub.create_repo(REPOS["Multi"], _files(models / "multilabel"))
+    config = json.loads((models / "multilabel" / "config.json").read_text())
+    config.pop("problem_type", None)
+    manifest = {"task": "text-classification", "id2label": {"0": "FOOD", "1": "TRAVEL"},
+                "score_normalization": "sigmoid", "token_aggregation": None}
+    hub.create_repo(REPOS["Manifest"], {**_files(models / "multilabel"), "config.json": json.dumps(config),
+                                        "manifest.json": json.dumps(manifest)})
+    xlnet = {**json.loads((models / "topic" / "config.json").read_text()), "model_type": "xlnet",
+             "architectures": ["XLNetForSequenceClassification"]}
+    hub.create_repo(REPOS["XLNet"], {**_files(models / "topic"), "config.json": json.dumps(xlnet)})
+    hub.create_repo(REPOS["NoConfig"], {k: v for k, v in _files(models / "topic").items() if k != "config.json"})

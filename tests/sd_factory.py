@@ -511,3 +511,25 @@ def flux2_klein_model() -> dict[str, Path]:
     return {role: _cached(f"flux2-klein-{role}", _key(f"flux2-klein-{role}-v1"), Path(name).name,
                           lambda tmp, _folder, role=role: write_flux2_klein(role, tmp))
             for role, (_repo, name) in FLUX2_KLEIN_FILES.items()}
+
+
+# ----- the models on the local hub ----------------------------------------------------------------------
+
+SD_REPO = "test-org/tiny-sd1"
+ESRGAN_REPO = "amd/realesrgan-x4plus"  # the catalog's RealESRGAN-x4plus: amd/realesrgan-x4plus:RealESRGAN_x4plus.pth
+SDXL_REPO = "test-org/random-sdxl"
+
+
+def publish_sd(hub) -> None:
+    """The random-weight models as hub files (hard links: the SD file is 1 GB), downloaded by the
+    server with the real huggingface_hub."""
+    flux2 = flux2_klein_model()
+    files = [(SD_REPO, SD_FILE, tiny_sd1_model()), (ESRGAN_REPO, ESRGAN_FILE, tiny_esrgan_model()),
+             (SDXL_REPO, SDXL_FILE, sdxl_model())]
+    files += [(repo, name, flux2[role]) for role, (repo, name) in FLUX2_KLEIN_FILES.items()]
+    for repo, name, source in files:
+        target = hub.scratch / repo / name
+        if not target.is_file():
+            hub.create_repo(repo, {})
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, target)

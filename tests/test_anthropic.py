@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_NAME, Server
+from tests.helpers import GEMMA_NAME, Server
 
 GREEDY = {"temperature": 0, "top_k": 1, "top_p": 1}
 WEATHER_TOOL = {"name": "get_weather", "description": "Get the weather of a city",

@@ -25,7 +25,7 @@ from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.runtime.options import RecipeOptions
-from tests.conftest import GEMMA_ID, GEMMA_NAME
+from tests.helpers import GEMMA_ID, GEMMA_NAME
 
 DEVICE_FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 AVX2 = frozenset("fpu sse sse2 avx fma avx2 f16c".split())

@@ -38,8 +38,8 @@ from lemonade.checkpoints.variants import is_exact_file_variant, match_variant, 
 from lemonade.config import Config
 from lemonade.labels import COLLECTION_RECIPES
 from lemonade.runtime.options import options_for
-from tests.conftest import TEST_CACHE
 from tests.gguf_factory import write_gguf
+from tests.helpers import TEST_CACHE
 from tests.hub import fixtures as fx
 
 ENTRIES: dict[str, dict[str, Any]] = json.loads(

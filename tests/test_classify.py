@@ -10,33 +10,24 @@ in its private venv (installed once into the test cache). One server for the who
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from lemonade.api.responses import Classified
-from tests.classifier_models import HELD_OUT_CITY, HELD_OUT_MULTI, HELD_OUT_TOPICS, TOPICS, classifier_models
-from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.classifier_models import (
+    HELD_OUT_CITY,
+    HELD_OUT_MULTI,
+    HELD_OUT_TOPICS,
+    REPOS,
+    TOPICS,
+    classifier_models,
+    publish_classifiers,
+)
+from tests.helpers import GEMMA_NAME
 
-REPOS = {"Topic": "test-org/minilm-topic-onnx", "City": "test-org/minilm-city-onnx",
-         "Multi": "test-org/minilm-multilabel-onnx", "Manifest": "test-org/minilm-manifest-onnx",
-         "XLNet": "test-org/xlnet-onnx", "NoConfig": "test-org/no-config-onnx"}
 TOLERANCE = 2e-3  # ONNX Runtime vs. PyTorch, float32
-
-
-@pytest.fixture(scope="module")
-def onnx_backend() -> Path:
-    """The onnxruntime backend (a private venv), installed once per machine into the test cache."""
-    from lemonade.backends.registry import Engines
-    from lemonade.config import Config
-
-    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get("onnxruntime")
-    assert engine is not None
-    if engine.state("cpu").state != "installed":
-        engine.install("cpu", progress=lambda e: print(e.get("message", ""), file=sys.stderr))
-    return TEST_CACHE / "backends" / "onnxruntime" / "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -49,34 +40,9 @@ def reference(models) -> dict:
     return json.loads((models / "reference.json").read_text())
 
 
-def _files(folder: Path) -> dict[str, Path]:
-    return {p.name: p for p in folder.iterdir() if p.is_file()}
-
-
-def publish(hub, models: Path) -> None:
-    """The exported folders as hub repos, plus variants: a manifest.json override (the multi-label
-    weights under a config without problem_type, renamed labels, sigmoid from the manifest), an
-    XLNet config (an architecture outside the allow-list) and a folder without config.json."""
-    if (hub.scratch / REPOS["Topic"]).is_dir():
-        return
-    hub.create_repo(REPOS["Topic"], _files(models / "topic"))
-    hub.create_repo(REPOS["City"], _files(models / "city"))
-    hub.create_repo(REPOS["Multi"], _files(models / "multilabel"))
-    config = json.loads((models / "multilabel" / "config.json").read_text())
-    config.pop("problem_type", None)
-    manifest = {"task": "text-classification", "id2label": {"0": "FOOD", "1": "TRAVEL"},
-                "score_normalization": "sigmoid", "token_aggregation": None}
-    hub.create_repo(REPOS["Manifest"], {**_files(models / "multilabel"), "config.json": json.dumps(config),
-                                        "manifest.json": json.dumps(manifest)})
-    xlnet = {**json.loads((models / "topic" / "config.json").read_text()), "model_type": "xlnet",
-             "architectures": ["XLNetForSequenceClassification"]}
-    hub.create_repo(REPOS["XLNet"], {**_files(models / "topic"), "config.json": json.dumps(xlnet)})
-    hub.create_repo(REPOS["NoConfig"], {k: v for k, v in _files(models / "topic").items() if k != "config.json"})
-
-
 @pytest.fixture(scope="module")
 def server(module_servers, hub_server, gemma_dir, onnx_backend, models):
-    publish(hub_server, models)
+    publish_classifiers(hub_server, models)
     return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
                           engines=("llamacpp", "onnxruntime"))
 

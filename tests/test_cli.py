@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,34 +20,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_NAME, free_port
+from tests.helpers import GEMMA_NAME, cli_env, free_port, lemonade, ok
 
 NO_SERVER = "Could not connect to Lemonade server"
-
-
-def cli_env(cache: Path, url: str | None = None, **extra: str) -> dict[str, str]:
-    """A clean environment: our own cache dir, the server URL, wide tables (no wrapping)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-    env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "COLUMNS": "250",
-                "PYTHONUNBUFFERED": "1",
-                # a server the CLI starts in the background sends no discovery beacons (as test servers)
-                "LEMONADE_BROADCAST": "false"})
-    if url:
-        env["LEMONADE_BASE_URL"] = url
-    env.update(extra)
-    return env
-
-
-def lemonade(*args: str, env: dict[str, str], stdin: str | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lemonade.cli.main", *args], env=env, input=stdin,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL if stdin is None else None)
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
 
 
 @pytest.fixture

@@ -21,9 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_NAME
-from tests.test_cli import cli_env, lemonade, ok
-from tests.test_webapp import recording_browser
+from tests.helpers import GEMMA_NAME, cli_env, lemonade, ok, recording_browser
 
 
 @pytest.fixture(scope="module")
@@ -351,7 +349,7 @@ def test_the_quick_start_chat_invocation(gemma_dir, llama_backend, tmp_path):
     link = cache / "backends" / "llamacpp" / "cpu"
     link.parent.mkdir(parents=True)
     link.symlink_to(llama_backend, target_is_directory=True)
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     env = cli_env(cache, LEMONADE_PORT=str(free_port()))
     ok(lemonade("config", "set", f"extra_models_dir={gemma_dir}", env=env))

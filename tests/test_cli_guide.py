@@ -23,8 +23,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ServerFactory, free_port
-from tests.test_cli import cli_env, lemonade, ok
+from tests.helpers import ServerFactory, cli_env, free_port, lemonade, ok
 
 BEACON_WAIT = 6  # scan seconds: beacons leave every 2 s, so several are sent in that time
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import GEMMA_NAME, Server
+from tests.helpers import GEMMA_NAME, Server
 
 
 @pytest.fixture(scope="module")

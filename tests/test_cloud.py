@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from lemonade.backends.llamacpp import fallback_template
-from tests.conftest import GEMMA_NAME, free_port
+from tests.helpers import GEMMA_NAME, free_port
 
 KEY = "sk-loopback-7c1e0d9a"
 ENV_KEY = "sk-envkey-52b8f1"  # the same provider again, keyed from the server's environment

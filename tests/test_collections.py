@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_ID, GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_ID, GEMMA_NAME, Server, ServerFactory, call, texts
 from tests.hub import fixtures as fx
-from tests.test_mcp import call, texts
 
 COMPANION = "user.Companion"  # a registered model: listed bare (it shadows nothing), stored as user.
 

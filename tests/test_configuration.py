@@ -16,26 +16,15 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_NAME
+from tests.helpers import GEMMA_NAME, wait_for
 
 USER_MODEL = {"model_name": "user.Tiny-Kept", "recipe": "llamacpp", "checkpoint": "someone/Tiny-GGUF:Q4_0"}
-
-
-def wait_for(predicate, timeout: float = 120.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 def cli(*args: str, url: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

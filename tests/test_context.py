@@ -25,8 +25,8 @@ from lemonade.backends.llamacpp_context import (
     auto_context,
     kv_layout,
 )
-from tests.conftest import GEMMA_NAME
 from tests.gguf_factory import write_gguf
+from tests.helpers import GEMMA_NAME
 
 MiB = 1 << 20
 

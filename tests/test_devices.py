@@ -41,7 +41,7 @@ from lemonade.system.devices import (
     read_drm_cards,
     sysfs_gpus,
 )
-from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.helpers import GEMMA_NAME, TEST_CACHE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 CPU = CpuFacts(name="test", arch="x86_64", cores=8, threads=16, isa=("avx2",), memory_bytes=32 * 2**30)

@@ -23,63 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import error_of, fetched, model, repo_dir, run_cli, sse_events
 from tests.hub import fixtures as fx
 
 MQ = fx.MULTIQUANT_REPO
-
-
-def sse_events(client: httpx.Client, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(event, data) pairs of a streaming /v1/pull."""
-    events: list[tuple[str, dict[str, Any]]] = []
-    with client.stream("POST", "/v1/pull", json={**body, "stream": True}) as resp:
-        assert resp.status_code == 200, resp.read()
-        assert resp.headers["content-type"].startswith("text/event-stream")
-        name = None
-        for line in resp.iter_lines():
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                events.append((name or "message", json.loads(line[5:])))
-    return events
-
-
-def error_of(resp: httpx.Response) -> dict[str, Any]:
-    body = resp.json()
-    if isinstance(body["error"], str):  # a refused definition on /v1/pull: {"error": "..."} as documented
-        assert body == {"error": body["message"], "status": "error", "message": body["message"]}
-        return {"message": body["error"]}
-    assert body["status"] == "error" and body["error"]["message"] == body["message"]
-    return body["error"]
-
-
-def hub_cache(server) -> Path:
-    return server.cache / "hf" / "hub"
-
-
-def repo_dir(server, repo: str, source: str = "huggingface") -> Path:
-    prefix = "modelscope--models--" if source == "modelscope" else "models--"
-    return hub_cache(server) / (prefix + repo.replace("/", "--"))
-
-
-def fetched(hub, **kw: Any) -> list[dict[str, Any]]:
-    """GETs that delivered file bytes (a redirect to the CDN is not one)."""
-    return [e for e in hub.downloads(**kw) if e["status"] in (200, 206)]
-
-
-def model(client: httpx.Client, name: str) -> dict[str, Any]:
-    resp = client.get(f"/v1/models/{name}")
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
-def run_cli(server, *args: str, input_text: str | None = None, cwd: Path | None = None,
-            **extra_env: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-    env["LEMONADE_BASE_URL"] = server.url
-    env.update(extra_env)
-    env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "lemonade.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=300, input=input_text, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers import error_of, fetched, model, repo_dir, sse_events, wait_for
 from tests.hub import fixtures as fx
-from tests.test_downloads import error_of, fetched, model, repo_dir, sse_events
 
 GEMMA = f"{fx.GEMMA_REPO}:Q4_K_M"
 GEMMA_SIZE = 253113024
@@ -39,17 +39,6 @@ def register(client: httpx.Client, name: str, checkpoint: str = GEMMA, **extra: 
 def job(client: httpx.Client, name: str) -> dict[str, Any]:
     jobs = {j["id"]: j for j in client.get("/v1/downloads").json()}
     return jobs[f"model:{name.removeprefix('user.')}"]  # listed under the model's public id
-
-
-def wait_for(predicate, timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def start_job(client: httpx.Client, name: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_NAME, Server, ServerFactory
 from tests.models import minilm_gguf, minilm_source_dir, reranker_token_id, tiny_reranker_gguf
 
 EMBED = "all-MiniLM-L6-v2"

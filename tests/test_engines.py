@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -20,35 +19,17 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_NAME
-
-WHISPER = "Whisper-Tiny-En-CT2"
-WHISPER_REPO = "Systran/faster-whisper-tiny.en"
-SENTENCE = "The quick brown fox jumps over the lazy dog."
-
-
-def wait_for(predicate, timeout=60.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
-
-
-def heard(text: str) -> float:
-    """Share of the sentence's words in a transcript (espeak-ng's robotic voice costs a word or two)."""
-    said = [w.strip(".,").lower() for w in SENTENCE.split()]
-    got = {w.strip(".,!?").lower() for w in text.replace("-", " ").split()}
-    return sum(w in got for w in said) / len(said)
-
-
-def publish_whisper(hub, folder: Path) -> None:
-    """The CT2 Whisper folder as the hub repo the catalog entry names (real huggingface_hub download)."""
-    if (hub.scratch / WHISPER_REPO).is_dir():
-        return
-    hub.create_repo(WHISPER_REPO, {p.name: p for p in folder.iterdir() if p.is_file()})
+from tests.helpers import (
+    FOX_SENTENCE,
+    GEMMA_NAME,
+    WHISPER,
+    WHISPER_REPO,
+    heard,
+    loaded,
+    publish_whisper,
+    transcribe,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +37,7 @@ def speech_wav(tmp_path_factory) -> Path:
     """A spoken English sentence made by espeak-ng (16 kHz mono WAV)."""
     out = tmp_path_factory.mktemp("speech") / "fox.wav"
     raw = out.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), SENTENCE], check=True)
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), FOX_SENTENCE], check=True)
     subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", str(out)], check=True)
     return out
 
@@ -71,16 +52,6 @@ def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_d
 def http(server):
     with server.client() as c:
         yield c
-
-
-def loaded(http) -> dict[str, dict]:
-    return {m["model_name"]: m for m in http.get("/v1/health").json()["all_models_loaded"]}
-
-
-def transcribe(http, path: Path, **fields) -> httpx.Response:
-    with open(path, "rb") as fh:
-        return http.post("/v1/audio/transcriptions", files={"file": (path.name, fh, "audio/wav")},
-                         data={"model": WHISPER, **fields})
 
 
 def test_system_info_lists_both_engines(http):

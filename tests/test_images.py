@@ -41,55 +41,22 @@ from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, gene
 from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
-from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.helpers import GEMMA_NAME
+from tests.helpers import loaded as loaded_by_name
 from tests.sd_factory import (
-    ESRGAN_FILE,
     FLUX2_KLEIN_FILES,
     SD_FILE,
+    SD_REPO,
     SDXL_FILE,
-    flux2_klein_model,
-    sdxl_model,
-    tiny_esrgan_model,
-    tiny_sd1_model,
+    SDXL_REPO,
+    publish_sd,
 )
-from tests.test_engines import loaded as loaded_by_name
 
-SD_REPO = "test-org/tiny-sd1"
 MODEL = "user.Tiny-SD1"
 ESRGAN = "RealESRGAN-x4plus"  # catalog: amd/realesrgan-x4plus:RealESRGAN_x4plus.pth
-ESRGAN_REPO = "amd/realesrgan-x4plus"
 FLUX2 = "Flux-2-Klein-4B"  # the catalog's entry, files published at its repositories
-SDXL_REPO, SDXL = "test-org/random-sdxl", "user.Random-SDXL"
+SDXL = "user.Random-SDXL"
 FAST = {"steps": 1, "cfg_scale": 1.0}
-
-
-@pytest.fixture(scope="session")
-def sdcpp_backend() -> Path:
-    """The sd-cpp cpu backend (sd-server + sd-cli built from the stable-diffusion-cpp-python sdist's
-    sources), installed once per machine into the test cache: a cold build takes 10-30 minutes."""
-    from lemonade.backends.registry import Engines
-    from lemonade.config import Config
-
-    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get("sd-cpp")
-    assert engine is not None
-    if engine.state("cpu").state != "installed":
-        engine.install("cpu")
-    return TEST_CACHE / "backends" / "sd-cpp" / "cpu"
-
-
-def publish(hub) -> None:
-    """The random-weight models as hub files (hard links: the SD file is 1 GB), downloaded by the
-    server with the real huggingface_hub."""
-    flux2 = flux2_klein_model()
-    files = [(SD_REPO, SD_FILE, tiny_sd1_model()), (ESRGAN_REPO, ESRGAN_FILE, tiny_esrgan_model()),
-             (SDXL_REPO, SDXL_FILE, sdxl_model())]
-    files += [(repo, name, flux2[role]) for role, (repo, name) in FLUX2_KLEIN_FILES.items()]
-    for repo, name, source in files:
-        target = hub.scratch / repo / name
-        if not target.is_file():
-            hub.create_repo(repo, {})
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(source, target)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +66,7 @@ def sandbox(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(module_servers, hub_server, sdcpp_backend, gemma_dir, sandbox):
-    publish(hub_server)
+    publish_sd(hub_server)
     srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
                               "LEMONADE_MCP_IMAGE_DIR": str(sandbox)},
                          engines=("llamacpp", "sd-cpp"))

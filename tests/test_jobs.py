@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import GEMMA_ID, GEMMA_NAME, Server
+from tests.helpers import GEMMA_ID, GEMMA_NAME, Server, wait_for
 
 PROMPT = "The capital of France is"
 
@@ -25,16 +24,6 @@ PROMPT = "The capital of France is"
 def chat_params(content: str, max_tokens: int = 6, **extra: Any) -> dict[str, Any]:
     return {"model": GEMMA_NAME, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, **extra}
-
-
-def wait_for(predicate, timeout: float = 120.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 def job(c: httpx.Client, job_id: str) -> dict[str, Any]:

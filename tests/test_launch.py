@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_NAME
+from tests.helpers import GEMMA_NAME
 
 STAND_IN = """#!{python}
 import json, os, sys

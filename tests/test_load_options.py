@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import GEMMA_ID, GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_ID, GEMMA_NAME, Server, ServerFactory
 
 URL = f"/v1/models/{GEMMA_NAME}/options"
 RESIDENCY = ("auto_evict", "evict_idle_timeout", "downsize_idle_timeout", "evict_weight_factor")

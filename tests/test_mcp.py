@@ -6,20 +6,16 @@ The client's default mode first probes `server/discover` (a 2026 method we do no
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_NAME, Server, ServerFactory, call, texts, with_client
 
 TOOL_NAMES = {"lemonade_list_models", "lemonade_chat", "lemonade_transcribe_audio", "lemonade_generate_image",
               "lemonade_omni"}
@@ -41,38 +37,6 @@ def server(module_servers: ServerFactory, gemma_dir: Path, sandbox: Path) -> Ser
     # generates images; here no image model is downloaded).
     return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir), "LEMONADE_MCP_IMAGE_DIR": str(sandbox)},
                           engines=("llamacpp", "fasterwhisper", "sd-cpp"))
-
-
-def with_client(server: Server, action: Callable[[Client], Awaitable[Any]],
-                headers: dict[str, str] | None = None) -> Any:
-    """Run `action` with a connected official client; its own exception is re-raised as is (not grouped)."""
-    async def guarded(client: Client) -> tuple[bool, Any]:
-        try:
-            return True, await action(client)
-        except Exception as exc:  # noqa: BLE001 - handed back to the caller below
-            return False, exc
-
-    async def run() -> tuple[bool, Any]:
-        if headers is None:
-            async with Client(server.url + "/mcp", read_timeout_seconds=300) as client:
-                return await guarded(client)
-        async with httpx2.AsyncClient(headers=headers, timeout=300) as http, \
-                Client(streamable_http_client(server.url + "/mcp", http_client=http),
-                       read_timeout_seconds=300) as client:
-            return await guarded(client)
-
-    ok, value = asyncio.run(run())
-    if not ok:
-        raise value
-    return value
-
-
-def call(server: Server, name: str, arguments: dict[str, Any]) -> Any:
-    return with_client(server, lambda c: c.call_tool(name, arguments))
-
-
-def texts(result: Any) -> list[str]:
-    return [block.text for block in result.content if block.type == "text"]
 
 
 def rpc(server: Server, payload: Any, **kw: Any) -> httpx.Response:

@@ -19,7 +19,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.conftest import GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_NAME, Server, ServerFactory
 from tests.models import minilm_gguf
 
 EMBED = "all-minilm-l6-v2-f16"

@@ -23,13 +23,18 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.conftest import GEMMA_NAME, TEST_CACHE
-from tests.sd_factory import SD_FILE
-from tests.test_images import SD_REPO, sdcpp_backend  # noqa: F401 - the session fixture, used by `server`
-from tests.test_images import publish as publish_sd
-from tests.test_mcp import call, texts
-from tests.test_serving import WEATHER_TOOLS, weather_history
-from tests.test_speech import PIPER, _engine_backend, publish_piper
+from tests.helpers import (
+    GEMMA_NAME,
+    PIPER,
+    TEST_CACHE,
+    WEATHER_TOOLS,
+    call,
+    installed_backend,
+    publish_piper,
+    texts,
+    weather_history,
+)
+from tests.sd_factory import SD_FILE, SD_REPO, publish_sd
 
 KIT = "user.OmniKit"
 
@@ -62,8 +67,8 @@ print(len(pcm) / rate, float(np.sqrt(np.mean(pcm ** 2))))
 
 
 @pytest.fixture(scope="module")
-def server(module_servers, hub_server, gemma_dir, sandbox, sdcpp_backend):  # noqa: F811 - the imported fixture
-    _engine_backend("piper")
+def server(module_servers, hub_server, gemma_dir, sandbox, sdcpp_backend):
+    installed_backend("piper")
     publish_piper(hub_server)
     srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
                               "LEMONADE_MCP_IMAGE_DIR": str(sandbox)}, engines=("llamacpp", "piper", "sd-cpp"))

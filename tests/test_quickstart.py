@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from lemonade.cli.chat import runaway
-from tests.conftest import GEMMA_NAME
-from tests.test_cli import cli_env
+from tests.helpers import GEMMA_NAME, cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +46,7 @@ def test_server_of_this_installation_is_recognised(gemma_server):
 
 
 def test_nothing_running_is_no_server(tmp_path):
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     proc = _check(cli_env(tmp_path, LEMONADE_PORT=str(free_port())))
     assert proc.returncode == 0 and proc.stdout.strip() == "None"
@@ -91,7 +90,7 @@ def test_chat_base_talks_to_a_base_model_through_a_transcript(gemma_server, tmp_
     paragraph of words, through /v1/completions with the transcript's stops."""
     import re
 
-    from tests.test_cli import lemonade, ok
+    from tests.helpers import lemonade, ok
 
     def completions_served() -> float:
         with gemma_server.client() as c:

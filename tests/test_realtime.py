@@ -15,25 +15,34 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import websockets
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
-from tests.conftest import Server, ServerFactory
+from tests.helpers import (
+    CHUNK_BYTES,
+    TRANSCRIPTION,
+    WHISPER,
+    Server,
+    ServerFactory,
+    loaded,
+    publish_whisper,
+    recv,
+    send,
+    session,
+    stream,
+    until,
+    ws_url,
+)
 from tests.speech import SENTENCE, loud_span_ms, pcm16, speak, wer
-from tests.test_engines import WHISPER, loaded, publish_whisper
 
-CHUNK_BYTES = 16000 * 2 * 85 // 1000  # 85 ms of 16 kHz PCM16
 MAX_WER = 0.10
 LEAD_MS, TAIL_MS = 1000, 1500
 KEY = "rt-s3cret"
-TRANSCRIPTION = "conversation.item.input_audio_transcription"
 
 
 @pytest.fixture(scope="module")
@@ -58,46 +67,6 @@ def keyed(factory, hub_server, whisper_backend) -> Server:
 def speech(tmp_path_factory) -> bytes:
     """SENTENCE with 1 s of silence before and 1.5 s after, as raw PCM16."""
     return pcm16(speak(SENTENCE, tmp_path_factory.mktemp("rt") / "stella.wav", lead_ms=LEAD_MS, tail_ms=TAIL_MS))
-
-
-def ws_url(server: Server, path: str = "/v1/realtime", port: int | None = None, **query: str) -> str:
-    q = "&".join(f"{k}={v}" for k, v in query.items())
-    return f"ws://127.0.0.1:{port or server.port}{path}" + (f"?{q}" if q else "")
-
-
-@asynccontextmanager
-async def session(url: str, **kw: Any) -> AsyncIterator[ClientConnection]:
-    async with connect(url, open_timeout=30, max_size=None, **kw) as ws:
-        created = await recv(ws)
-        assert created["type"] == "session.created" and created["session"]["id"].startswith("sess_")
-        yield ws
-
-
-async def recv(ws: ClientConnection, timeout: float = 120) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
-
-
-async def send(ws: ClientConnection, kind: str, **fields: Any) -> None:
-    await ws.send(json.dumps({"type": kind, **fields}))
-
-
-async def stream(ws: ClientConnection, pcm: bytes, pace: float = 0.085) -> None:
-    """`pcm` as 85 ms `input_audio_buffer.append` chunks; `pace` seconds apart (a microphone's pace)."""
-    for i in range(0, len(pcm), CHUNK_BYTES):
-        await send(ws, "input_audio_buffer.append", audio=base64.b64encode(pcm[i:i + CHUNK_BYTES]).decode())
-        if pace:
-            await asyncio.sleep(pace)
-
-
-async def until(ws: ClientConnection, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
-    """Every event up to and including the first of type `kind`, each stamped with its arrival time."""
-    events = []
-    while True:
-        event = await recv(ws, timeout)
-        event["_at"] = time.monotonic()
-        events.append(event)
-        if event["type"] == kind:
-            return events
 
 
 def test_vad_turn_transcribed_with_events_in_order(server, speech):

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_ID, GEMMA_NAME
+from tests.helpers import GEMMA_ID, GEMMA_NAME
 
 
 @pytest.fixture(scope="module")

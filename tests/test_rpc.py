@@ -29,7 +29,7 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import GEMMA_NAME
+from tests.helpers import GEMMA_NAME
 
 RPC_PORT = 50052
 TAG = f"lr{os.getpid() % 100000}"  # names of our namespaces and links (interface names: at most 15 chars)

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from lemonade.catalog.gguf_meta import gguf_info
-from tests.conftest import GEMMA_ID, GEMMA_NAME, tuned_args
 from tests.gguf_factory import write_gguf
+from tests.helpers import GEMMA_ID, GEMMA_NAME, WEATHER_TOOLS, tuned_args, wait_for, weather_history
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
@@ -34,16 +34,6 @@ def server(gemma_server):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-def wait_for(predicate, timeout=30.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 # ----- OpenAI endpoints ------------------------------------------------------------------------
@@ -95,23 +85,6 @@ def test_chat_logprobs(client):
                                           top_logprobs=2)
     content = resp.choices[0].logprobs.content
     assert content and all(tok.logprob <= 0 for tok in content) and len(content[0].top_logprobs) == 2
-
-
-WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                                   "parameters": {"type": "object", "required": ["city"],
-                                                                  "properties": {"city": {"type": "string"}}}}}]
-
-
-def weather_history() -> list[dict]:
-    """Few-shot history that makes even this small base model call the tool."""
-    history: list[dict] = []
-    for i, (city, sky) in enumerate((("Paris", "sunny"), ("Berlin", "rainy"))):
-        history += [{"role": "user", "content": f"What is the weather in {city}?"},
-                    {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",
-                     "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
-                    {"role": "tool", "tool_call_id": f"c{i}", "content": sky},
-                    {"role": "assistant", "content": f"It is {sky} in {city}."}]
-    return [*history, {"role": "user", "content": "What is the weather in Rome?"}]
 
 
 def test_tools_passed_through_and_tool_calls_returned(client):

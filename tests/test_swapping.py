@@ -17,18 +17,10 @@ import httpx
 import psutil
 import pytest
 
+from tests.helpers import wait_for
+
 A, B = "a", "b"
 HELLO = [{"role": "user", "content": "Hello"}]
-
-
-def wait_for(predicate, timeout=60.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture(scope="module")

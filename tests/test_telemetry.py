@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from lemonade.observability.spans import InferenceSpan, RequestOrigin, parse_traceparent
-from tests.conftest import GEMMA_NAME, Server, ServerFactory
+from tests.helpers import GEMMA_NAME, Server, ServerFactory
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

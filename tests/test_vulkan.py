@@ -30,7 +30,7 @@ from openai import OpenAI
 from lemonade.backends.install import BackendInstaller
 from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
 from lemonade.system.devices import detect_devices
-from tests.conftest import GEMMA_NAME, TEST_CACHE, Server, ServerFactory
+from tests.helpers import GEMMA_NAME, TEST_CACHE, Server, ServerFactory
 from tests.vulkan_sdk import debian_vulkan_headers
 
 pytestmark = pytest.mark.skipif(

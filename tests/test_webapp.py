@@ -27,7 +27,7 @@ import psutil
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from tests.conftest import GEMMA_NAME
+from tests.helpers import GEMMA_NAME, recording_browser
 from tests.hub import fixtures as fx
 
 CHROMIUM = os.environ.get("LEMONADE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -459,7 +459,7 @@ def test_wrong_api_key_is_refused_the_right_one_is_kept(make_server, gemma_dir, 
 
 def test_speech_tab_appears_with_a_transcription_model_images_stays_hidden(
         module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, browser, tmp_path):
-    from tests.test_engines import SENTENCE, WHISPER, heard, publish_whisper
+    from tests.helpers import FOX_SENTENCE, WHISPER, heard, publish_whisper
 
     publish_whisper(hub_server, whisper_ct2_dir)
     srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
@@ -481,7 +481,7 @@ def test_speech_tab_appears_with_a_transcription_model_images_stays_hidden(
 
     wav = tmp_path / "fox.wav"
     raw = tmp_path / "fox.raw.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), SENTENCE], check=True)
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), FOX_SENTENCE], check=True)
     subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", str(wav)], check=True)
     expect(pg.locator("#stt-model")).to_have_value(WHISPER)
     expect(pg.locator("#tts")).to_be_hidden()  # no speech-synthesis model
@@ -504,10 +504,9 @@ def speech_server(module_servers, hub_server, whisper_backend, whisper_ct2_dir):
     """Whisper tiny.en and Piper's joe voice on the local hub, both pulled: the Speech tab shows its
     Transcribe and Speak panels. The server requires a key, so the page's speech request carries it
     as a header and its realtime WebSocket as the subprotocol."""
-    from tests.test_engines import WHISPER, publish_whisper
-    from tests.test_speech import PIPER, _engine_backend, publish_piper
+    from tests.helpers import PIPER, WHISPER, installed_backend, publish_piper, publish_whisper
 
-    _engine_backend("piper")
+    installed_backend("piper")
     publish_whisper(hub_server, whisper_ct2_dir)
     publish_piper(hub_server)
     srv = module_servers(env={**hub_server.env(), "LEMONADE_API_KEY": SPEECH_KEY},
@@ -531,9 +530,8 @@ def test_speech_tab_speaks_text_with_piper_and_shows_a_400(speech_server, page, 
     """Speak: the real /v1/audio/speech (Piper, joe voice) answers WAV that the page's audio element
     plays (a duration > 0) and Whisper hears the text in; a voice the model lacks is a 400 shown by
     the field, naming the model's voices."""
+    from tests.helpers import PIPER, TEXT, WHISPER
     from tests.speech import wer
-    from tests.test_engines import WHISPER
-    from tests.test_speech import PIPER, TEXT
 
     page.goto(speech_server.url + "/#/speech")
     enter_key(page, SPEECH_KEY)
@@ -666,13 +664,6 @@ def test_speech_tab_microphone_over_realtime(speech_server, playwright, tmp_path
 
 
 # ----- opening the app from the command line ----------------------------------------------------------
-
-def recording_browser(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A BROWSER command (Python's webbrowser honours it) that writes the URL it is given to a file."""
-    urls = tmp_path / "urls.txt"
-    script = tmp_path / "browser.py"
-    script.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.argv[2] + '\\n')\n")
-    return {"BROWSER": f"{sys.executable} {script} {urls} %s"}, urls
 
 
 def test_lemonade_open_and_serve_open(server, make_server, tmp_path):

@@ -26,7 +26,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from tests.conftest import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 USER_KEY, ADMIN_KEY = "user-k3y", "admin-k3y"
 ERROR_TIMEOUT = 3.0  # how long a span that is due may take; one that must not come is waited for as long

@@ -28,10 +28,9 @@ from lemonade.backends.whispercpp import LANGUAGES, transcription_fields, transc
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
 from lemonade.errors import APIError
-from tests.conftest import TEST_CACHE
 from tests.ggml_whisper import FILE_NAME, tiny_random_whisper_ggml
-from tests.test_engines import loaded
-from tests.test_engines import transcribe as transcribe_with
+from tests.helpers import TEST_CACHE, loaded
+from tests.helpers import transcribe as transcribe_with
 
 MODEL = "Whisper-Tiny"  # catalog: ggerganov/whisper.cpp:ggml-tiny.bin, recipe whispercpp
 REPO = "ggerganov/whisper.cpp"

@@ -133,7 +133,7 @@ def validate_value(key: str, value: Any) -> Any:
     if key == "cloud_providers":
         return _cloud_providers(value)
     if key == "llamacpp.rpc_workers":
-        from lemonade.backends.llamacpp_rpc import WorkerSpecError, worker_list
+        from lemonade.llamacpp_settings import WorkerSpecError, worker_list
 
         try:
             return worker_list(value, key)
@@ -158,7 +158,7 @@ def validate_value(key: str, value: Any) -> Any:
     if key == "websocket_port":
         return _websocket_port(value)
     if key.startswith("llamacpp.") and key.endswith("_bin"):
-        from lemonade.backends.llamacpp_bins import check_bin_value
+        from lemonade.llamacpp_settings import check_bin_value
 
         if not isinstance(value, str):
             raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from lemonade.recipes import label_modes, recipe_modes
+
 # Canonical deployment labels and their accepted aliases.
 MODE_ALIASES = {
     "chat": "chat",
@@ -29,13 +31,6 @@ COLLECTION_RECIPES = ("collection.omni", ROUTER_RECIPE)
 # A collection's own `system_prompt` is a template: the omni loop fills these in (omni/toolset.py).
 OMNI_PLACEHOLDERS = ("{tool_list}", "{tool_guidance}")
 
-
-def recipe_modes() -> dict[str, tuple[str, ...]]:
-    """recipe -> modes it serves, default first: read from the engine descriptions (imported late,
-    since engines import catalog helpers)."""
-    from lemonade.backends.registry import recipe_modes as from_engines
-
-    return from_engines()
 
 # Residency type per mode (the keys of `max_models` in /v1/health).
 MODE_TYPE = {
@@ -96,8 +91,6 @@ def deployment_mode(model_name: str, recipe: str, labels: Iterable[str], embeddi
 def _served_with_label(recipe: str, mode: str, labels: Iterable[str]) -> bool:
     """A mode the recipe serves only together with another label (e.g. `classification` with
     `systemone` on llama.cpp: a decision model)."""
-    from lemonade.backends.registry import label_modes
-
     return any(mode in modes for label, modes in label_modes(recipe).items() if label in labels)
 
 

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.hub.server import write_hash_cache
+from tests.hub.repos import write_hash_cache
 
 FIXTURE_VERSION = "v1"
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 SMALL, BIG = "pick-small", "pick-big"
 ROUTER = "user.Picker"

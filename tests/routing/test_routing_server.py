@@ -21,11 +21,9 @@ import httpx
 import openai
 import pytest
 
-from tests.classifier_models import HELD_OUT_TOPICS, TOPICS, classifier_models
-from tests.conftest import Server, ServerFactory
+from tests.classifier_models import HELD_OUT_TOPICS, REPOS, TOPICS, classifier_models, publish_classifiers
+from tests.helpers import Server, ServerFactory, run_cli
 from tests.models import minilm_gguf
-from tests.test_classify import REPOS, onnx_backend, publish  # noqa: F401 - onnx_backend is a fixture
-from tests.test_downloads import run_cli
 
 SMALL, BIG, EMBED = "route-small", "route-big", "all-MiniLM-L6-v2"
 ROUTER = "user.Router"
@@ -65,7 +63,7 @@ def extra_dir(tmp_path_factory: pytest.TempPathFactory, gemma_dir: Path) -> Path
 def server(module_servers: ServerFactory, extra_dir: Path, hub_server: Any, request: pytest.FixtureRequest) -> Server:
     request.getfixturevalue("onnx_backend")  # the onnxruntime engine, installed once into the test cache
     # Two chat slots: both members stay loaded, so routing back and forth never swaps models.
-    publish(hub_server, classifier_models())  # the topic classifier (tests/classifier_models.py), pulled below
+    publish_classifiers(hub_server, classifier_models())  # the topic classifier (classifier_models.py), pulled below
     return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra_dir)},
                           config={"max_loaded_models": 2}, engines=("llamacpp", "onnxruntime"))
 

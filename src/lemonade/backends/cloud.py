@@ -55,7 +55,6 @@ class CloudConnection:
 
 class CloudEngine(Engine):
     recipe = RECIPE
-    modes = ("chat", "embeddings")
     backends = ("cloud",)
     remote = True
     process = "cloud"

@@ -5,7 +5,8 @@ says which deployment modes it serves, which backends it has and how each is ins
 recipe options it takes, how a loaded model is started (`launch`), how our endpoints map to the
 engine's, and how its idle memory is trimmed. The router, the options layer, `/v1/install`,
 `/v1/system-info`, `/v1/health` and the CLI read these descriptions; no other module names a
-recipe. A new engine is one subclass in `backends/<engine>.py`, registered in `registry.py`.
+recipe. A new engine is one subclass in `backends/<engine>.py`, registered in `registry.py`, and its
+recipe's entry in recipes.py (the modes it serves).
 
 Residency (LRU, pinning, busy protection, crash restart, idle eviction) is not an engine matter:
 the router applies it to every engine alike.
@@ -15,19 +16,29 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from lemonade.recipes import RECIPES
 
 if TYPE_CHECKING:
     from lemonade.backends.base import WrappedServer
     from lemonade.config import Config
     from lemonade.errors import APIError
     from lemonade.model_info import ModelInfo
-    from lemonade.runtime.engine_client import EngineClient
 
 Progress = Callable[[dict[str, Any]], None] | None
+
+
+class EngineHTTP(Protocol):
+    """What an engine needs to talk to its own running process: the router passes its client in
+    (runtime/engine_client.py `EngineClient`), so no engine knows the runtime that drives it."""
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes | None = None,
+                      content_type: str = "application/json") -> tuple[int, bytes]:
+        """(status, body) of one request to the engine at `base_url`."""
 
 
 class InstallError(RuntimeError):
@@ -149,10 +160,11 @@ class Engine(ABC):
     """One recipe's engine. Class attributes describe it; instances are bound to a cache dir."""
 
     recipe: ClassVar[str]
-    modes: ClassVar[tuple[str, ...]]  # deployment modes it serves, default first
-    # Modes it serves only for models that carry a label as well: label -> those modes (a llama.cpp
-    # decision model labelled `classification` + `systemone` answers /v1/systemone, llamacpp-newer.md).
-    label_modes: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # What the recipe serves, from its entry in recipes.py (set by `__init_subclass__`): deployment
+    # modes, default first; modes served only with another label; the weight file format it loads.
+    modes: ClassVar[tuple[str, ...]]
+    label_modes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    file_format: ClassVar[str | None] = None
     backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists
     options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
     args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
@@ -172,13 +184,18 @@ class Engine(ABC):
     # Audio containers a transcription engine decodes (names of audio/formats.py); an upload in another
     # one is refused with a 400 before the model loads. WAV is what the spec requires of every engine.
     audio_formats: ClassVar[tuple[str, ...]] = ("wav",)
-    # The weight file format it loads ("gguf"): a bare file of that format in the extra models dir,
-    # or a repository of such files, is a model of this recipe.
-    file_format: ClassVar[str | None] = None
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
     # Where its models run. False: a process of ours per model, holding a slot of its type. True: a
     # service elsewhere (a cloud provider): no slot, no process, and requests leave through `outbound`.
     remote: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An engine class naming its recipe takes the recipe's description from the catalog's
+        table (recipes.py), the one place it is written."""
+        super().__init_subclass__(**kwargs)
+        recipe = RECIPES.get(cls.__dict__.get("recipe", ""))
+        if recipe is not None:
+            cls.modes, cls.label_modes, cls.file_format = recipe.modes, recipe.label_modes, recipe.file_format
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)
@@ -288,7 +305,7 @@ class Engine(ABC):
         ctx = options.get("ctx_size")
         return ctx if isinstance(ctx, int) and ctx > 0 else None
 
-    async def downsize(self, base_url: str, client: EngineClient) -> bool:
+    async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
         return False
 

@@ -43,7 +43,6 @@ def model_folder(files: dict[str, list[Path]]) -> Path:
 
 class FasterWhisperEngine(PythonEngine):
     recipe = "fasterwhisper"
-    modes = ("transcription",)
     packages = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)
     probe = "import faster_whisper, av"
     options = {

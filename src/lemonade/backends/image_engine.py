@@ -5,13 +5,15 @@ multipart body per picture) through its loaded model's process, and may upscale 
 is run per request instead of loaded. The API checks the request, then asks the engine for the
 body of one picture (`generation_body`, `edit_body`) and sends it through the router and proxy
 like any other request; `cancel_running` is what the API calls when the client of a running
-picture hangs up.
+picture hangs up. The engine knows nothing of the router: what it may do is passed in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from abc import abstractmethod
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,6 @@ from lemonade.backends.engine import Engine
 
 if TYPE_CHECKING:
     from lemonade.model_info import ModelInfo
-    from lemonade.runtime.router import Router
 
 MAX_SEED = 2**31 - 1
 # What every image engine of this build takes (stable-diffusion.cpp: steps clamped to 1..100 by its
@@ -30,7 +31,6 @@ SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
 
 
 class ImageEngine(Engine):
-    modes = ("image",)
 
     def is_upscaler(self, model: ModelInfo) -> bool:
         """A model run per request by `upscale`, never loaded."""
@@ -50,10 +50,14 @@ class ImageEngine(Engine):
                   steps: int | None, cfg_scale: float | None, seed: int) -> tuple[bytes, str]:
         """The engine's body for one edited PNG: (bytes, content type)."""
 
-    async def cancel_running(self, router: Router, model: ModelInfo) -> None:
+    async def cancel_running(self, model: ModelInfo, unload_if_idle: Callable[[], Awaitable[bool]]) -> None:
         """Stop work the engine is doing for a client that left (nothing, where closing the
-        connection is enough)."""
+        connection is enough). `unload_if_idle()` unloads the model unless another request uses
+        it, and says whether it did."""
 
-    async def upscale(self, files: dict[str, list[Path]], image: bytes) -> bytes:
-        """The picture upscaled with the upscaling model whose files these are."""
+    async def upscale(self, files: dict[str, list[Path]], image: bytes,
+                      wait: Callable[[asyncio.Future[Any]], Awaitable[Any]]) -> bytes:
+        """The picture upscaled with the upscaling model whose files these are. `wait(work)` awaits
+        the engine's work for the request: it raises instead when the request's client leaves
+        first, and the work is then stopped."""
         raise NotImplementedError

@@ -22,6 +22,7 @@ from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
     Engine,
+    EngineHTTP,
     EngineUnavailable,
     InstallError,
     Launch,
@@ -36,7 +37,6 @@ from lemonade.backends.llamacpp_bins import (
     OwnBuild,
     TaggedInstaller,
     Unresolved,
-    bin_kind,
     installed_tags,
     resolve_latest,
 )
@@ -65,17 +65,16 @@ from lemonade.backends.llamacpp_rpc import (
     probe_sync,
     rpc_args,
     unreachable_message,
-    worker_list,
 )
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
+from lemonade.llamacpp_settings import bin_kind, worker_list
 from lemonade.system.devices import detect_devices, gpu_usage
 
 if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
-    from lemonade.runtime.engine_client import EngineClient
 
 log = logging.getLogger("lemonade.llamacpp")
 
@@ -277,8 +276,6 @@ def _check_args(value: str) -> str | None:
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
     release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
-    modes = ("chat", "embeddings", "reranking")
-    label_modes = {"systemone": ("classification",)}  # a decision model (llamacpp-newer.md /v1/systemone)
     backends = LLAMACPP_ALL_BACKENDS
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
@@ -300,7 +297,6 @@ class LlamaCppEngine(Engine):
     streamed_for_cancel = {"/v1/chat/completions": {"stream": True, "stream_options": {"include_usage": True}},
                            "/v1/completions": {"stream": True}}
     metrics_path = "/metrics"
-    file_format = "gguf"
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)
@@ -518,7 +514,7 @@ class LlamaCppEngine(Engine):
         backend = self.requested_backend(options)
         return choose_context(options, files, backend).ctx_size
 
-    async def downsize(self, base_url: str, client: EngineClient) -> bool:
+    async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""
         try:
             status, content = await client.request("GET", base_url, "/slots")

@@ -10,13 +10,15 @@ binary selection").
   Offline or with `no_fetch_executables`, the newest tag installed before is used, with a warning;
 - an absolute path: a folder you built yourself. Used as it is: never downloaded into, never
   removed, reported with the version it prints.
+
+Which kind a value is, and whether it is well formed, is llamacpp_settings.py's (config validation
+checks values with it).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from lemonade.backends.engine import BackendState, InstallError, Progress
 from lemonade.backends.install import PINNED_BACKENDS, BackendInstaller, _assets
 from lemonade.backends.llamacpp_build import RPC_SERVER, BuildLog, emit, probe_version
 from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message
+from lemonade.llamacpp_settings import TAG_RE
 from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.install")
@@ -32,28 +35,6 @@ BIN_BACKENDS = ("cpu", "vulkan", "rocm", "cuda")  # the `*_bin` keys of the llam
 LATEST_URL = "https://api.github.com/repos/ggml-org/llama.cpp/releases/latest"
 ENV_LATEST_URL = "LEMONADE_LLAMACPP_LATEST_URL"
 _EXE = "llama-server.exe" if os.name == "nt" else "llama-server"
-_TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def bin_kind(value: str) -> str:
-    """"builtin", "latest", "path" or "tag"."""
-    if value in ("", "builtin"):
-        return "builtin"
-    if value == "latest":
-        return "latest"
-    return "path" if os.path.isabs(value) else "tag"
-
-
-def check_bin_value(key: str, value: str) -> str | None:
-    """Why a `*_bin` value cannot be used, or None (config validation)."""
-    kind = bin_kind(value)
-    if kind == "path" and not os.path.isdir(value):
-        return (f"'{key}' path does not exist: {value}. Use \"builtin\", \"latest\", a version tag (e.g. "
-                "\"b8664\"), or a folder holding your own llama-server build.")
-    if kind == "tag" and not _TAG_RE.match(value):
-        return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"b8664\", or an absolute path; "
-                f"got {value!r}")
-    return None
 
 
 def resolve_latest(timeout: float = 5.0) -> str:
@@ -64,7 +45,7 @@ def resolve_latest(timeout: float = 5.0) -> str:
     resp = httpx.get(url, timeout=timeout, follow_redirects=True, headers={"Accept": "application/json"})
     resp.raise_for_status()
     tag = resp.json().get("tag_name")
-    if not isinstance(tag, str) or not _TAG_RE.match(tag):
+    if not isinstance(tag, str) or not TAG_RE.match(tag):
         raise ValueError(f"{url} named no release tag")
     return tag
 

@@ -6,7 +6,8 @@ TCP, and the main host's `llama-server --rpc host:port,...` places layers on the
 their free memory (docs/scale-out.md). This module is everything Lemonade knows about that:
 
 - the worker list, from the server-wide `llamacpp.rpc_workers` or a model's `rpc_workers` option,
-  checked entry by entry (`host:port`, `[v6addr]:port`) so a bad one is refused with a 400 naming it;
+  checked entry by entry (`host:port`, `[v6addr]:port`; llamacpp_settings.py, which config
+  validation uses too) so a bad one is refused with a 400 naming it;
 - reachability: a TCP connect with a short timeout, before a load (an unreachable worker would make
   `llama-server` fail or hang while loading) and for `/v1/health` and `/v1/system-info`;
 - the worker side: the `ggml-rpc-server` command line `lemonade worker` runs.
@@ -19,65 +20,18 @@ time (its accept loop is serial); a second one waits until the first disconnects
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import re
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PORT = 50052  # upstream's default for ggml-rpc-server
+from lemonade.llamacpp_settings import WorkerSpecError, split_worker, worker_list
+
 PROBE_TIMEOUT = 2.0  # seconds for the check before a load
 HEALTH_TIMEOUT = 0.5  # seconds for health and system-info, which must stay quick
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 HOW_TO_FIX = ("Start `lemonade worker --host <its private address> --port <port>` on each of them, check that "
               "this machine reaches them (firewall, network), or remove them from the rpc_workers option of the "
               "model or the server-wide llamacpp.rpc_workers.")
-
-
-class WorkerSpecError(ValueError):
-    """A worker entry that is not `host:port`; the message names the entry."""
-
-
-def split_worker(entry: str) -> tuple[str, int]:
-    """`host:port` (a host name, an IPv4 address, or `[IPv6]`) -> (host, port); WorkerSpecError
-    naming the entry otherwise."""
-    text = entry.strip()
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})", text) or re.fullmatch(r"([^:\[\]\s]+):(\d{1,5})", text)
-    if not m:
-        raise WorkerSpecError(f"RPC worker '{entry}' must be host:port (e.g. 10.0.0.2:{DEFAULT_PORT}, or "
-                              f"[fd00::2]:{DEFAULT_PORT} for IPv6)")
-    host, port = m.group(1), int(m.group(2))
-    if not 1 <= port <= 65535:
-        raise WorkerSpecError(f"RPC worker '{entry}': port {port} is not from 1 to 65535")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not _HOSTNAME.fullmatch(host):
-            raise WorkerSpecError(f"RPC worker '{entry}': '{host}' is neither an IP address nor a host name") from None
-    return host, port
-
-
-def worker_list(value: Any, what: str = "rpc_workers") -> list[str]:
-    """A JSON list of `host:port` strings (a comma-separated string too, as env vars give it),
-    normalised and without duplicates; WorkerSpecError naming `what` and the bad entry."""
-    if isinstance(value, str):
-        value = [part for part in value.split(",") if part.strip()]
-    if not isinstance(value, list):
-        raise WorkerSpecError(f"'{what}' must be a list of host:port strings, got {type(value).__name__}")
-    out: list[str] = []
-    for entry in value:
-        if not isinstance(entry, str):
-            raise WorkerSpecError(f"'{what}' entry {entry!r} must be a host:port string")
-        try:
-            host, port = split_worker(entry)
-        except WorkerSpecError as exc:
-            raise WorkerSpecError(f"'{what}': {exc}") from None
-        name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if name not in out:
-            out.append(name)
-    return out
 
 
 def check_option(value: Any) -> str | None:

@@ -31,7 +31,6 @@ def _check_threads(value: int) -> str | None:
 
 class OnnxRuntimeEngine(PythonEngine):
     recipe = "onnxruntime"
-    modes = ("classification",)
     packages = (f"onnxruntime=={ONNXRUNTIME_VERSION}", "tokenizers==0.23.3", "numpy==2.4.6")
     probe = "import onnxruntime, tokenizers, numpy"
     options = {"onnxruntime_threads": Option(int, None, default=0, check=_check_threads)}

@@ -1,9 +1,10 @@
 """Every recipe this server knows, each with its engine description.
 
 `ENGINE_CLASSES` are the engines this build ships. `UNAVAILABLE` lists the other recipes of
-Lemonade's catalog so that their models are listed and refused truthfully (modes they would serve,
-backend names as upstream, the options they take). Adding an engine = one `backends/<engine>.py`
-and one line in `ENGINE_CLASSES` (and its recipe leaves `UNAVAILABLE`).
+Lemonade's catalog so that their models are listed and refused truthfully (backend names as
+upstream, the options they take; the modes they would serve are in recipes.py). Adding an engine =
+one `backends/<engine>.py`, one line in `ENGINE_CLASSES` (its recipe leaves `UNAVAILABLE`), and its
+recipe's entry in recipes.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lemonade.backends.piper import PiperEngine
 from lemonade.backends.sdcpp import SdCppEngine
 from lemonade.backends.vllm import VllmEngine
 from lemonade.backends.whispercpp import WhisperCppEngine
+from lemonade.recipes import RECIPES, recipe_modes
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -36,24 +38,12 @@ ENGINE_CLASSES: tuple[type[Engine], ...] = (
 _CTX = {"ctx_size": Option(int, "ctx_size")}
 # recipe -> (modes, default first; backends; options)
 UNAVAILABLE: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Option]]] = {
-    "flm": (("chat", "embeddings", "transcription"), ("npu",), _CTX),
-    "ryzenai-llm": (("chat",), ("npu",), _CTX),
-    "acestep": (("audio-generation",), ("default",), {}),
-    "thinksound": (("audio-generation",), ("default",), {}),
-    "trellis": (("3d",), ("default",), {}),
+    "flm": (RECIPES["flm"].modes, ("npu",), _CTX),
+    "ryzenai-llm": (RECIPES["ryzenai-llm"].modes, ("npu",), _CTX),
+    "acestep": (RECIPES["acestep"].modes, ("default",), {}),
+    "thinksound": (RECIPES["thinksound"].modes, ("default",), {}),
+    "trellis": (RECIPES["trellis"].modes, ("default",), {}),
 }
-
-
-def recipe_modes() -> dict[str, tuple[str, ...]]:
-    """recipe -> deployment modes it serves, default first (the label rules read this)."""
-    out = {cls.recipe: cls.modes for cls in ENGINE_CLASSES}
-    out.update({recipe: spec[0] for recipe, spec in UNAVAILABLE.items() if recipe not in out})
-    return out
-
-
-def label_modes(recipe: str) -> dict[str, tuple[str, ...]]:
-    """The modes a recipe's engine serves only with a label as well (`Engine.label_modes`)."""
-    return next((dict(cls.label_modes) for cls in ENGINE_CLASSES if cls.recipe == recipe), {})
 
 
 class Engines:
@@ -77,19 +67,6 @@ class Engines:
     def system_info(self) -> dict[str, Any]:
         """The `recipes` object of `/v1/system-info`."""
         return {engine.recipe: engine.system_info() for engine in self}
-
-
-def recipe_for_format(file_format: str) -> str:
-    """The recipe whose engine loads weight files of `file_format` (e.g. "gguf")."""
-    for cls in ENGINE_CLASSES:
-        if cls.file_format == file_format:
-            return cls.recipe
-    raise LookupError(f"No engine of this build loads {file_format} files")
-
-
-def file_format(recipe: str) -> str | None:
-    """The weight file format a recipe's engine loads, if it is a single-file format."""
-    return next((cls.file_format for cls in ENGINE_CLASSES if cls.recipe == recipe), None)
 
 
 def recipe_options(recipe: str) -> dict[str, Option]:

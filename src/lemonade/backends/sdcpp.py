@@ -34,6 +34,7 @@ import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,13 +53,11 @@ from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
-from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.util.process_group import signal_group
 
 if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
-    from lemonade.runtime.router import Router
 
 log = logging.getLogger("lemonade.sd-cpp")
 
@@ -304,18 +303,16 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
                   steps: int | None, cfg_scale: float | None, seed: int) -> tuple[bytes, str]:
         return edit_body(prompt, images, mask, width, height, steps, cfg_scale, seed)
 
-    async def cancel_running(self, router: Router, model: ModelInfo) -> None:
+    async def cancel_running(self, model: ModelInfo, unload_if_idle: Callable[[], Awaitable[bool]]) -> None:
         """sd-server cannot interrupt a generation: stop its process when no other request uses it
         (the router starts it again on the next request). With others waiting, the picture is
         finished; their turn comes after it."""
-        lm = router.loaded.get(model.name)
-        if lm is None or lm.active > 0:
-            return
-        log.info("Stopping sd-server for %s: its client left during a generation, which sd-server cannot "
-                 "interrupt otherwise; it loads again on the next request", model.public)
-        await router.unload(model.name)
+        if await unload_if_idle():
+            log.info("Stopped sd-server for %s: its client left during a generation, which sd-server cannot "
+                     "interrupt otherwise; it loads again on the next request", model.public)
 
-    async def upscale(self, files: dict[str, list[Path]], image: bytes) -> bytes:
+    async def upscale(self, files: dict[str, list[Path]], image: bytes,
+                      wait: Callable[[asyncio.Future[Any]], Awaitable[Any]]) -> bytes:
         """`sd-cli -M upscale` on the picture, in a private temp folder removed afterwards; killed if the
         client leaves. Its output lines go to the log stream."""
         cli = self.cli_path()
@@ -335,16 +332,17 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
             source, target = Path(tmp) / "input.png", Path(tmp) / "output.png"
             source.write_bytes(image)
             code, tail = await _run_logged(upscale_argv(cli, model_file, source, target), f"sd-cli:{model_file.name}",
-                                           self.engine_env())
+                                           self.engine_env(), wait)
             if code != 0 or not target.is_file():
                 log.warning("sd-cli upscale failed (exit %s): %s", code, " | ".join(tail[-5:]))
                 raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")
             return target.read_bytes()
 
 
-async def _run_logged(argv: list[str], tag: str, env: dict[str, str]) -> tuple[int, list[str]]:
+async def _run_logged(argv: list[str], tag: str, env: dict[str, str],
+                      wait: Callable[[asyncio.Future[Any]], Awaitable[Any]]) -> tuple[int, list[str]]:
     """Run a program to its end, its output lines into the log stream; (exit code, last lines). A client
-    that leaves meanwhile kills it (ClientGone is raised on)."""
+    that leaves meanwhile kills it (`wait`, the caller's, raises then, and that is raised on)."""
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 env=env, start_new_session=True)
@@ -368,10 +366,11 @@ async def _run_logged(argv: list[str], tag: str, env: dict[str, str]) -> tuple[i
 
     task = asyncio.ensure_future(pump())
     try:
-        return await until_gone_or(task), tail
-    except (ClientGone, asyncio.CancelledError):
-        signal_group(proc.pid)
-        log.info("%s stopped: its client left", tag)
+        return await wait(task), tail
+    except BaseException:
+        if not task.done():  # the wait ended before the program: its client left (or the request was cancelled)
+            signal_group(proc.pid)
+            log.info("%s stopped: its client left", tag)
         raise
     finally:
         if proc.returncode is None:

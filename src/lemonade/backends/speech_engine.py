@@ -35,7 +35,6 @@ def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
 class SpeechEngine(PythonEngine):
     """A Python-native TTS engine run by our speech worker."""
 
-    modes = ("tts",)
     endpoints = {"audio/speech": "/speech"}
     worker_engine: ClassVar[str]  # the worker's voice module: workers/tts_<name>.py
     speech_formats: ClassVar[tuple[str, ...]] = ENCODED_FORMATS  # buffered response formats

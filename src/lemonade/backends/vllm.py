@@ -104,7 +104,6 @@ def model_folder(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
 
 class VllmEngine(Engine):
     recipe = "vllm"
-    modes = ("chat",)
     backends = ("rocm", "cuda")
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),

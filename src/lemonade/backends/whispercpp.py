@@ -151,7 +151,6 @@ def transcription_result(content: bytes) -> dict[str, Any]:
 class WhisperCppEngine(NativeCpuBackend, Engine):
     recipe = "whispercpp"
     release_page = f"https://github.com/ggml-org/whisper.cpp/releases/tag/{WHISPER_CPP_VERSION}"
-    modes = ("transcription",)
     backends = BACKENDS
     options = {
         "whispercpp_backend": Option(str, "whispercpp.backend", check=_check_backend),

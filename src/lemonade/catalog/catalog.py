@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lemonade.backends.registry import file_format
 from lemonade.catalog import collection_file
 from lemonade.catalog.extra_dir import scan_extra_dir
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
@@ -31,6 +30,7 @@ from lemonade.labels import (
     deployment_mode,
 )
 from lemonade.model_info import ModelInfo
+from lemonade.recipes import file_format
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
 

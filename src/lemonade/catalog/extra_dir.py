@@ -34,10 +34,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lemonade.backends.registry import recipe_for_format
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.checkpoints.variants import is_mmproj, quant_token, shard_info
 from lemonade.model_info import ModelInfo
+from lemonade.recipes import recipe_for_format
 
 log = logging.getLogger("lemonade.catalog")
 PREFIX = "extra."

@@ -101,7 +101,8 @@ def worker(
     """Serve this host's CPU/GPUs to a Lemonade server as a llama.cpp RPC worker (until Ctrl-C)."""
     from lemonade.backends.base import _die_with_parent as die_with_parent
     from lemonade.backends.engine import InstallError
-    from lemonade.backends.llamacpp_rpc import split_worker, worker_argv, worker_binary
+    from lemonade.backends.llamacpp_rpc import worker_argv, worker_binary
+    from lemonade.llamacpp_settings import split_worker
     from lemonade.paths import cache_dir
 
     if not 1 <= port <= 65535:

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lemonade.backends.registry import recipe_for_format
 from lemonade.checkpoints.variants import is_mmproj, match_variant, shard_info
 from lemonade.downloads.hub import RepoListing
+from lemonade.recipes import recipe_for_format
 
 PREFERRED = ("Q4_K_M", "UD-Q4_K_XL", "Q8_0", "Q4_0")  # most used in the built-in model list
 TOP_N = 5

@@ -1,7 +1,7 @@
 """Running the omni tools on a collection's components, and the media they make.
 
-Each tool calls the same service code as the HTTP endpoint it stands for (`synthesize` behind
-`/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`), so
+Each tool calls the same service code as the HTTP endpoint it stands for (media/: `synthesize`
+behind `/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`), so
 loading, residency and stats work as for any request. A tool's failure (bad arguments, a model that
 refuses) is text for the LLM ("Error: ..."), as OpenAI tool results are, so it can try again or
 explain; only a client that went away stops the loop.
@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lemonade.api.openai import images
-from lemonade.api.openai.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.backends.image_engine import ImageEngine
 from lemonade.errors import APIError
+from lemonade.media import images
+from lemonade.media.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from lemonade.api.errors import APIError
 from lemonade.api.mcp.sandbox import unique_name
-from lemonade.api.openai.images import (
+from lemonade.media.images import (
     generate_images,
     image_model,
     parse_cfg_scale,

@@ -32,8 +32,8 @@ from lemonade.api.ollama.protocol import (
     KeepAlive,
     Options,
 )
-from lemonade.api.openai import images
 from lemonade.api.openapi import json_body
+from lemonade.media import images
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 

@@ -1,0 +1,83 @@
+"""What the llama.cpp settings accept: RPC worker lists and `*_bin` values.
+
+Config validation (config.py) checks `llamacpp.rpc_workers` and `llamacpp.<backend>_bin` with
+these, and the llama.cpp engine (backends/llamacpp*.py) reads the values with the same functions;
+they live below both, so the config layer needs no engine to check a value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import Any
+
+DEFAULT_PORT = 50052  # upstream's default for ggml-rpc-server
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a llama.cpp release tag ("b8664")
+
+
+class WorkerSpecError(ValueError):
+    """A worker entry that is not `host:port`; the message names the entry."""
+
+
+def split_worker(entry: str) -> tuple[str, int]:
+    """`host:port` (a host name, an IPv4 address, or `[IPv6]`) -> (host, port); WorkerSpecError
+    naming the entry otherwise."""
+    text = entry.strip()
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})", text) or re.fullmatch(r"([^:\[\]\s]+):(\d{1,5})", text)
+    if not m:
+        raise WorkerSpecError(f"RPC worker '{entry}' must be host:port (e.g. 10.0.0.2:{DEFAULT_PORT}, or "
+                              f"[fd00::2]:{DEFAULT_PORT} for IPv6)")
+    host, port = m.group(1), int(m.group(2))
+    if not 1 <= port <= 65535:
+        raise WorkerSpecError(f"RPC worker '{entry}': port {port} is not from 1 to 65535")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.fullmatch(host):
+            raise WorkerSpecError(f"RPC worker '{entry}': '{host}' is neither an IP address nor a host name") from None
+    return host, port
+
+
+def worker_list(value: Any, what: str = "rpc_workers") -> list[str]:
+    """A JSON list of `host:port` strings (a comma-separated string too, as env vars give it),
+    normalised and without duplicates; WorkerSpecError naming `what` and the bad entry."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list):
+        raise WorkerSpecError(f"'{what}' must be a list of host:port strings, got {type(value).__name__}")
+    out: list[str] = []
+    for entry in value:
+        if not isinstance(entry, str):
+            raise WorkerSpecError(f"'{what}' entry {entry!r} must be a host:port string")
+        try:
+            host, port = split_worker(entry)
+        except WorkerSpecError as exc:
+            raise WorkerSpecError(f"'{what}': {exc}") from None
+        name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def bin_kind(value: str) -> str:
+    """"builtin", "latest", "path" or "tag"."""
+    if value in ("", "builtin"):
+        return "builtin"
+    if value == "latest":
+        return "latest"
+    return "path" if os.path.isabs(value) else "tag"
+
+
+def check_bin_value(key: str, value: str) -> str | None:
+    """Why a `*_bin` value cannot be used, or None (config validation)."""
+    kind = bin_kind(value)
+    if kind == "path" and not os.path.isdir(value):
+        return (f"'{key}' path does not exist: {value}. Use \"builtin\", \"latest\", a version tag (e.g. "
+                "\"b8664\"), or a folder holding your own llama-server build.")
+    if kind == "tag" and not TAG_RE.match(value):
+        return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"b8664\", or an absolute path; "
+                f"got {value!r}")
+    return None
