@@ -6,7 +6,9 @@ answer, errors of the member included; with `"route_trace": true` the body also 
 `x_lemonade_route` (a stream: in its first event, the rest of the stream relayed untouched).
 Model-backed conditions call the policy's helper models through the same router and proxy as any
 request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
-chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
+chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model,
+greedy and under the reply contract's JSON schema as a grammar (`response_format`), so even a small
+model answers in contract and only chooses the label.
 """
 
 from __future__ import annotations
@@ -93,9 +95,14 @@ class Helpers:
             raise ValueError(f"{name} is a collection")
         return model
 
-    async def _chat(self, model: ModelInfo, system: str, user: str) -> str:
-        body = {"model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    async def _chat(self, model: ModelInfo, system: str, user: str, schema: Mapping[str, Any] | None = None) -> str:
+        """The helper's reply, greedy; under `schema` as a grammar when given (the `llm` contract)."""
+        body: dict[str, Any] = {
+            "model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "routing_decision", "schema": dict(schema)}}
         data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
                                               "chat/completions")
         return str(data["choices"][0]["message"].get("content") or "")
@@ -117,8 +124,8 @@ class Helpers:
                                               {"model": model.public, "input": text}, "embeddings")
         return list(data["data"][0]["embedding"])
 
-    async def chat(self, name: str, system: str, user: str) -> str:
-        return await self._chat(self._model(name), system, user)
+    async def chat(self, name: str, system: str, user: str, schema: Mapping[str, Any]) -> str:
+        return await self._chat(self._model(name), system, user, schema)
 
     def services(self) -> ClassifierServices:
         return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
