@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -319,6 +320,35 @@ def test_image_model_stays_resident_next_to_the_llm(http):
     assert chat.status_code == 200, chat.text
     now = loaded(http)
     assert now[GEMMA_NAME]["type"] == "llm" and now[MODEL]["type"] == "image"
+
+
+def test_generation_progress_reaches_the_log_stream(server, http):
+    """sd-server's step progress (a bar it redraws with carriage returns) reaches `/logs/stream` line by
+    line as live entries, logged while the picture was being made: before the server's own line
+    saying the generation finished (the log's sequence numbers order them)."""
+    import json
+
+    import websockets.sync.client as ws_client
+
+    steps = 4
+    body = {"model": MODEL, "prompt": "a lemon", "size": "64x64", "steps": steps, "cfg_scale": 1.0, "seed": 9}
+    live: list[dict] = []
+    with ws_client.connect(server.url.replace("http", "ws") + "/logs/stream") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "logs.snapshot"
+        resp = http.post("/v1/images/generations", json=body)  # its lines queue up for this subscriber meanwhile
+        assert resp.status_code == 200, resp.text
+        while not any(e["tag"] == "images" and "1 image(s) of 64x64" in e["line"] for e in live):
+            msg = json.loads(ws.recv(timeout=60))
+            assert msg["type"] == "logs.entry", msg
+            live.append(msg["entry"])
+    finished = next(e["seq"] for e in live if e["tag"] == "images" and "1 image(s) of 64x64" in e["line"])
+    # sd.cpp's bar: "  |============>        | 1/4 - 2.86s/it", one entry per redraw
+    bar = re.compile(rf"\|[=> ]+\| (\d+)/{steps} - ")
+    progress = [(e["seq"], int(m.group(1))) for e in live
+                if e["tag"] == f"engine.sd-server:{MODEL.split('.', 1)[1]}" and (m := bar.search(e["line"]))]
+    assert [step for _, step in progress] == list(range(1, steps + 1)), [e["line"] for e in live][-40:]
+    assert all(seq < finished for seq, _ in progress)
 
 
 def test_ollama_generate_makes_an_image(http):

@@ -2,7 +2,8 @@
 
 The collection is the real Gemma 3 270M (llama.cpp) as its LLM and the real Piper en_US joe voice
 as its TTS model, registered with `/v1/pull` like any `collection.omni`; the image tool runs on
-sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise).
+sd.cpp with the random-weight tiny SD 1.x model of tests/test_images.py (its pictures are noise),
+and so does the edit tool (the same model labelled `edit`: sd-server's img2img).
 No scripted LLM turn: the small model itself emits the tool calls. An earlier exchange in the
 conversation (one call of the same tool) shows it the format for the later (`auto`) rounds, and
 `tool_choice` names the tool for the first round, which the server forces with a grammar. What Gemma
@@ -302,3 +303,66 @@ def test_image_tool(client, draw_kit):
     image = Image.open(io.BytesIO(base64.b64decode(found[0])))
     assert image.format == "PNG" and image.size == (64, 64)
 
+
+
+@pytest.fixture(scope="module")
+def edit_kit(server, hub_server) -> str:
+    """Gemma and the same random-weight SD model, labelled `edit` too, so the loop offers edit_image."""
+    publish_sd(hub_server)
+    with server.client() as http:
+        resp = http.post("/v1/pull", json={"model_name": "user.Omni-SD-Edit", "checkpoint": f"{SD_REPO}:{SD_FILE}",
+                                           "recipe": "sd-cpp", "labels": ["image", "edit"],
+                                           "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 64, "height": 64}})
+        assert resp.status_code == 200, resp.text
+        resp = http.post("/v1/pull", json={"model_name": "user.EditKit", "recipe": "collection.omni",
+                                           "components": [GEMMA_NAME, "user.Omni-SD-Edit"]})
+        assert resp.status_code == 200, resp.text
+    return "user.EditKit"
+
+
+def edited_example(upload: dict) -> list[dict]:
+    """An earlier exchange: the user uploaded a picture (`upload`, an image_url part, which Gemma
+    sees as "[image]") and asked for an edit; the assistant called edit_image. Forced to call
+    edit_image, the 270M model writes every optional argument of it, whatever an example leaves out
+    ("size": "100", "steps": 100, a 16-digit seed, until max_tokens cut the call); an example call
+    with all of them set to this model's defaults it copies, so the edit is valid and small."""
+    args = {"prompt": "a green tree", "size": "64x64", "steps": 1, "cfg_scale": 1.0, "seed": 7}
+    call = {"id": "e0", "type": "function", "function": {"name": "edit_image", "arguments": json.dumps(args)}}
+    return [{"role": "user", "content": [upload, {"type": "text", "text": 'Edit "a green tree".'}]},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "e0", "content": "The image was edited and shown to the user."},
+            {"role": "assistant", "content": "Here is a green tree."}]
+
+
+def engine_lines_since(server, seq: int, tag: str) -> tuple[int, list[str]]:
+    """The log stream's retained lines of `tag` after `seq`, and the last sequence number."""
+    import websockets.sync.client as ws_client
+
+    with ws_client.connect(server.url.replace("http", "ws") + "/logs/stream") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": seq}))
+        entries = json.loads(ws.recv(timeout=30))["entries"]
+    return (entries[-1]["seq"] if entries else seq), [e["line"] for e in entries if e["tag"] == tag]
+
+
+def test_edit_image_tool_edits_the_conversations_image(client, server, edit_kit):
+    """Gemma calls edit_image (named in tool_choice, forced by the grammar) on the picture the user
+    uploaded earlier in the conversation (the only image in it, so what the edit starts from);
+    sd.cpp runs it as an edit (its own log says EDIT mode and encodes the init image), and the new
+    PNG comes back in the answer."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="PNG")
+    source = buf.getvalue()
+    upload = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(source).decode()}}
+    messages = [*edited_example(upload), {"role": "user", "content": 'Edit "a red apple".'}]
+    seq, _ = engine_lines_since(server, 0, "")
+    resp = client.chat.completions.create(model=edit_kit, messages=messages, max_tokens=TOKENS, temperature=0,
+                                          tool_choice={"type": "function", "function": {"name": "edit_image"}})
+    found = IMAGE_RE.findall(resp.choices[0].message.content)
+    assert len(found) == 1, resp.choices[0].message.content[:300]
+    edited = base64.b64decode(found[0])
+    assert edited != source
+    image = Image.open(io.BytesIO(edited))
+    assert image.format == "PNG" and image.size == (64, 64)
+    _, lines = engine_lines_since(server, seq, "engine.sd-server:Omni-SD-Edit")
+    assert any("EDIT mode" in line for line in lines), lines[-20:]
+    assert any("encode_first_stage completed" in line for line in lines), lines[-20:]  # the picture it started from

@@ -40,8 +40,9 @@ def loaded_names(c: httpx.Client) -> set[str]:
 
 
 def test_alternating_clients_complete_without_livelock(make_server, two_models):
-    """16 concurrent clients alternating between two models on one slot: every request is answered,
-    and the router swaps in batches (a livelocked router loads once or more per request)."""
+    """16 concurrent clients alternating between two models on one slot (half ask a then b, half b
+    then a): every request is answered, and the router swaps in batches, loading at most twice the
+    fewest loads this traffic needs."""
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(two_models)})
 
     async def client_run(i: int, c: httpx.AsyncClient) -> list[int]:
@@ -67,7 +68,13 @@ def test_alternating_clients_complete_without_livelock(make_server, two_models):
     with srv.client() as c:
         queue = health(c)["queue"]
     assert queue["depth"] == 0
-    assert queue["loads_total"] <= 10, queue  # 32 requests; a livelock swaps for nearly every one
+    # The fewest loads this traffic allows is 3: whichever model loads first serves only the first
+    # requests for it; the other model's load serves its first requests and the second requests of
+    # the clients that started with the first model; the clients that started with the second model
+    # then need the first one again. The issue's bound is at most twice that (a livelocked router
+    # loads once or more per request: 32).
+    fewest = 3
+    assert fewest <= queue["loads_total"] <= 2 * fewest, queue
     assert queue["waits_total"] >= 1
 
 

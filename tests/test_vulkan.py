@@ -6,62 +6,31 @@ built from the pinned sources with `-DGGML_VULKAN=ON` when GitHub's release arch
 and llama-server's own log must say the layers went to the Vulkan device. With a real GPU the same
 test runs without `force` and the model's health `device` is "gpu".
 
-Opt-in (LEMONADE_TEST_VULKAN=1): the cold build took 63 minutes on this project's 2 shared cores
-at load 16-21 (the Vulkan shaders and ggml-vulkan are a large part; with -DGGML_USE_VULKAN every
-other file compiles anew too, so the CPU build's ccache does not help; docs/performance.md); the
-build folder stays in the test cache, so later runs only reconfigure and link-check it. Needs the Debian packages
-mesa-vulkan-drivers libvulkan-dev glslc spirv-headers vulkan-tools; where the system's Vulkan headers
-are too old for the pinned llama.cpp (Debian 12), newer ones come from Debian 13 (vulkan_sdk.py).
+Part of every run: `.ci/run` installs Debian's mesa-vulkan-drivers libvulkan-dev glslc
+spirv-headers vulkan-tools and builds the backend into the test cache before the suite
+(tests/vulkan_sdk.py; a cold build took 27 minutes on this project's 2 shared cores at load 17, the
+CPU build's ccache covering ggml-cpu, llama, common and the server; docs/performance.md), so here it
+is only loaded. Run alone on a machine without the build, the fixture builds it first.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from lemonade.backends.install import BackendInstaller
-from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
 from lemonade.system.devices import detect_devices
 from tests.helpers import GEMMA_NAME, TEST_CACHE, Server, ServerFactory
-from tests.vulkan_sdk import debian_vulkan_headers
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("LEMONADE_TEST_VULKAN") != "1",
-    reason="opt-in: LEMONADE_TEST_VULKAN=1 builds llama.cpp's vulkan backend (about an hour cold on 2 busy cores, "
-    "cached after) and serves Gemma through Vulkan (apt: mesa-vulkan-drivers libvulkan-dev glslc spirv-headers "
-    "vulkan-tools)")
+from tests.vulkan_sdk import ensure_vulkan_backend
 
 
 @pytest.fixture(scope="module")
 def vulkan_backend() -> Path:
-    """The vulkan backend installed in the test cache (built once; force where no GPU passes the filter)."""
-    report = detect_devices(refresh=True)
-    if not report.vulkan:
-        pytest.skip("no Vulkan device here: apt-get install mesa-vulkan-drivers vulkan-tools")
-    installer = BackendInstaller(TEST_CACHE)
-    if installer.state("llamacpp", "vulkan").state != "installed":
-        sdk = os.environ.get("VULKAN_SDK")
-        if not sdk and any("Vulkan headers" in m for m in missing_toolkit("vulkan")) and shutil.which("apt-get"):
-            os.environ["VULKAN_SDK"] = str(debian_vulkan_headers(TEST_CACHE))  # Debian 12: too old (vulkan_sdk.py)
-        try:
-            missing = missing_toolkit("vulkan")
-            assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
-            started = time.monotonic()
-            installer.install("llamacpp", "vulkan", force=not backend_devices("vulkan", report),
-                              progress=lambda e: print(e.get("message", ""), file=sys.stderr))
-            print(f"llamacpp:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        finally:
-            if sdk is None:
-                os.environ.pop("VULKAN_SDK", None)
-    return TEST_CACHE / "backends" / "llamacpp" / "vulkan"
+    """The vulkan backend installed in the test cache (built once; forced where no GPU passes the filter)."""
+    return ensure_vulkan_backend(TEST_CACHE)
 
 
 @pytest.fixture(scope="module")

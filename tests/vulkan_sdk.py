@@ -1,7 +1,13 @@
-"""Vulkan headers new enough for the pinned llama.cpp's Vulkan backend, for the opt-in Vulkan test.
+"""llama.cpp's `vulkan` backend in the test cache, built once (`.ci/run` runs this module before the
+suite: `python -m tests.vulkan_sdk`; tests/test_vulkan.py calls the same function), and Vulkan
+headers new enough for it.
+
+The machine needs the Debian packages mesa-vulkan-drivers (lavapipe, the software Vulkan device),
+libvulkan-dev, glslc, spirv-headers and vulkan-tools (`.ci/run` installs them). Where no GPU passes
+the backend's device filter the install is forced (lavapipe is the CPU).
 
 Debian 12's libvulkan-dev (1.3.239) lacks VK_EXT_layer_settings, which ggml-vulkan uses. The headers
-are header-only files, so the test takes Debian 13's libvulkan-dev package (1.4.309) from the Debian
+are header-only files, so this takes Debian 13's libvulkan-dev package (1.4.309) from the Debian
 archive with a private apt configuration (the machine's own sources and packages stay untouched),
 unpacks its `usr/include` into the test cache and points `VULKAN_SDK` at it, the way the LunarG SDK
 is used. The loader library stays the system's: the Vulkan loader works with newer headers.
@@ -9,9 +15,12 @@ is used. The loader library stays the system's: the Vulkan loader works with new
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 DEBIAN_SUITE = "trixie"
@@ -44,3 +53,40 @@ def debian_vulkan_headers(cache: Path) -> Path:
         shutil.copytree(work / "root" / "usr" / "include", partial / "include")
         partial.rename(target)
         return target
+
+
+def ensure_vulkan_backend(cache: Path) -> Path:
+    """The `llamacpp:vulkan` backend installed under `cache` (built from the pinned sources when the
+    release archive is unreachable; nothing to do when it is installed already); its folder.
+    Raises AssertionError naming what is missing when no Vulkan device or toolkit is here."""
+    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
+    from lemonade.system.devices import detect_devices
+
+    report = detect_devices(refresh=True)
+    assert report.vulkan, ("no Vulkan device here: apt-get install mesa-vulkan-drivers vulkan-tools (lavapipe, "
+                           "Mesa's software Vulkan device; .ci/run installs them)")
+    installer = BackendInstaller(cache)
+    folder = cache / "backends" / "llamacpp" / "vulkan"
+    if installer.state("llamacpp", "vulkan").state == "installed":
+        return folder
+    sdk = os.environ.get("VULKAN_SDK")
+    if not sdk and any("Vulkan headers" in m for m in missing_toolkit("vulkan")) and shutil.which("apt-get"):
+        os.environ["VULKAN_SDK"] = str(debian_vulkan_headers(cache))  # Debian 12's are too old (above)
+    try:
+        missing = missing_toolkit("vulkan")
+        assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
+        started = time.monotonic()
+        installer.install("llamacpp", "vulkan", force=not backend_devices("vulkan", report),
+                          progress=lambda e: print(e.get("message", ""), file=sys.stderr, flush=True))
+        print(f"llamacpp:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    finally:
+        if sdk is None:
+            os.environ.pop("VULKAN_SDK", None)
+    return folder
+
+
+if __name__ == "__main__":
+    from tests.helpers import TEST_CACHE
+
+    print(f"llamacpp:vulkan is installed in {ensure_vulkan_backend(TEST_CACHE)}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,13 @@ def _services(case: dict[str, Any], calls: Counter[str]) -> ClassifierServices:
     async def embed(model: str, text: str) -> list[float]:  # awaitable answers work as well as plain ones
         return answer("embed", model, text)
 
-    def chat(model: str, system: str, user: str) -> str:
+    def chat(model: str, system: str, user: str, schema: Mapping[str, Any]) -> str:
         request = json.loads(user)
         assert set(request) == {"text", "has_tools", "has_images", "chars", "metadata"}
         assert "Choose exactly one of these labels" in system
+        labels = schema["properties"]["label"]["enum"]  # the grammar offers the labels the prompt lists
+        assert labels and f"these labels: {', '.join(labels)}." in system
+        assert schema["required"] == ["rationale", "label"]
         return answer("chat", model, model)
 
     return ClassifierServices(classify=lambda model, text: answer("classify", model, model), embed=embed, chat=chat)

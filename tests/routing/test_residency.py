@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 PICKER, ANSWERER, OTHER = "picker", "answerer", "other-chat"
 

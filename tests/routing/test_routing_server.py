@@ -8,7 +8,7 @@ answer's `model`. The `semantic_similarity` condition runs on a real embedding m
 checks that a coding question is routed to the big member and small talk is not. The `classifier`
 condition runs on a real encoder: MiniLM with a topic head trained by tests/classifier_models.py,
 served by the onnxruntime engine (`/v1/classify`'s service), so a cooking sentence it has not seen
-is routed by its label.
+is routed by its label. The `llm` condition and the LLM router are decided by Gemma itself (below).
 """
 
 from __future__ import annotations
@@ -261,3 +261,62 @@ def test_classifier_condition_on_a_real_encoder(oai: openai.OpenAI, http: httpx.
     resp = http.post("/v1/pull", json={**body, "model_name": "user.Bad-Topic-Router"})
     assert resp.status_code == 400
     assert "routing.classifiers[0].model 'all-MiniLM-L6-v2' is a model of mode 'embeddings'" in resp.json()["error"]
+
+
+# ----- conditions decided by a real LLM -----------------------------------------------------------
+# The `llm` condition and `routing.router` ask Gemma 3 270M (the small member doubles as the judge, so
+# nothing more is loaded), greedy and under the reply contract's JSON-schema grammar (rationale, then
+# label), which leaves it only the words of its reason and the label to choose. The questions are ones
+# this 270M base model answers right: whether the user agrees, and which member a request names. Each
+# was asked 5 times through this server in both label orders (2026-12-03), right every time; here each
+# is asked twice, so an answer that drifts between asks of the same request would show.
+REPEATS = 2
+AGREES, REFUSES = ["Yes, please go ahead.", "Sure, do it."], ["No, do not do that.", "No thanks."]
+CONSENT_ROUTER, LLM_ROUTER = "user.Consent-Router", "user.Llm-Router"
+
+
+def consent_policy(labels: list[str]) -> dict[str, Any]:
+    return {"model_name": CONSENT_ROUTER, "recipe": "collection.router", "version": "1", "components": [SMALL, BIG],
+            "routing": {"candidates": [SMALL, BIG], "default_model": SMALL,
+                        "classifiers": [{"id": "consent", "type": "llm", "model": SMALL,
+                                         "prompt": "Does the user agree?", "labels": labels}],
+                        # an answer out of contract would match neither rule and go to the default
+                        "rules": [{"id": "agreed-to-big", "route_to": BIG,
+                                   "match": {"classifier": "consent", "label": "yes"}},
+                                  {"id": "refused-stays-small", "route_to": SMALL,
+                                   "match": {"classifier": "consent", "label": "no"}}]}}
+
+
+@pytest.mark.parametrize("labels", [["yes", "no"], ["no", "yes"]])
+def test_llm_condition_decided_by_the_real_model(oai: openai.OpenAI, http: httpx.Client, labels: list[str]) -> None:
+    resp = http.post("/v1/pull", json=consent_policy(labels))
+    assert resp.status_code == 200, resp.text
+    asks = [(text, "agreed-to-big", BIG) for text in AGREES]
+    asks += [(text, "refused-stays-small", SMALL) for text in REFUSES]
+    for text, rule, member in asks:
+        for _ in range(REPEATS):
+            raw = oai.chat.completions.with_raw_response.create(model=CONSENT_ROUTER, messages=ask(text), max_tokens=2,
+                                                                extra_body={"route_trace": True})
+            route = raw.parse().model_extra["x_lemonade_route"]
+            assert raw.headers["x-lemonade-route"] == rule, (text, route)
+            assert route["route_to"] == member and raw.parse().model == member
+            band = route["trace"][-1]  # the band that matched: the label the model chose, with its reason
+            assert band["condition"] == "classifier:consent" and band["result"] is True and band["score"] == 1.0
+            assert band["rationale"] and len(band["rationale"]) <= 160  # the model's words, to the grammar's bound
+
+
+def test_llm_router_picks_the_member_the_request_names(oai: openai.OpenAI, http: httpx.Client) -> None:
+    body = {"model_name": LLM_ROUTER, "recipe": "collection.router", "version": "1", "components": [SMALL, BIG],
+            "routing": {"candidates": [SMALL, BIG], "default_model": SMALL,
+                        "router": {"type": "llm", "model": SMALL,
+                                   "prompt": f"Pick the model the request asks for: {BIG} or {SMALL}."}}}
+    resp = http.post("/v1/pull", json=body)
+    assert resp.status_code == 200, resp.text
+    for text, member in ((f"A question for {BIG}: why is the sky blue?", BIG),
+                         (f"A question for {SMALL}: why is the sky blue?", SMALL)):
+        for _ in range(REPEATS):
+            raw = oai.chat.completions.with_raw_response.create(model=LLM_ROUTER, messages=ask(text), max_tokens=2,
+                                                                extra_body={"route_trace": True})
+            route = raw.parse().model_extra["x_lemonade_route"]
+            assert route["route_to"] == member and route["default_used"] is False, (text, route)
+            assert raw.parse().model == member

@@ -65,7 +65,6 @@ class Turn:
 
     artifacts: list[Artifact]
     history_image: bytes | None = None  # the last image of the conversation: what edit_image starts from
-    history_image: bytes | None = None  # the conversation's last image: what an edit starts from
 
 
 def _text_arg(args: dict[str, Any], name: str) -> str:

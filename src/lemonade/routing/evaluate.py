@@ -43,8 +43,10 @@ MaybeAwaitable = T | Awaitable[T]
 Classify = Callable[[str, str], MaybeAwaitable[Mapping[str, float]]]
 # (model, text) -> embedding vector.
 Embed = Callable[[str, str], MaybeAwaitable[Sequence[float]]]
-# (model, system prompt, user message) -> the assistant's reply text.
-Chat = Callable[[str, str, str], MaybeAwaitable[str]]
+# (model, system prompt, user message, JSON schema of the reply) -> the assistant's reply text. The
+# schema is the reply contract; the server asks the model under it as a grammar (llm_reply_schema).
+Chat = Callable[[str, str, str, Mapping[str, Any]], MaybeAwaitable[str]]
+RATIONALE_MAX_CHARS = 160  # the grammar closes the object by then (a helper's reply is capped in tokens)
 REGEX_MAX_INPUT = 1 << 20   # bytes; a longer input never matches a regex (bounded time on any text)
 WHITESPACE = " \t\r\n"
 
@@ -133,8 +135,19 @@ def llm_contract(clf: ClassifierDef) -> str:
     return (f"{clf.prompt}\n\nThe user message is a JSON object describing a request: {{\"text\": its latest user "
             "turn, \"has_tools\", \"has_images\", \"chars\": the text's length in bytes, \"metadata\": the "
             f"caller's hints}}. Choose exactly one of these labels: {', '.join(clf.labels)}. Reply with only a "
-            "JSON object {\"label\": \"<one of the labels>\", \"rationale\": \"<one short sentence>\"} and no "
+            "JSON object {\"rationale\": \"<one short sentence>\", \"label\": \"<one of the labels>\"} and no "
             "other text.")
+
+
+def llm_reply_schema(labels: Sequence[str]) -> dict[str, Any]:
+    """The contract's reply as a JSON schema, which the model is asked under as a grammar: a small
+    model then cannot answer out of contract (no prose around the object, no label outside
+    `labels`, a rationale that ends before the reply's token cap). The rationale comes first, so
+    the model states its reason before it commits to a label: Gemma 3 270M, asked for the label
+    first, took whichever label the prompt listed first; reason first, it answered by the text."""
+    return {"type": "object", "additionalProperties": False, "required": ["rationale", "label"],
+            "properties": {"rationale": {"type": "string", "minLength": 1, "maxLength": RATIONALE_MAX_CHARS},
+                           "label": {"enum": list(labels)}}}
 
 
 def parse_llm_reply(reply: str, labels: Sequence[str]) -> Score:
@@ -275,7 +288,8 @@ class _Evaluation:
             return Score(scores)
         if services.chat is None:
             raise RuntimeError("no chat service")
-        reply = await _resolve(services.chat(clf.model, llm_contract(clf), json.dumps(self.ctx.describe())))
+        reply = await _resolve(services.chat(clf.model, llm_contract(clf), json.dumps(self.ctx.describe()),
+                                             llm_reply_schema(clf.labels)))
         return parse_llm_reply(reply, clf.labels)
 
 

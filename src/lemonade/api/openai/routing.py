@@ -7,9 +7,11 @@ event, the rest of the stream relayed untouched), as Lemonade's server does; `"r
 adds the per-condition `trace` to it.
 Model-backed conditions call the policy's helper models through the same router and proxy as any
 request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
-chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model.
-Those calls are routing dependencies: the router keeps their models in its routing-helper pool, out
-of the user-facing slots (runtime/router.py, "Residency classes").
+chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model,
+greedy and under the reply contract's JSON schema as a grammar (`response_format`), so even a small
+model answers in contract and only chooses the label. Those calls are routing dependencies: the
+router keeps their models in its routing-helper pool, out of the user-facing slots
+(runtime/router.py, "Residency classes").
 """
 
 from __future__ import annotations
@@ -104,9 +106,14 @@ class Helpers:
             raise ValueError(f"{name} is a collection")
         return model
 
-    async def _chat(self, model: ModelInfo, system: str, user: str) -> str:
-        body = {"model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    async def _chat(self, model: ModelInfo, system: str, user: str, schema: Mapping[str, Any] | None = None) -> str:
+        """The helper's reply, greedy; under `schema` as a grammar when given (the `llm` contract)."""
+        body: dict[str, Any] = {
+            "model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "routing_decision", "schema": dict(schema)}}
         with _as_dependency():
             data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
                                                   "chat/completions")
@@ -131,8 +138,8 @@ class Helpers:
                                                   {"model": model.public, "input": text}, "embeddings")
         return list(data["data"][0]["embedding"])
 
-    async def chat(self, name: str, system: str, user: str) -> str:
-        return await self._chat(self._model(name), system, user)
+    async def chat(self, name: str, system: str, user: str, schema: Mapping[str, Any]) -> str:
+        return await self._chat(self._model(name), system, user, schema)
 
     def services(self) -> ClassifierServices:
         return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
