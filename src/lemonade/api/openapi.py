@@ -5,18 +5,23 @@ here is one of three family shapes (api/errors.py) with a 4xx or 5xx status of i
 module documents that shape as each operation's `default` response, the stream a `"stream": true`
 request gets, and lets routes that read their body by hand (Ollama's, for its lenient content
 types) still describe the body they expect.
+
+Nothing of it is made before the first `/openapi.json`: the answer models (api/responses.py) are
+imported, and the request bodies' schemas generated, when the document is first built, so a
+server start does not pay for a document most runs never serve.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from lemonade.api.errors import api_family
-from lemonade.api.responses import OLLAMA_SUCCESS, SUCCESS, UNSUPPORTED, Answer
+
+if TYPE_CHECKING:
+    from lemonade.api.responses import Answer
 
 REF = "#/components/schemas/{model}"
 _MESSAGE = {"type": "string"}
@@ -60,10 +65,16 @@ def _tail(path: str) -> str:
     return next((path[len(p):] for p in _PREFIXES if path.startswith(p + "/")), path)
 
 
+# Request bodies documented by `json_body`: each schema dict is filled from its model by `build_openapi`.
+_BODIES: list[tuple[dict[str, Any], type[BaseModel]]] = []
+
+
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` for a route that parses its body itself (api/body.py): documents `model` as the
-    request body. Its nested models are hoisted into the components by `build_openapi`."""
-    schema = model.model_json_schema(ref_template=REF)
+    request body. The schema is generated when the document is first built (and its nested models
+    hoisted into the components), not when the route is defined."""
+    schema: dict[str, Any] = {}
+    _BODIES.append((schema, model))
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
@@ -88,6 +99,13 @@ def _success(answer: Answer, components: dict[str, Any]) -> dict[str, Any]:
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document with the real success and error responses, without the 422 it never sends."""
+    from fastapi.openapi.utils import get_openapi
+
+    from lemonade.api.responses import OLLAMA_SUCCESS, SUCCESS, UNSUPPORTED
+
+    for schema, model in _BODIES:
+        if not schema:
+            schema.update(model.model_json_schema(ref_template=REF))
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):

@@ -28,9 +28,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import InstallError
 from lemonade.backends.native_build import (
@@ -47,6 +45,9 @@ from lemonade.backends.native_build import (
 )
 from lemonade.paths import backends_dir
 from lemonade.util.atomic import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger("lemonade.install")
 
@@ -93,6 +94,8 @@ class NativeInstall:
         return self.root / "_build" / f"{backend}-{self.version}"
 
     def _lock(self) -> FileLock:
+        from filelock import FileLock  # installs only: not imported by a server start
+
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.root / ".install.lock"))
 

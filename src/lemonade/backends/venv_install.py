@@ -27,8 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
 from lemonade.paths import backends_dir
 from lemonade.util.atomic import atomic_write_json, read_json
@@ -88,6 +86,8 @@ class VenvBackend:
             _emit(progress, "done", f"{self.recipe}:{self.backend} is already installed", 100.0)
             return {**result, "version": self.state().version}
         self.root.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # installs only: not imported by a server start
+
         with FileLock(str(self.root / ".install.lock")):
             if self.state().state == "installed" and not force:
                 return {**result, "version": self.state().version}
@@ -158,6 +158,8 @@ class VenvBackend:
     def uninstall(self) -> dict[str, Any]:
         result: dict[str, Any] = {"status": "success", "recipe": self.recipe, "backend": self.backend}
         self.root.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock
+
         with FileLock(str(self.root / ".install.lock")):
             if not (self.dir.exists() or self.dir.is_symlink()):
                 return {**result, "message": f"{self.recipe}:{self.backend} was not installed"}

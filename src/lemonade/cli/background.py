@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-import httpx
-import psutil
 import typer
 from rich.markup import escape
 
 from lemonade import paths
 from lemonade.cli.client import ServerClient
 from lemonade.cli.common import HostOpt, PortOpt, client, err, fail, out, spinner
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+psutil = lazy_module("psutil")  # imported on first use (util/lazy.py)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]")
 LIVE_TIMEOUT = 60.0

@@ -96,7 +96,7 @@ def bench(
     from lemonade.autotune.bench import Bench, BenchSettings, grid
     from lemonade.autotune.contribution import contribution
     from lemonade.backends.tuning import tuning_params
-    from lemonade.cli.client import api_key
+    from lemonade.cli.target import api_key
 
     c = require_server(host, port)
     health = c.get("/v1/health")

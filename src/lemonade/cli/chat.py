@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lemonade.cli.client import ServerClient, api_key
+from lemonade.cli.client import ServerClient
 from lemonade.cli.common import fail
+from lemonade.cli.target import api_key
 
 # A reply whose end is one short unit over and over (small base models print "#####..." or the same
 # line forever) is stopped: nobody wants to wait for max_tokens of it.

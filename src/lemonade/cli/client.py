@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import typer
 from rich.console import Console
+
+from lemonade.cli.target import api_key
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -68,31 +71,6 @@ def base_url(host: str | None = None, port: int | None = None) -> str:
             raise _refuse("LEMONADE_PORT", raw, f"a port number, e.g. {DEFAULT_PORT}")
         port = int(raw)
     return f"{scheme}://{host}:{port or url_port or DEFAULT_PORT}"
-
-
-@dataclass
-class Target:
-    """Where the server is, as the global options said (`lemonade --host H --port P CMD`, or the same
-    options after the command); a command's own `--host/--port` win over these."""
-
-    host: str | None = None
-    port: int | None = None
-    discovery: bool = True  # `--no-discovery`: never look for a local server's beacon
-
-
-TARGET = Target()
-_KEY_FLAG: list[str] = []  # `lemonade --api-key KEY ...`, set by the root command
-
-
-def set_api_key(key: str | None) -> None:
-    """The key given on the command line; it wins over the environment for this process only (a
-    server that `lemonade run` starts does not inherit it)."""
-    _KEY_FLAG[:] = [key] if key else []
-
-
-def api_key() -> str | None:
-    """`--api-key`, else LEMONADE_ADMIN_API_KEY (it works everywhere), else LEMONADE_API_KEY."""
-    return (_KEY_FLAG or [None])[0] or os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")
 
 
 class ServerClient:

@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lemonade.cli.client import TARGET, ServerClient
+from lemonade.cli.client import ServerClient
+from lemonade.cli.target import TARGET
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2

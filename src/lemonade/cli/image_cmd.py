@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
 
@@ -22,6 +21,9 @@ from lemonade.cli.client import error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, fail, out, require_server
 from lemonade.cli.residency import do_load, load_body
 from lemonade.cli.speech_cmd import _write_atomically
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 
 def _post(c: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:

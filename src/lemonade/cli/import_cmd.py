@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.markup import escape
 
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, err, fail, require_server
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 RECIPES_REPO = "lemonade-sdk/recipes"
 RAW_URL = f"https://raw.githubusercontent.com/{RECIPES_REPO}/main"

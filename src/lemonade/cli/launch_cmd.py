@@ -18,16 +18,19 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.markup import escape
 
 from lemonade.cli.agents import AGENTS, DEFAULT_AGENT_KEY, Agent, split_args
 from lemonade.cli.background import start_background
-from lemonade.cli.client import ServerClient, api_key, error_message
+from lemonade.cli.client import ServerClient, error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.parsing import RewritingCommand
+from lemonade.cli.target import api_key
 from lemonade.labels import MODE_ALIASES
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 KNOWN = ", ".join(AGENTS)
 

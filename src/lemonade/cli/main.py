@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 import typer
 
-from lemonade.cli.parsing import LemonadeGroup
+from lemonade.cli.parsing import LemonadeGroup, skip_coercing_absent_values
 
 app = typer.Typer(help="Lemonade: local AI server and its command-line client.", no_args_is_help=True,
                   add_completion=False, cls=LemonadeGroup)
@@ -56,7 +57,7 @@ def _root(ctx: typer.Context,
                                          help="When nothing says where the server is and none answers there, use "
                                               "one on this machine found by its UDP beacon")) -> None:
     """Lemonade: local AI server and its command-line client."""
-    from lemonade.cli.client import TARGET, set_api_key
+    from lemonade.cli.target import TARGET, set_api_key
 
     set_api_key(api_key)
     TARGET.host, TARGET.port, TARGET.discovery = host, port, discovery
@@ -83,7 +84,7 @@ def serve(
                                                "server (default: the broadcast setting, on)"),
 ) -> None:
     """Start the server (foreground). Ctrl-C stops it and every engine it started."""
-    from lemonade.cli.client import TARGET
+    from lemonade.cli.target import TARGET
     from lemonade.server import serve as run
 
     host = host if host is not None else TARGET.host  # `lemonade --port 8000 serve` serves there too
@@ -109,36 +110,61 @@ def serve(
     raise typer.Exit(run(overrides, open_app=open_app))
 
 
-def _register_commands() -> None:
-    """Client commands live in their own modules; `models_cmd` (pull, delete, ...) is optional."""
-    from lemonade.cli import (
-        alias_cmd,
-        backends_cmd,
-        background,
-        bench_cmd,
-        chat_cmd,
-        cloud_cmd,
-        config_cmd,
-        image_cmd,
-        info,
-        launch_cmd,
-        open_cmd,
-        residency,
-        run_cmd,
-        scan_cmd,
-        speech_cmd,
-        telemetry_cmd,
-        transcribe_cmd,
-    )
+# Which module of lemonade.cli registers each command (in the order they are registered), so that
+# running one command imports only its own module: `lemonade status` does not import `chat`'s or
+# `bench`'s. tests/test_startup.py checks it against what the modules register.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "info": ("status", "list"),
+    "residency": ("load", "unload", "pin", "unpin"),
+    "run_cmd": ("run",),
+    "chat_cmd": ("chat",),
+    "transcribe_cmd": ("transcribe",),
+    "alias_cmd": ("alias",),
+    "config_cmd": ("config",),
+    "backends_cmd": ("backends",),
+    "background": ("stop",),
+    "open_cmd": ("open", "logs"),
+    "speech_cmd": ("speak",),
+    "cloud_cmd": ("cloud",),
+    "launch_cmd": ("launch",),
+    "bench_cmd": ("bench",),
+    "image_cmd": ("generate", "upscale"),
+    "scan_cmd": ("scan",),
+    "telemetry_cmd": ("telemetry",),
+    "worker_cmd": ("worker",),  # llama.cpp RPC worker (scale-out)
+    "models_cmd": ("pull", "delete", "check-updates", "export"),  # optional: see _register_commands
+    "import_cmd": ("import",),
+}
+_VALUED_ROOT_OPTIONS = ("--host", "--port", "--api-key")
+_REGISTERED: set[str] = set()
 
-    for module in (info, residency, run_cmd, chat_cmd, transcribe_cmd, alias_cmd, config_cmd, backends_cmd,
-                   background, open_cmd, speech_cmd, cloud_cmd, launch_cmd, bench_cmd, image_cmd, scan_cmd,
-                   telemetry_cmd):
-        module.register(app)
-    importlib.import_module("lemonade.cli.worker_cmd").register(app)  # llama.cpp RPC worker (scale-out)
-    if importlib.util.find_spec("lemonade.cli.models_cmd") is not None:
-        importlib.import_module("lemonade.cli.models_cmd").register(app)
-        importlib.import_module("lemonade.cli.import_cmd").register(app)
+
+def command_in(args: list[str]) -> str | None:
+    """The command an argument list runs: its first word that is neither a root option nor the
+    value of one (None: no command, e.g. `lemonade --help`)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+        i += 2 if arg in _VALUED_ROOT_OPTIONS else 1
+    return None
+
+
+def _register_commands(command: str | None = None) -> None:
+    """Register the client commands, which live in their own modules: only the module of `command`
+    when one is named that some module registers (`serve` is this module's own), every module
+    otherwise (the root help lists them all; an unknown name gets click's "No such command").
+    `models_cmd` and `import_cmd` are optional (a build may leave them out)."""
+    owners = [module for module, names in COMMAND_MODULES.items() if command in names]
+    for module in [] if command == "serve" else owners or list(COMMAND_MODULES):
+        if module in _REGISTERED or (module in ("models_cmd", "import_cmd")
+                                     and importlib.util.find_spec("lemonade.cli.models_cmd") is None):
+            continue
+        importlib.import_module(f"lemonade.cli.{module}").register(app)
+        _REGISTERED.add(module)
     panel_of = {name: panel for panel, names in PANELS.items() for name in names}
     order = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
     app.registered_commands.sort(key=lambda c: order.get(c.name or c.callback.__name__ if c.callback else "", 99))
@@ -149,10 +175,9 @@ def _register_commands() -> None:
             info_.rich_help_panel = panel_of[name]
 
 
-_register_commands()
-
-
 def main() -> None:
+    skip_coercing_absent_values()
+    _register_commands(command_in(sys.argv[1:]))
     app(prog_name="lemonade")  # also when run as `python -m lemonade.cli.main`
 
 

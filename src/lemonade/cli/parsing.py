@@ -9,7 +9,8 @@
 - An option whose value may be left out (`launch codex -p`): given the default when none follows.
 
 Each is a rewrite of the argument list before click parses it, so click's own errors and help
-stay as they are.
+stay as they are. One more thing is typer's and changed here: an option given no value is not
+coerced (`skip_coercing_absent_values`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+import typer.core
 from typer import _click as click  # typer's own copy of click, whose classes its commands are
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
@@ -149,3 +151,33 @@ def print_help_all(ctx: click.Context) -> None:
                 walk(child, sub_name, sub)
 
     walk(root, ctx.info_name or "lemonade", None)
+
+
+def skip_coercing_absent_values() -> None:
+    """An option or argument given no value (None) is passed on without typer's coercion.
+
+    Why: typer (0.29) builds a pydantic TypeAdapter for each parameter on its first value, None
+    included, although its coercion gives None back unchanged (`RuntimeParam.coerce`). So every
+    command imported pydantic and built an adapter for each option left out: `lemonade status`
+    spent about a third of its time so (docs/performance.md, "Start-up"). What typer does after the
+    coercion (the missing-value check, the callback) still runs, and a given value is coerced by
+    typer as before; tests/test_startup.py runs one app through the stock and the patched typer and
+    compares every outcome. A typer without the parts this replaces is left as it is.
+    """
+    param = getattr(typer.core, "_TyperParameter", None)
+    original = getattr(param, "process_value", None)
+    runtime = getattr(getattr(typer, "_coercion", None), "RuntimeParam", None)
+    if original is None or getattr(original, "skips_absent", False) or not all(
+            hasattr(param, name) for name in ("get_runtime_param", "value_is_missing")) \
+            or not hasattr(runtime, "coerce"):
+        return
+
+    def process_value(self: Any, ctx: click.Context, value: Any) -> Any:
+        if value is not None or self.multiple or self.nargs == -1:
+            return original(self, ctx, value)
+        if self.required and self.value_is_missing(value):
+            raise click.exceptions.MissingParameter(ctx=ctx, param=self)
+        return self.callback(ctx, self, value) if self.callback is not None else value
+
+    process_value.skips_absent = True  # type: ignore[attr-defined]
+    param.process_value = process_value  # type: ignore[union-attr]

@@ -14,13 +14,15 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
 
 from lemonade.cli.client import error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, fail, out, require_server
 from lemonade.cli.residency import do_load, load_body
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 FORMAT_BY_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac", ".flac": "flac",
                     ".pcm": "pcm", ".raw": "pcm"}

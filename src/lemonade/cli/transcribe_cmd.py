@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
-import httpx
 import typer
 
 from lemonade.cli.client import error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, fail, require_server, spinner
 from lemonade.cli.residency import do_load, load_body
+from lemonade.util.lazy import lazy_module
+
+httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 
 class Format(StrEnum):
