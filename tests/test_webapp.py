@@ -10,6 +10,7 @@ Set `LEMONADE_SCREENSHOTS=docs/screenshots` to also save the README's screenshot
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
@@ -453,6 +454,168 @@ def test_wrong_api_key_is_refused_the_right_one_is_kept(make_server, gemma_dir, 
     expect(dialog).to_be_hidden()
     assert pg.evaluate("localStorage.getItem('lemonade.apiKey')") == "s3cret"
     context.close()
+
+
+# ----- what a reply can carry: Markdown and code, reasoning, an attached image; the Images tab ---------
+# Gemma 3 270M is a base model: it writes neither Markdown nor reasoning of its own, and it has no
+# vision encoder. So the models here are Gemma's own GGUF under other names, each with what a real
+# model of that kind ships: `gemma-think` with a chat template that has a reasoning section
+# (llama-server then parses `<think>...</think>` into `reasoning_content`, as for Qwen3 or DeepSeek-R1)
+# and a grammar, both as llama-server flags in its saved options, so its reply is reasoning, then a
+# sentence and a fenced Python block, with the words, the function name and the reasoning the model's
+# own; `gemma-vision` with a random-weight projector (tests/vision_projector.py) that llama-server
+# loads with --mmproj. The image model is the random-weight tiny SD 1.x of tests/sd_factory.py, 64x64
+# and 1 step by its defaults, and the upscaler its 2-block Real-ESRGAN.
+THINK_TEMPLATE = """{{- bos_token -}}
+{%- for message in messages -%}
+{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}
+<start_of_turn>{{ role }}
+{% set thought = message.get('reasoning_content') if message['role'] == 'assistant' else '' -%}
+{% if thought %}<think>{{ thought }}</think>
+{% endif %}{{ message['content'] if message['content'] is string else '' }}<end_of_turn>
+{% endfor -%}
+{%- if add_generation_prompt -%}<start_of_turn>model
+{% endif -%}"""
+THINK_GRAMMAR = ('root ::= "<think>" [A-Z] [a-z ]{10,50} "</think>" "Here is the code:\\n\\n```python\\ndef " '
+                 '[a-z_]{3,12} "():\\n    return 42\\n```\\n"')
+TINY_SD = "Tiny-SD1"
+
+
+@pytest.fixture(scope="module")
+def media_server(module_servers, hub_server, gemma_dir, sdcpp_backend, tmp_path_factory):
+    import shlex
+
+    from tests.sd_factory import SD_FILE, SD_REPO, publish_sd
+    from tests.vision_projector import write_vision_projector
+
+    gemma = gemma_dir / f"{GEMMA_NAME}.gguf"
+    extra = tmp_path_factory.mktemp("render-models")
+    (extra / "gemma-think.gguf").symlink_to(gemma)
+    (extra / "gemma-vision").mkdir()
+    (extra / "gemma-vision" / gemma.name).symlink_to(gemma)
+    write_vision_projector(extra / "gemma-vision" / "mmproj-random-f32.gguf")
+    publish_sd(hub_server)
+    srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra)},
+                         engines=("llamacpp", "sd-cpp"))
+    with srv.client(timeout=600) as http:
+        args = f"--chat-template {shlex.quote(THINK_TEMPLATE)} --grammar {shlex.quote(THINK_GRAMMAR)}"
+        resp = http.post("/v1/models/gemma-think/options", json={"llamacpp_args": args})
+        assert resp.status_code == 200, resp.text
+        assert "vision" in http.get("/v1/models/gemma-vision").json()["labels"]
+        resp = http.post("/v1/pull", json={"model_name": f"user.{TINY_SD}", "checkpoint": f"{SD_REPO}:{SD_FILE}",
+                                           "recipe": "sd-cpp", "labels": ["image"],
+                                           "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 64, "height": 64}})
+        assert resp.status_code == 200, resp.text
+        resp = http.post("/v1/pull", json={"model_name": "RealESRGAN-x4plus"})
+        assert resp.status_code == 200, resp.text
+    return srv
+
+
+def send_in_chat(page: Page, model: str, text: str, max_tokens: int) -> Any:
+    """Pick `model`, send `text` in a new conversation; the finished reply's article."""
+    expect(page.locator("#chat-model option", has_text=model)).to_have_count(1)
+    page.locator("#chat-model").select_option(model)
+    page.get_by_text("Settings").click()
+    page.get_by_label("Max tokens").fill(str(max_tokens))
+    page.get_by_text("Settings").click()
+    page.get_by_role("textbox", name="Message").fill(text)
+    page.get_by_role("button", name="Send").click()
+    reply = page.locator(".message.assistant").last
+    expect(reply.locator(".stats, .error").first).to_be_visible(timeout=300_000)  # finished, either way
+    assert reply.locator(".error").count() == 0, reply.locator(".error").inner_text()
+    expect(reply.locator(".stats")).to_contain_text("tokens/s")
+    return reply
+
+
+def test_reply_renders_markdown_with_highlighted_code_and_folded_reasoning(media_server, page):
+    page.goto(media_server.url + "/#/chat")
+    reply = send_in_chat(page, "gemma-think", "Write a Python function.", 120)
+    for _ in range(2):  # as streamed, then as the stored conversation draws it after a reload
+        fold = reply.locator("details.reasoning")
+        expect(fold).to_be_visible()
+        expect(fold).not_to_have_attribute("open", "")  # folded: only its summary shows
+        expect(fold.locator("summary")).to_have_text("Reasoning")
+        thought = fold.locator(".content.reasoning")
+        expect(thought).to_be_hidden()
+        content = reply.locator(":scope > .content")
+        expect(content).to_contain_text("Here is the code:")
+        assert "```" not in content.inner_text() and "<think>" not in content.inner_text()
+        code = content.locator("pre > code.language-python.hljs")  # a fenced block, highlighted
+        expect(code).to_contain_text("return 42")
+        expect(code.locator(".hljs-keyword", has_text="def")).to_have_count(1)
+        expect(code.locator(".hljs-keyword", has_text="return")).to_have_count(1)
+        expect(code.locator(".hljs-number")).to_have_text("42")
+        fold.locator("summary").click()
+        expect(thought).to_be_visible()
+        reasoning = thought.inner_text().strip()
+        assert reasoning and reasoning not in content.inner_text()  # reasoning_content, apart from the answer
+        page.reload()
+        reply = page.locator(".message.assistant").last
+    stored = json.loads(page.evaluate("localStorage.getItem('lemonade.chats')"))
+    assert stored[0]["messages"][1]["reasoning"].strip() == reasoning
+
+
+def test_image_attachment_reaches_the_vision_models_engine(media_server, page, tmp_path):
+    """How the image is shown to reach the model: `gemma-vision` runs with a projector that turns a
+    picture into IMAGE_TOKENS embeddings of the prompt, so the prompt the engine counts (llama-server's
+    own usage and timings, which `/v1/stats` relays) is at least that many tokens longer than the page's
+    very request sent again without its picture. A request whose image was dropped on the way (by the
+    page, the router or the engine's arguments) would not be."""
+    from PIL import Image
+
+    from tests.vision_projector import IMAGE_TOKENS
+
+    picture = tmp_path / "lemon.png"
+    Image.new("RGB", (120, 90), (250, 220, 40)).save(picture)
+    page.goto(media_server.url + "/#/chat")
+    page.locator("#chat-model").select_option("gemma-vision")
+    attach = page.get_by_role("button", name="Attach an image")
+    expect(attach).to_be_visible()  # a `vision` model
+    page.locator(".composer input[type=file]").set_input_files(str(picture))
+    expect(page.locator(".attachments img[alt='lemon.png']")).to_be_visible()
+    with page.expect_request("**/v1/chat/completions") as sent:
+        send_in_chat(page, "gemma-vision", "What is in the picture?", 4)
+    expect(page.locator(".message.user").last.locator("img.attached")).to_be_visible()
+    with_image = httpx.get(media_server.url + "/v1/stats", timeout=30).json()["prompt_tokens"]
+
+    body = json.loads(sent.value.post_data or "{}")
+    parts = body["messages"][-1]["content"]
+    urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+    assert len(urls) == 1 and urls[0] == "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
+    body["messages"][-1]["content"] = [p for p in parts if p["type"] != "image_url"]
+    with media_server.client(timeout=300) as http:
+        plain = http.post("/v1/chat/completions", json={**body, "stream": False})
+        assert plain.status_code == 200, plain.text
+        without_image = plain.json()["usage"]["prompt_tokens"]
+    assert with_image - without_image >= IMAGE_TOKENS, (with_image, without_image)
+
+
+def test_images_tab_generates_and_upscales(media_server, page):
+    from PIL import Image
+
+    page.goto(media_server.url + "/#/chat")
+    images_tab = page.get_by_role("link", name="Images", exact=True)
+    expect(images_tab).to_be_visible()  # an image model is downloaded
+    images_tab.click()
+    expect(page.locator("#image-model")).to_have_value(TINY_SD)
+    page.get_by_label("Prompt", exact=True).fill("a lemon on a table")
+    page.get_by_role("button", name="Generate").click()  # size and steps: the model's defaults
+    picture = page.locator("#image-result img")
+    expect(picture).to_have_attribute("alt", "a lemon on a table", timeout=300_000)
+
+    def shown() -> Image.Image:
+        src = picture.get_attribute("src")
+        assert src.startswith("data:image/png;base64,")
+        image = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        assert page.evaluate("document.querySelector('#image-result img').naturalWidth") == image.size[0]
+        return image
+
+    assert shown().size == (64, 64)
+    expect(page.locator("#upscale-model")).to_have_value("RealESRGAN-x4plus")
+    page.get_by_role("button", name="Upscale 4×").click()
+    expect(page.locator("#image-result figcaption")).to_have_text("Upscaled 4×", timeout=300_000)
+    assert shown().size == (256, 256)
+    assert page.evaluate(UNNAMED_CONTROLS) == []
 
 
 # ----- optional tabs --------------------------------------------------------------------------------

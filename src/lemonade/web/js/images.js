@@ -8,7 +8,9 @@ export function create(root) {
   const model = h('select', { id: 'image-model', 'aria-label': 'Image model' });
   const upscaler = h('select', { id: 'upscale-model', 'aria-label': 'Upscaling model' });
   const prompt = h('textarea', { rows: 3, id: 'image-prompt', 'aria-label': 'Prompt', placeholder: 'A serene mountain landscape at sunset' });
-  const size = h('select', { 'aria-label': 'Size' }, ['512x512', '256x256', '768x768', '1024x1024'].map((s) => h('option', { value: s }, s)));
+  // Model default: the size the model is registered with (its image_defaults; 512x512 otherwise)
+  const size = h('select', { 'aria-label': 'Size' }, h('option', { value: '' }, 'Model default'),
+    ['512x512', '256x256', '768x768', '1024x1024'].map((s) => h('option', { value: s }, s)));
   const steps = h('input', { type: 'number', min: 1, max: 150, placeholder: 'model default', 'aria-label': 'Steps' });
   const seed = h('input', { type: 'number', placeholder: 'random', 'aria-label': 'Seed' });
   const result = h('figure', { class: 'image-result', id: 'image-result' });
@@ -29,7 +31,8 @@ export function create(root) {
   }
 
   async function generate() {
-    const body = { model: model.value, prompt: prompt.value, size: size.value, n: 1, response_format: 'b64_json' };
+    const body = { model: model.value, prompt: prompt.value, n: 1, response_format: 'b64_json' };
+    if (size.value) body.size = size.value;
     if (steps.value) body.steps = Number(steps.value);
     if (seed.value) body.seed = Number(seed.value);
     clear(result, h('p', { class: 'hint' }, 'Generating…'));

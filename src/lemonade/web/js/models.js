@@ -17,7 +17,7 @@ export function create(root) {
     h('option', { value: 'all' }, 'All models'), h('option', { value: 'downloaded' }, 'Downloaded'),
     h('option', { value: 'available' }, 'Not downloaded'));
   const filterKind = h('select', { 'aria-label': 'Model type', onchange: drawCatalog },
-    ['all', 'chat', 'embeddings', 'reranking', 'transcription', 'tts', 'image'].map((k) => h('option', { value: k }, k === 'all' ? 'Every type' : k)));
+    ['all', 'chat', 'embeddings', 'reranking', 'transcription', 'tts', 'image', 'upscaling'].map((k) => h('option', { value: k }, k === 'all' ? 'Every type' : k)));
   const searchText = h('input', { type: 'search', placeholder: 'Search Hugging Face, e.g. Qwen3 GGUF', 'aria-label': 'Registry search', minlength: 3 });
   const searchSource = h('select', { 'aria-label': 'Registry' }, h('option', { value: 'huggingface' }, 'Hugging Face'), h('option', { value: 'modelscope' }, 'ModelScope'));
   const searchResults = h('div', { class: 'card-list', id: 'search-results' });

@@ -31,7 +31,8 @@ const NOT_CHAT = ['embeddings', 'embedding', 'reranking', 'transcription', 'tts'
 
 export function kindOf(model) {
   const labels = model.labels || [];
-  for (const kind of ['transcription', 'tts', 'image', 'upscaling', 'embeddings', 'embedding', 'reranking']) {
+  // 'upscaling' before 'image': the catalog's upscalers carry both labels, and they cannot generate
+  for (const kind of ['transcription', 'tts', 'upscaling', 'image', 'embeddings', 'embedding', 'reranking']) {
     if (labels.includes(kind)) return kind === 'embedding' ? 'embeddings' : kind;
   }
   return labels.some((l) => NOT_CHAT.includes(l)) ? 'other' : 'chat';
