@@ -79,6 +79,7 @@ PATHS_ASKED_FOR = {
     "GET /v1/params": "the settings " + _ADMIN,
     "GET /v1/models/{model_id}": _EXTRA_FILE, "GET /v1/health": "a loaded model's launch_command " + _ADMIN,
     "GET /v1/models/{model_id}/files": "the model's files, asked for",
+    "POST /v1/load": "an extra-dir model's checkpoint by absolute path " + _ADMIN,
     "DELETE /api/delete": "the refusal to delete a user's extra-dir file names it",
     "POST /v1/delete": "the refusal to delete a user's extra-dir file names it",
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import GEMMA_NAME, cli_env, lemonade, ok, recording_browser
+from tests.helpers import GEMMA_NAME, cli_env, lemonade, ok, recording_browser, tuned_args
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +76,18 @@ def test_the_guides_load_examples(env, gemma_server):
         c.post(f"/v1/models/{GEMMA_NAME}/options", json={"options": {}})
     ok(lemonade("load", GEMMA_NAME, "--llamacpp", "cpu", env=env))
     assert options()["llamacpp_backend"] == "cpu"
+    def with_profile(args: str) -> str:  # the shipped auto-tune profile's flags come first (merged)
+        return " ".join(filter(None, [tuned_args(), args]))
+
     ok(lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on -t 2", env=env))
-    assert options()["llamacpp_args"] == "--flash-attn on -t 2"
-    # The guide's "--flash-attn on --no-mmap": per-model args may not touch files (the server's allow-list);
-    # it is refused naming the flag and where an admin sets it instead.
-    proc = lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on --no-mmap", env=env)
-    assert proc.returncode == 1 and "--no-mmap" in proc.stderr and "llamacpp.args" in proc.stderr
+    assert options()["llamacpp_args"] == with_profile("--flash-attn on -t 2")
+    # The guide's "--flash-attn on --no-mmap": a memory flag, accepted and given to the pinned engine in
+    # its own spelling (--load-mode none); flags that take a path stay refused, naming the flag.
+    ok(lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on --no-mmap", env=env))
+    [loaded] = health(gemma_server)["all_models_loaded"]
+    assert "--load-mode none" in " ".join(loaded["launch_command"]), loaded["launch_command"]
+    proc = lemonade("load", GEMMA_NAME, "--llamacpp-args", "--flash-attn on --lora x.gguf", env=env)
+    assert proc.returncode == 1 and "--lora" in proc.stderr
     ok(lemonade("load", GEMMA_NAME, "--no-merge-args", "--llamacpp-args", "--flash-attn on", env=env))
     assert options()["merge_args"] is False and options()["llamacpp_args"] == "--flash-attn on"
     proc = lemonade("load", GEMMA_NAME, "--llamacpp", "opencl", env=env)

@@ -11,6 +11,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,8 +121,9 @@ def test_the_guides_config_commands(make_server, tmp_path):
     for args in GUIDE_SETS:
         proc = cli(*[a.replace("{own_build}", str(own_build)) for a in args], url=srv.url)
         assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
-    shown = cli("config", url=srv.url)  # "View all current settings"
-    assert shown.returncode == 0 and json.loads(shown.stdout)["sdcpp"]["steps"] == 30
+    shown = cli("config", url=srv.url)  # "View all current settings": by section, keys dotted as `set` takes them
+    assert shown.returncode == 0 and re.search(r"^  sdcpp\.steps +30$", shown.stdout, re.M), shown.stdout
+    assert json.loads(cli("config", "get", url=srv.url).stdout)["sdcpp"]["steps"] == 30
     with srv.client() as c:
         params = c.get("/v1/params").json()
     assert params["log_level"] == "debug" and params["llamacpp"]["backend"] == "rocm"

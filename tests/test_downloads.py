@@ -94,7 +94,7 @@ def test_pull_sse_sharded_folder_variant_with_mmproj(client, hub):
     files_resp = client.get("/v1/models/user.tiny-q8/files").json()
     assert [(f["name"], f["role"], f["size_bytes"], f["exists"]) for f in files_resp["files"]] == [
         ("tiny-Q8_0-00001-of-00002.gguf", "main", sizes[files[0]], True),
-        ("tiny-Q8_0-00002-of-00002.gguf", "main", sizes[files[1]], True),
+        ("tiny-Q8_0-00002-of-00002.gguf", "shard", sizes[files[1]], True),
         (fx.MMPROJ_FILE, "mmproj", sizes[files[2]], True)]
     assert all("path" not in f for f in files_resp["files"])
     with_paths = client.get("/v1/models/user.tiny-q8/files", params={"include_paths": "true"}).json()
@@ -306,7 +306,8 @@ def test_collection_pull_export_import(client, hub, server, tmp_path):
     assert out.returncode == 0, out.stderr
     single = json.loads(out.stdout)
     assert single == {"model_name": "user.kit-q6", "recipe": "llamacpp", "checkpoints": {"main": f"{MQ}:Q6_K"},
-                      "labels": ["coding"], "recipe_options": {}, "registry_source": "huggingface"}
+                      "labels": ["custom", "coding", "chat"],  # as registered: custom and the deployment label added
+                      "recipe_options": {}, "registry_source": "huggingface"}
     assert client.post("/v1/delete", json={"model_name": "user.kit-q6"}).status_code == 200
     resp = client.post("/v1/pull", json=single)
     assert resp.status_code == 200, resp.text

@@ -51,7 +51,7 @@ def test_load_args_replace_the_saved_args_and_keep_the_global_ones(http: httpx.C
     args = loaded_options(http)["llamacpp_args"].split()
     assert "--no-warmup" in args and "--threads-batch" not in args  # global kept, saved replaced
     assert args[args.index("--threads") + 1] == "2" and args.count("--threads") == 1  # the load's value wins
-    stored = json.loads((server.cache / "recipe_options.json").read_text())[GEMMA_ID]
+    stored = json.loads((server.config_dir / "recipe_options.json").read_text())[GEMMA_ID]
     assert stored == {"llamacpp_args": "--threads-batch 1"}  # the load did not rewrite the saved layer
 
 

@@ -315,7 +315,7 @@ def test_body_without_json_content_type_is_read(server: Server) -> None:
                       headers={"Content-Type": "application/x-www-form-urlencoded"})
         bad = c.post("/api/show", content=b"{not json")
     assert resp.status_code == 200 and resp.json()["details"]["family"] == "gemma3"
-    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]
+    assert bad.status_code == 400 and "Invalid JSON body" in bad.json()["error"]
 
 
 def test_ollama_paths_need_the_api_key(make_server, gemma_dir: Path) -> None:

@@ -438,7 +438,11 @@ def test_load_options_and_health_fields(make_server, gemma_dir):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with srv.client() as c:
         resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "ctx_size": 1024, "pinned": True})
+        # as Lemonade answers it, plus the context the engine really gives; no key is set, so the caller
+        # is the admin and sees the extra-dir file by its path
         assert resp.json() == {"status": "success", "message": f"Loaded model: {GEMMA_NAME}",
+                               "model_name": GEMMA_NAME, "recipe": "llamacpp",
+                               "checkpoint": str(gemma_dir / f"{GEMMA_NAME}.gguf"),
                                "context_length": 1024, "context_reason": "ctx_size 1024 as configured"}
         health = c.get("/v1/health").json()
         assert health["model_loaded"] == GEMMA_NAME and health["pinned_models"]["llm"] == 1

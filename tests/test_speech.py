@@ -298,9 +298,12 @@ def test_kokoro_speaks_english_heard_back_by_whisper(client, http, hub_server, k
     timbre, the phonemes set the words): what Whisper hears proves the English phonemes and model."""
     repo = "test-org/kokoro-en"
     if not (hub_server.scratch / repo).is_dir():
-        hub_server.create_repo(repo, {"onnx/model.onnx": kokoro_files["onnx/model.onnx"],
-                                      "voices/af_lemon.bin": kokoro_files["voices/jf_alpha.bin"],
-                                      "voices/am_lemon.bin": kokoro_files["voices/jm_kumo.bin"]})
+        # onnx-community's layout (the other one the kokoro recipe reads): one raw float32 table per voice
+        with np.load(io.BytesIO(kokoro_files["voices-v1.0.bin"])) as voices:
+            tables = {name: np.asarray(voices[name], "<f4").tobytes() for name in ("jf_alpha", "jm_kumo")}
+        hub_server.create_repo(repo, {"onnx/model.onnx": kokoro_files["kokoro-v1.0.int8.onnx"],
+                                      "voices/af_lemon.bin": tables["jf_alpha"],
+                                      "voices/am_lemon.bin": tables["jm_kumo"]})
     resp = http.post("/v1/pull", json={"model_name": "user.Kokoro-EN", "recipe": "kokoro", "labels": ["tts"],
                                        "checkpoints": {"main": f"{repo}:onnx/model.onnx",
                                                        "voices": f"{repo}:voices/"}})

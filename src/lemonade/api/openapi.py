@@ -41,11 +41,13 @@ ERROR_SCHEMAS: dict[str, dict[str, Any]] = {
                                  "properties": {"type": {"type": "string"}, "message": _MESSAGE}}}},
 }
 _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.items()}
-# A refused model definition on /v1/pull: `{"error": "<message>"}` as api-lemonade.md shows it
-# (errors.registration_error), next to the status/message pair.
+# Lemonade's plain refusals: `{"error": "<message>"}` as api-lemonade.md shows it for a refused model
+# definition on /v1/pull (errors.registration_error), and as Lemonade's server answers bad settings,
+# variant queries, routing policies and jobs (its clients read `error` as the message), next to the
+# status/message pair.
 PLAIN_ERROR = {"title": "RegistrationError", "type": "object", "required": ["error"],
                "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
-PLAIN_ERROR_PATHS = ("/pull", "/params")
+PLAIN_ERROR_PATHS = ("/pull", "/params", "/pull/variants", "/routing/validate", "/jobs")
 # Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
 STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
             "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}

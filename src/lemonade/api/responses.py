@@ -146,6 +146,11 @@ class Variants(Doc):
     variants: list[dict[str, Any]]
 
 
+class RoutingValidation(Doc):
+    decision: dict[str, Any] = Field(description="The rule matched, the model chosen and the trace")
+    normalized_policy: dict[str, Any] = Field(description="The policy with `routing` as evaluated")
+
+
 class DownloadJob(Doc):
     id: str
     model_name: str
@@ -377,8 +382,8 @@ Answer = type[BaseModel] | dict[str, dict[str, Any]] | None  # None: an empty bo
 SUCCESS: dict[tuple[str, str], Answer] = {
     ("get", "/live"): Live,
     ("head", "/live"): None,
-    ("get", "/"): {"text/plain": TEXT},
-    ("head", "/"): {"text/plain": TEXT},
+    ("get", "/"): {"text/plain": TEXT, "text/html": TEXT},  # the web app to a browser or */*; Ollama's line
+    ("head", "/"): {"text/plain": TEXT, "text/html": TEXT},
     ("get", "/metrics"): {"text/plain": TEXT},
     ("head", "/metrics"): {"text/plain": TEXT},
     ("get", "/health"): Health,
@@ -403,6 +408,7 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/downloads/control"): Status,  # the job as it is now, or {"status": "ok"} once removed
     ("get", "/registry/search"): SearchResults,
     ("get", "/pull/variants"): Variants,
+    ("post", "/routing/validate"): RoutingValidation,
     ("post", "/chat/completions"): ChatCompletion,
     ("post", "/completions"): Completion,
     ("post", "/embeddings"): Embeddings,

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
+from lemonade.api.openai.models import paths_shown, shown_checkpoint
 from lemonade.api.sse import progress_stream
 from lemonade.backends.tuning import backend_option
 from lemonade.labels import ROUTER_RECIPE
@@ -27,14 +28,16 @@ async def load(request: Request, body: LoadRequest = Body(..., examples=[
     """Load a model. With `"stream": true` the answer is SSE: `progress` events while the backend
     installs, the model downloads and the engine starts, then `complete` or `error`."""
     svc: Services = request.app.state.services
-    work = _prepare_load(svc, body)  # bad input is a plain 4xx, before any stream starts
+    work = _prepare_load(svc, body, paths_shown(request, False))  # bad input is a plain 4xx, before any stream starts
     if body.stream:
         return load_events(work)
     return await work()
 
 
-def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[dict[str, Any]]]:
-    """Resolve the model, check its options and return the work that performs the load."""
+def _prepare_load(svc: Services, body: LoadRequest, show_paths: bool = False
+                  ) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """Resolve the model, check its options and return the work that performs the load. `show_paths`:
+    an extra-dir model's checkpoint by absolute path (admins), else by file name (/v1/models' rule)."""
     model = svc.resolve(body.model_name)
     pinned = body.pinned
     done = {"status": "success", "message": f"Loaded model: {model.public}", "model_name": model.public,
@@ -68,7 +71,7 @@ def _prepare_load(svc: Services, body: LoadRequest) -> Callable[[], Awaitable[di
         pinned = svc.options.saved(model.name).get("pinned")
 
     if model.checkpoint:
-        done["checkpoint"] = model.checkpoint
+        done["checkpoint"] = shown_checkpoint(model, show_paths)
 
     async def load_model() -> dict[str, Any]:
         current = svc.router.loaded.get(model.name)
