@@ -314,7 +314,9 @@ def test_registered_image_model_keeps_its_defaults_and_options(http):
 
 # ----- residency, other APIs, the CLI ------------------------------------------------------------------
 def test_image_model_stays_resident_next_to_the_llm(http):
-    assert MODEL in loaded(http)  # from the generations above
+    # loaded here: a test above loads another image model (one image slot) and deletes it
+    assert http.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+    assert MODEL in loaded(http)
     chat = http.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 4,
                                                    "messages": [{"role": "user", "content": "Hi"}]})
     assert chat.status_code == 200, chat.text
