@@ -61,6 +61,7 @@ from lemonade.backends.llamacpp_build import (
     probe_version,
     release_asset_name,
     release_url,
+    staged_version,
 )
 from lemonade.backends.llamacpp_gpu import (
     GPU_BACKENDS,
@@ -315,12 +316,7 @@ class BackendInstaller(NativeInstall):
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Callable[[dict], None] | None
                 ) -> dict[str, Any]:
-        emit(progress, "install", "Checking the new llama-server", None)
-        try:
-            version, raw = probe_version(staging / _EXE)
-        except Exception as exc:
-            version, raw = None, f"{type(exc).__name__}: {exc}"
-        blog.write(f"$ llama-server --version\n{raw}")
+        version = staged_version(staging / _EXE, blog, progress)
         if version != PINNED_VERSION:
             raise InstallError(
                 f"The new llama-server does not run as expected (reported {version!r}, expected {PINNED_VERSION}).",

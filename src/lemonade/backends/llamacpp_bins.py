@@ -24,7 +24,7 @@ from typing import Any
 
 from lemonade.backends.engine import BackendState, InstallError, Progress
 from lemonade.backends.install import PINNED_BACKENDS, BackendInstaller, _assets
-from lemonade.backends.llamacpp_build import RPC_SERVER, BuildLog, emit, probe_version
+from lemonade.backends.llamacpp_build import RPC_SERVER, BuildLog, emit, probe_version, staged_version
 from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message
 from lemonade.llamacpp_settings import TAG_RE
 from lemonade.system.devices import detect_devices
@@ -191,12 +191,7 @@ class TaggedInstaller(BackendInstaller):
         return {"source": "release", "assets": assets}
 
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
-        emit(progress, "install", "Checking the new llama-server", None)
-        try:
-            version, raw = probe_version(staging / _EXE)
-        except Exception as exc:
-            version, raw = None, f"{type(exc).__name__}: {exc}"
-        blog.write(f"$ llama-server --version\n{raw}")
+        version = staged_version(staging / _EXE, blog, progress)
         if version != self.version:
             raise InstallError(f"The downloaded llama-server reports {version!r}, not {self.version}.",
                                code="verify_failed", log_path=blog.path)

@@ -130,6 +130,18 @@ def probe_version(binary: Path | str, timeout: float = 20.0) -> tuple[str | None
     return None, raw
 
 
+def staged_version(binary: Path, blog: BuildLog, progress: Progress | None) -> str | None:
+    """The version a freshly staged llama-server reports (None when it does not run), its output
+    written to the install log: the check every llama.cpp install makes before it is swapped in."""
+    emit(progress, "install", "Checking the new llama-server", None)
+    try:
+        version, raw = probe_version(binary)
+    except Exception as exc:
+        version, raw = None, f"{type(exc).__name__}: {exc}"
+    blog.write(f"$ llama-server --version\n{raw}")
+    return version
+
+
 # --- release archive ---------------------------------------------------------------------------
 
 
