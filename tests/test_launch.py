@@ -83,6 +83,15 @@ def test_claude_gets_the_server_the_model_and_a_key(server, bindir, tmp_path):
     assert GEMMA_NAME in loaded(server)
 
 
+def test_a_wildcard_host_reaches_the_agent_as_localhost(server, bindir, tmp_path):
+    """`--host 0.0.0.0` (the address a server listens on, not one to connect to): the agent is given
+    http://localhost:PORT, as Lemonade's launch writes it; the CLI itself connects to 127.0.0.1."""
+    proc, seen = launch(server, bindir, tmp_path, "claude", "--model", GEMMA_NAME, "--host", "0.0.0.0",
+                        "--port", str(server.port))
+    assert proc.returncode == 0, proc.stderr
+    assert seen["env"]["ANTHROPIC_BASE_URL"] == f"http://localhost:{server.port}"
+
+
 def test_the_loaded_model_is_chosen_and_a_key_is_passed_on(server, bindir, tmp_path):
     proc, seen = launch(server, bindir, tmp_path, "codex", LEMONADE_API_KEY="")
     assert proc.returncode == 0, proc.stderr

@@ -26,7 +26,7 @@ from lemonade.cli.background import start_background
 from lemonade.cli.client import ServerClient, error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.parsing import RewritingCommand
-from lemonade.cli.target import api_key
+from lemonade.cli.target import TARGET, api_key
 from lemonade.labels import MODE_ALIASES
 from lemonade.util.lazy import lazy_module
 
@@ -143,6 +143,18 @@ class LaunchCommand(RewritingCommand):
     optional = {"-p": "lemonade", "--provider": "lemonade"}
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
+
+
+def agent_url(url: str, host: str | None) -> str:
+    """The server's URL as an agent is given it: a wildcard listen address (`--host 0.0.0.0`), which
+    the CLI itself reaches on 127.0.0.1, is written as `localhost`, as Lemonade's launch writes it."""
+    given = host if host is not None else TARGET.host or os.environ.get("LEMONADE_HOST", "")
+    if given.strip() in WILDCARD_HOSTS:
+        return url.replace("://127.0.0.1:", "://localhost:", 1)
+    return url
+
+
 def launch(
     agent: Annotated[str | None, typer.Argument(help=f"Agent to launch: {KNOWN} (default: asked)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model to launch with (default: the loaded chat "
@@ -198,7 +210,8 @@ def launch(
     loading = None if name in loaded_names(c) else BackgroundLoad(c, name)
     key = api_key() or DEFAULT_AGENT_KEY
     try:
-        plan = spec.configure(c.url, obj["id"], key, {"provider": provider, "context": obj.get("context_length")})
+        plan = spec.configure(agent_url(c.url, host), obj["id"], key,
+                              {"provider": provider, "context": obj.get("context_length")})
     except ValueError as exc:
         raise fail(str(exc)) from None
     argv = [program, *plan.args, *extra]
