@@ -58,9 +58,9 @@ def _services(case: dict[str, Any], calls: Counter[str]) -> ClassifierServices:
         request = json.loads(user)
         assert set(request) == {"text", "has_tools", "has_images", "chars", "metadata"}
         assert "Choose exactly one of these labels" in system
-        labels = schema["properties"]["label"]["enum"]  # the grammar offers the labels the prompt lists
+        labels = schema["properties"]["model"]["enum"]  # the grammar offers the labels the prompt lists
         assert labels and f"these labels: {', '.join(labels)}." in system
-        assert schema["required"] == ["rationale", "label"]
+        assert schema["required"] == ["rationale", "model"]
         return answer("chat", model, model)
 
     return ClassifierServices(classify=lambda model, text: answer("classify", model, model), embed=embed, chat=chat)

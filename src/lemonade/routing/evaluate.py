@@ -135,7 +135,7 @@ def llm_contract(clf: ClassifierDef) -> str:
     return (f"{clf.prompt}\n\nThe user message is a JSON object describing a request: {{\"text\": its latest user "
             "turn, \"has_tools\", \"has_images\", \"chars\": the text's length in bytes, \"metadata\": the "
             f"caller's hints}}. Choose exactly one of these labels: {', '.join(clf.labels)}. Reply with only a "
-            "JSON object {\"rationale\": \"<one short sentence>\", \"label\": \"<one of the labels>\"} and no "
+            "JSON object {\"rationale\": \"<one short sentence>\", \"model\": \"<one of the labels>\"} and no "
             "other text.")
 
 
@@ -145,14 +145,15 @@ def llm_reply_schema(labels: Sequence[str]) -> dict[str, Any]:
     `labels`, a rationale that ends before the reply's token cap). The rationale comes first, so
     the model states its reason before it commits to a label: Gemma 3 270M, asked for the label
     first, took whichever label the prompt listed first; reason first, it answered by the text."""
-    return {"type": "object", "additionalProperties": False, "required": ["rationale", "label"],
+    return {"type": "object", "additionalProperties": False, "required": ["rationale", "model"],
             "properties": {"rationale": {"type": "string", "minLength": 1, "maxLength": RATIONALE_MAX_CHARS},
-                           "label": {"enum": list(labels)}}}
+                           "model": {"enum": list(labels)}}}
 
 
 def parse_llm_reply(reply: str, labels: Sequence[str]) -> Score:
-    """A reply that is exactly the contract's object (one ``` fence allowed) names a label;
-    anything else scores no label, so no band on it matches."""
+    """A reply that is exactly the contract's object (one ``` fence allowed) names a label in its
+    `model` key (Lemonade's contract, whose key is `model` for a router's candidates and a
+    condition's labels alike); anything else scores no label, so no band on it matches."""
     text = reply.strip()
     if text.startswith("```"):
         first, last = text.find("\n"), text.rfind("```")
@@ -163,10 +164,10 @@ def parse_llm_reply(reply: str, labels: Sequence[str]) -> Score:
         data = json.loads(text)
     except ValueError:
         return Score({})
-    if (not isinstance(data, dict) or set(data) != {"label", "rationale"} or data["label"] not in labels
+    if (not isinstance(data, dict) or set(data) != {"model", "rationale"} or data["model"] not in labels
             or not isinstance(data["rationale"], str) or not data["rationale"].strip()):
         return Score({})
-    return Score({data["label"]: 1.0}, rationale=data["rationale"].strip())
+    return Score({data["model"]: 1.0}, rationale=data["rationale"].strip())
 
 
 class _Evaluation:
