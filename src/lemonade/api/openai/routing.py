@@ -94,6 +94,9 @@ def _json_object(text: str) -> Any:
     return json.loads(fenced.group(1) if fenced else text)
 
 
+NO_THINK = "/no_think\n"
+
+
 class Helpers:
     """The classifier services of one request, bound to this server's engines."""
 
@@ -139,7 +142,9 @@ class Helpers:
         return list(data["data"][0]["embedding"])
 
     async def chat(self, name: str, system: str, user: str, schema: Mapping[str, Any]) -> str:
-        return await self._chat(self._model(name), system, user, schema)
+        # `/no_think` first, as Lemonade's router sends it: a reasoning model (Qwen3 and the like)
+        # answers the contract at once instead of spending the reply's token cap thinking.
+        return await self._chat(self._model(name), system, NO_THINK + user, schema)
 
     def services(self) -> ClassifierServices:
         return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
