@@ -142,6 +142,23 @@ def check_flags(text: str, forbidden: dict[str, str], allowed: Callable[[str], b
     return argv
 
 
+def check_native_args(text: str, *, trusted: bool, forbidden: dict[str, str], safe: frozenset[str],
+                      known: frozenset[str], program: str, option: str, config_key: str, examples: str,
+                      instead: str = "") -> list[str]:
+    """Tokenise a native engine's `*_args` (whisper-server's, sd-server's): refused are the flags the
+    server sets itself, any flag `program` does not know, and, unless `trusted` (the admin's
+    server-wide `config_key`), a flag outside `safe` (one that may touch a file or the network)."""
+    argv = check_flags(text, forbidden, config_key=config_key, instead=instead)
+    unknown = [f for f in flags_of(argv) if f not in known]
+    if unknown:
+        name = program.split(" ", 1)[0]
+        raise ValueError(f"Argument '{unknown[0]}' is not a flag {program} can run with: remove it from "
+                         f"{option}. `{name} --help` lists its flags.")
+    if not trusted:
+        check_flags(text, forbidden, safe.__contains__, config_key=config_key, examples=examples, instead=instead)
+    return argv
+
+
 def flags_of(argv: list[str]) -> list[str]:
     """The flag tokens of an argument list (values, negative numbers included, are skipped)."""
     return [t.split("=", 1)[0] for t in argv if t.startswith("-") and not is_number(t)]

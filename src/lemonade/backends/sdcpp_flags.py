@@ -15,7 +15,7 @@ refuses an unknown flag and exits, so every flag is checked against that list be
 
 from __future__ import annotations
 
-from lemonade.backends.engine import check_flags, flags_of
+from lemonade.backends.engine import check_native_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 
 FORBIDDEN_FLAGS = {
@@ -58,13 +58,8 @@ KNOWN_FLAGS = SAFE_FLAGS | ADMIN_ONLY_FLAGS | frozenset(FORBIDDEN_FLAGS)
 def check_sdcpp_args(text: str, *, trusted: bool = False) -> list[str]:
     """Tokenise `sdcpp_args`; ValueError naming the first flag that Lemonade sets itself, that is not
     allowed per model (`trusted`: the admin's server-wide `sdcpp.args`), or that sd-server does not know."""
-    instead = " Use the load options instead (steps, cfg_scale, width, height)."
-    argv = check_flags(text, FORBIDDEN_FLAGS, config_key="sdcpp.args", instead=instead)
-    unknown = [f for f in flags_of(argv) if f not in KNOWN_FLAGS]
-    if unknown:
-        raise ValueError(f"Argument '{unknown[0]}' is not a flag sd-server (stable-diffusion.cpp {SDCPP_VERSION}) "
-                         "can run with: remove it from sdcpp_args. `sd-server --help` lists its flags.")
-    if not trusted:
-        check_flags(text, FORBIDDEN_FLAGS, SAFE_FLAGS.__contains__, config_key="sdcpp.args",
-                    examples="threads, flash attention, offloading, tiling, sampler, ...", instead=instead)
-    return argv
+    return check_native_args(text, trusted=trusted, forbidden=FORBIDDEN_FLAGS, safe=SAFE_FLAGS, known=KNOWN_FLAGS,
+                             program=f"sd-server (stable-diffusion.cpp {SDCPP_VERSION})", option="sdcpp_args",
+                             config_key="sdcpp.args",
+                             examples="threads, flash attention, offloading, tiling, sampler, ...",
+                             instead=" Use the load options instead (steps, cfg_scale, width, height).")

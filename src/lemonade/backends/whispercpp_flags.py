@@ -13,7 +13,7 @@ parser's list before a process starts.
 
 from __future__ import annotations
 
-from lemonade.backends.engine import check_flags, flags_of
+from lemonade.backends.engine import check_native_args
 from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
 
 # Lemonade sets these itself (lemonade.md: -m, --model, --port; we also bind the host and rely on
@@ -49,12 +49,7 @@ KNOWN_FLAGS = SAFE_FLAGS | ADMIN_ONLY_FLAGS | frozenset(FORBIDDEN_FLAGS)
 def check_whispercpp_args(text: str, *, trusted: bool = False) -> list[str]:
     """Tokenise `whispercpp_args`; ValueError naming the first flag that is not allowed (`trusted`:
     the admin's server-wide setting) or that whisper-server does not know."""
-    argv = check_flags(text, FORBIDDEN_FLAGS, instead="")
-    unknown = [f for f in flags_of(argv) if f not in KNOWN_FLAGS]
-    if unknown:
-        raise ValueError(f"Argument '{unknown[0]}' is not a flag whisper-server (whisper.cpp {WHISPER_CPP_VERSION}) "
-                         "can run with: remove it from whispercpp_args. `whisper-server --help` lists its flags.")
-    if not trusted:
-        check_flags(text, FORBIDDEN_FLAGS, SAFE_FLAGS.__contains__, config_key="whispercpp.args",
-                    examples="threads, beam size, thresholds, timestamps, ...", instead="")
-    return argv
+    return check_native_args(text, trusted=trusted, forbidden=FORBIDDEN_FLAGS, safe=SAFE_FLAGS, known=KNOWN_FLAGS,
+                             program=f"whisper-server (whisper.cpp {WHISPER_CPP_VERSION})",
+                             option="whispercpp_args", config_key="whispercpp.args",
+                             examples="threads, beam size, thresholds, timestamps, ...")
