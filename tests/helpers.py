@@ -3,7 +3,7 @@ here (or from a helper module named for its concern: models.py, speech.py, gguf_
 never from another test module or from conftest.py.
 
 - servers: `Server` (one `lemonade serve` subprocess), `ServerFactory`, `free_port`, the test cache;
-- `wait_for`: the one poll loop;
+- `wait_for`: the one poll loop; `served_folder`: a folder over HTTP;
 - the CLI: `lemonade`, `cli_env`, `ok`, `run_cli`;
 - answers: Server-Sent Events of a pull, error bodies, `/v1/models/{id}`, MCP tool calls;
 - models published on the local hub (tests/hub) and the engine backends they need;
@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,27 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 120.0, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+# ----- a folder served over HTTP -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def served_folder(root: Path) -> Iterator[str]:
+    """`root` served over HTTP on loopback (a stand-in for GitHub's release downloads, its API's JSON
+    answers, or a recipes site), as a base URL; stopped on exit."""
+    import functools
+    import http.server
+    import threading
+
+    handler = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ----- the CLI ----------------------------------------------------------------------------------------------

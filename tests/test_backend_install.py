@@ -8,9 +8,7 @@ Everything that changes state works on a copy in a temp cache.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import shutil
@@ -33,6 +31,7 @@ from lemonade.backends.llamacpp_gpu import backend_devices, best_backend
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.system.devices import detect_devices
+from tests.helpers import served_folder
 
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE") or Path.home() / ".cache" / "lemonade-test")
 STATES = {"installed", "installable", "update_required", "unsupported"}
@@ -320,11 +319,6 @@ def test_unsupported_and_unknown_requests(tmp_path):
     assert err.value.code == "unsupported_backend" and "not available in this build" in str(err.value)
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-
 @pytest.fixture
 def release_mirror(installed, tmp_path):
     """A local folder laid out like GitHub's release downloads, holding an archive packed the way
@@ -340,15 +334,8 @@ def release_mirror(installed, tmp_path):
     with tarfile.open(root / PINNED_VERSION / asset, "w:gz") as tf:
         tf.add(installed.llama_server_path("cpu"), arcname=f"llama-{PINNED_VERSION}/llama-server")
     digest = hashlib.sha256((root / PINNED_VERSION / asset).read_bytes()).hexdigest()
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", f"{PINNED_VERSION}/{asset}", digest
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served_folder(root) as url:
+        yield url, f"{PINNED_VERSION}/{asset}", digest
 
 
 def pin(tmp_path: Path, monkeypatch, pins: dict[str, str]) -> None:

@@ -8,7 +8,6 @@ and the startup warning of a server exposed without an API key."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import re
@@ -16,14 +15,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers import GEMMA_NAME, wait_for
+from tests.helpers import GEMMA_NAME, served_folder, wait_for
 
 USER_MODEL = {"model_name": "user.Tiny-Kept", "recipe": "llamacpp", "checkpoint": "someone/Tiny-GGUF:Q4_0"}
 
@@ -371,15 +369,8 @@ def release_mirror(llama_backend, tmp_path) -> Iterator[tuple[str, str]]:
     digest = hashlib.sha256((root / TAG / asset).read_bytes()).hexdigest()
     (tags / TAG).write_text(json.dumps({"tag_name": TAG, "assets": [{"name": asset, "digest": f"sha256:{digest}"}]}))
 
-    handler = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", TAG
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served_folder(root) as url:
+        yield url, TAG
 
 
 def test_cpu_bin_latest_and_a_pinned_tag_install_from_the_release(make_server, gemma_dir, release_mirror):

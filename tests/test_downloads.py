@@ -8,14 +8,11 @@ loaded); real inference on a downloaded model is in test_downloads_resilience.py
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import error_of, fetched, model, repo_dir, run_cli, sse_events
+from tests.helpers import error_of, fetched, model, repo_dir, run_cli, served_folder, sse_events
 from tests.hub import fixtures as fx
 
 MQ = fx.MULTIQUANT_REPO
@@ -212,13 +209,8 @@ def recipes_site(tmp_path):
     (root / "coding-agents").mkdir(parents=True)
     (root / "coding-agents" / "Tiny-Q4_0.json").write_text(json.dumps(
         {"model_name": "tiny-recipe", "recipe": "llamacpp", "checkpoint": f"{MQ}:Q4_0", "labels": ["coding"]}))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=site.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{site.server_address[1]}"
-    site.shutdown()
-    site.server_close()
+    with served_folder(root) as url:
+        yield url
 
 
 def test_import_rules_and_remote_recipes(client, server, tmp_path, recipes_site):

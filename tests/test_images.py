@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, gene
 from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
-from tests.helpers import GEMMA_NAME
+from tests.helpers import GEMMA_NAME, served_folder, wait_for
 from tests.helpers import loaded as loaded_by_name
 from tests.sd_factory import (
     FLUX2_KLEIN_FILES,
@@ -433,9 +434,6 @@ def test_sdxl_checkpoint_loads_and_generates(client, http):
 def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
     """The release path: a local mirror laid out like GitHub's downloads holds a zip packed as upstream's
     CI packs it (`zip -j` of the binaries: no Unix modes kept), made from our own build."""
-    import functools
-    import http.server
-    import threading
     import zipfile
 
     from lemonade.backends.sdcpp_install import SdCppInstall, release_asset_name
@@ -452,14 +450,67 @@ def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
     pins = tmp_path / "pins.json"
     pins.write_text(json.dumps({f"{SDCPP_VERSION}/{asset}": hashlib.sha256((folder / asset).read_bytes()).hexdigest()}))
     monkeypatch.setenv("LEMONADE_RELEASE_DIGESTS", str(pins))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("LEMONADE_SDCPP_RELEASE_BASE_URL", f"http://127.0.0.1:{httpd.server_address[1]}")
+    with served_folder(tmp_path / "mirror") as url:
+        monkeypatch.setenv("LEMONADE_SDCPP_RELEASE_BASE_URL", url)
         inst = SdCppInstall(tmp_path / "cache")
         assert inst.install_pinned("cpu")["version"] == SDCPP_VERSION
-    finally:
-        httpd.shutdown()
     assert inst.read_install_info("cpu")["source"] == "release" and inst.is_installed("cpu")
     assert os.access(inst.backend_dir("cpu") / "sd-cli", os.X_OK)
+
+
+def test_cpu_bin_latest_a_missing_tag_and_your_own_build(make_server, hub_server, sdcpp_backend, tmp_path):
+    """`sdcpp.cpu_bin` (guide-configuration-README.md, "Backend binary selection"): `latest` asks
+    GitHub's releases API (a local stand-in) which release is the newest and installs its archive
+    beside the pinned build, checked against the digest the API states; a tag the mirror lacks fails
+    the load naming it; a folder with your own build is used as it is. The archive holds our own
+    build of the pinned sources, under the name upstream gives the newer release."""
+    import zipfile
+
+    from lemonade.backends.sdcpp_install import release_asset_name, tag_commit
+
+    tag = "master-820-de298c2"
+    asset = release_asset_name(tag_commit(tag))
+    if asset is None:
+        pytest.skip("upstream publishes no CPU archive for this platform")
+    root = tmp_path / "github"
+    (root / tag).mkdir(parents=True)
+    with zipfile.ZipFile(root / tag / asset, "w") as zf:
+        for exe in ("sd-server", "sd-cli"):
+            zf.write(sdcpp_backend / exe, exe)
+    releases = root / "repos" / "leejet" / "stable-diffusion.cpp" / "releases"
+    (releases / "tags").mkdir(parents=True)
+    (releases / "latest").write_text(json.dumps({"tag_name": tag}))
+    digest = hashlib.sha256((root / tag / asset).read_bytes()).hexdigest()
+    (releases / "tags" / tag).write_text(json.dumps({"tag_name": tag,
+                                                     "assets": [{"name": asset, "digest": f"sha256:{digest}"}]}))
+    publish_sd(hub_server)
+    with served_folder(root) as url:
+        env = {**hub_server.env(), "LEMONADE_GITHUB_API_URL": url, "LEMONADE_SDCPP_RELEASE_BASE_URL": url}
+        srv = make_server(env=env, engines=(), config={"sdcpp": {"cpu_bin": "latest"}})
+        installed = srv.cache / "backends" / "sd-cpp" / f"cpu@{tag}"
+        with srv.client(timeout=600) as c:
+            resp = c.post("/v1/pull", json={"model_name": MODEL, "checkpoint": f"{SD_REPO}:{SD_FILE}",
+                                            "recipe": "sd-cpp", "labels": ["image"]})
+            assert resp.status_code == 200, resp.text
+            cpu = c.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
+            assert cpu["state"] == "installable" and cpu["version"] == tag, cpu
+            resp = c.post("/v1/images/generations", json={"model": MODEL, "prompt": "a lemon", "size": "64x64",
+                                                          **FAST})
+            assert resp.status_code == 200, resp.text  # installed on first use, then generated
+            assert loaded(c)[MODEL]["launch_command"][0] == str(installed / "sd-server")
+            assert json.loads((installed / "install.json").read_text())["version"] == tag
+            assert not (srv.cache / "backends" / "sd-cpp" / "cpu").exists()  # the pinned one was not needed
+
+            assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": "master-1-0000000"}}).status_code == 200
+            wait_for(lambda: loaded(c).get(MODEL, {}).get("launch_command", [""])[0] != str(installed / "sd-server"))
+            resp = c.post("/v1/load", json={"model_name": MODEL})
+            assert resp.status_code >= 400 and "stable-diffusion.cpp master-1-0000000" in resp.text, resp.text
+
+            own = tmp_path / "sd.cpp" / "build" / "bin"
+            own.mkdir(parents=True)
+            for exe in ("sd-server", "sd-cli"):
+                shutil.copy2(sdcpp_backend / exe, own / exe)
+            assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": str(own)}}).status_code == 200
+            assert c.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+            assert loaded(c)[MODEL]["launch_command"][0] == str(own / "sd-server")
+    assert "sdcpp.cpu_bin=latest: the newest stable-diffusion.cpp release is " + tag in srv.log()

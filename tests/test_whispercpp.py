@@ -263,3 +263,42 @@ def test_first_load_installs_the_backend_with_progress(make_server, hub_server, 
             srv.stop()
             make_server.servers.remove(srv)
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_cpu_bin_your_own_whisper_server_a_tag_and_back(make_server, hub_server, whispercpp_backend, speech_wav,
+                                                        tmp_path):
+    """`whispercpp.cpu_bin` (guide-configuration-README.md, "Backend binary selection"): a folder with
+    your own build serves and is never removed; a release tag cannot be had on Linux (whisper.cpp
+    publishes Windows archives only), which the state and the load say, naming the other ways;
+    `builtin` is the pinned build again."""
+    publish_ggml(hub_server)
+    own = tmp_path / "whisper.cpp" / "build" / "bin"
+    own.mkdir(parents=True)
+    shutil.copy2(whispercpp_backend / "whisper-server", own / "whisper-server")
+    srv = make_server(env=hub_server.env(), engines=("whispercpp",), config={"whispercpp": {"cpu_bin": str(own)}})
+    with srv.client() as c:
+        cpu = c.get("/v1/system-info").json()["recipes"]["whispercpp"]["backends"]["cpu"]
+        assert cpu["state"] == "installed" and str(own) in cpu["message"], cpu
+        assert transcribe(c, speech_wav).status_code == 200
+        assert loaded(c)[MODEL]["launch_command"][0] == str(own / "whisper-server")
+        refused = c.post("/v1/uninstall", json={"recipe": "whispercpp", "backend": "cpu"})
+        assert refused.status_code == 400 and "does not remove it" in refused.json()["error"]["message"]
+        assert MODEL in loaded(c)  # refused before anything was unloaded
+
+        assert c.post("/internal/set", json={"whispercpp": {"cpu_bin": "v1.8.4"}}).status_code == 200
+        cpu = c.get("/v1/system-info").json()["recipes"]["whispercpp"]["backends"]["cpu"]
+        assert cpu["state"] == "unsupported" and "no release archive of v1.8.4" in cpu["message"], cpu
+        assert "own build" in cpu["message"] and cpu["action"] == "lemonade config set whispercpp.cpu_bin=builtin"
+        c.post("/v1/unload", json={"model_name": MODEL})
+        resp = c.post("/v1/load", json={"model_name": MODEL})
+        assert resp.status_code >= 400 and "no release archive of v1.8.4" in resp.text, resp.text
+
+        assert c.post("/internal/set", json={"whispercpp": {"cpu_bin": "builtin"}}).status_code == 200
+        assert transcribe(c, speech_wav).status_code == 200
+        assert loaded(c)[MODEL]["launch_command"][0] == str(srv.cache / "backends" / "whispercpp" / "cpu"
+                                                             / "whisper-server")
+    assert (own / "whisper-server").is_file()
+    bad = make_server(env=hub_server.env(), engines=(), config={"whispercpp": {"cpu_bin": "relative/folder"}})
+    with bad.client() as c:  # a value config validation refuses is skipped at start, with the reason
+        assert c.get("/v1/params").json()["whispercpp"]["cpu_bin"] == "builtin"
+    assert "whispercpp.cpu_bin" in bad.log()

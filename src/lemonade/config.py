@@ -59,9 +59,10 @@ DEFAULTS: dict[str, Any] = {
     # your own build (backends/llamacpp_bins.py)
     "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": [],
                  "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
-    "whispercpp": {"backend": "cpu", "args": ""},
+    "whispercpp": {"backend": "cpu", "args": "", "cpu_bin": "builtin"},  # *_bin: backends/native_bins.py
     "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
-    "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512},
+    "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
+              "cpu_bin": "builtin"},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
     # Inference spans over OTLP (observability/telemetry.py); off by default. session.headers: request
@@ -75,6 +76,7 @@ DEFAULTS: dict[str, Any] = {
     "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
 }
 
+BIN_SECTIONS = ("llamacpp", "whispercpp", "sdcpp")  # engines whose `<backend>_bin` selects a build
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal", "none")
 MODEL_SOURCES = ("huggingface", "modelscope")
 MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
@@ -157,7 +159,7 @@ def validate_value(key: str, value: Any) -> Any:
         return _validate_type_map(key, value)
     if key == "websocket_port":
         return _websocket_port(value)
-    if key.startswith("llamacpp.") and key.endswith("_bin"):
+    if key.endswith("_bin") and key.split(".", 1)[0] in BIN_SECTIONS:
         from lemonade.llamacpp_settings import check_bin_value
 
         if not isinstance(value, str):

@@ -71,13 +71,19 @@ def bin_kind(value: str) -> str:
     return "path" if os.path.isabs(value) else "tag"
 
 
+# A release tag of each engine with `*_bin` settings, and its server binary, for messages.
+_BIN_EXAMPLES = {"llamacpp": ("b8664", "llama-server"), "whispercpp": ("v1.8.4", "whisper-server"),
+                 "sdcpp": ("master-820-de298c2", "sd-server")}
+
+
 def check_bin_value(key: str, value: str) -> str | None:
     """Why a `*_bin` value cannot be used, or None (config validation)."""
     kind = bin_kind(value)
+    tag, server = _BIN_EXAMPLES.get(key.split(".", 1)[0], _BIN_EXAMPLES["llamacpp"])
     if kind == "path" and not os.path.isdir(value):
         return (f"'{key}' path does not exist: {value}. Use \"builtin\", \"latest\", a version tag (e.g. "
-                "\"b8664\"), or a folder holding your own llama-server build.")
+                f"\"{tag}\"), or a folder holding your own {server} build.")
     if kind == "tag" and not TAG_RE.match(value):
-        return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"b8664\", or an absolute path; "
+        return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"{tag}\", or an absolute path; "
                 f"got {value!r}")
     return None

@@ -21,7 +21,7 @@ from lemonade.backends.native_build import stop_builds
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
-from lemonade.config import Config, ConfigError
+from lemonade.config import BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
@@ -117,8 +117,8 @@ class Services:
         if "extra_models_dir" in changed or "models_dir" in changed:
             values = self.config.values
             self.catalog.set_dirs(values["extra_models_dir"], values["models_dir"])
-        rebinned = {k.split(".", 1)[1].removesuffix("_bin") for k in changed
-                    if k.startswith("llamacpp.") and k.endswith("_bin")}
+        rebinned = {(k.split(".", 1)[0], k.split(".", 1)[1].removesuffix("_bin")) for k in changed
+                    if k.split(".", 1)[0] in BIN_SECTIONS and k.endswith("_bin")}
         if rebinned:
             self._reload_on_new_binary(rebinned)
         if "log_level" in changed:
@@ -137,23 +137,25 @@ class Services:
         not downloaded (a downloaded one stays visible, so it can be used or deleted)."""
         return budget is None or too_big(model, budget) is None or self.catalog.is_downloaded(model)
 
-    def _reload_on_new_binary(self, backends: set[str]) -> None:
-        """A changed `llamacpp.<backend>_bin` applies live (guide-configuration-README.md): models running
-        on that backend are loaded again, on the newly selected llama.cpp (installed first if needed)."""
+    def _reload_on_new_binary(self, backends: set[tuple[str, str]]) -> None:
+        """A changed `<section>.<backend>_bin` (section, backend) applies live (guide-configuration-README.md):
+        models running on that engine's backend are loaded again, on the newly selected build (installed
+        first if needed)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # set outside a running server: the next start uses it
+        # an engine's config section is its recipe's name without the dash (sd-cpp: sdcpp)
         affected = [lm for lm in self.router.loaded.values()
-                    if lm.model.recipe == "llamacpp" and lm.backend in backends]
+                    if (lm.model.recipe.replace("-", ""), lm.backend) in backends]
 
         async def reload() -> None:
             for lm in affected:
-                log.info("Loading %s again: llamacpp.%s_bin changed", lm.model.public, lm.backend)
+                log.info("Loading %s again: its %s_bin setting changed", lm.model.public, lm.backend)
                 try:
                     await self.router.ensure_loaded(lm.model, dict(lm.options), pinned=lm.pinned, reload=True)
                 except Exception as exc:  # reported; the next request tries again (and says why it fails)
-                    log.warning("Could not load %s on the new llama.cpp: %s", lm.model.public, exc)
+                    log.warning("Could not load %s on the newly selected build: %s", lm.model.public, exc)
 
         if affected:
             task = loop.create_task(reload())

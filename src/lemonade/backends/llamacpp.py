@@ -12,12 +12,12 @@ import json
 import logging
 import os
 import re
-import time
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
+from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags
 from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
@@ -32,14 +32,7 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
 from lemonade.backends.llamacpp_arch import refusal
-from lemonade.backends.llamacpp_bins import (
-    BIN_BACKENDS,
-    OwnBuild,
-    TaggedInstaller,
-    Unresolved,
-    installed_tags,
-    resolve_latest,
-)
+from lemonade.backends.llamacpp_bins import BIN_BACKENDS, OwnBuild, TaggedInstaller, resolve_latest
 from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
 from lemonade.backends.llamacpp_context import (
     ContextChoice,
@@ -302,8 +295,7 @@ class LlamaCppEngine(Engine):
         super().__init__(cache_dir, config)
         self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
         self._selected: dict[tuple[str, str], Any] = {}  # (kind, tag or path) -> installer or own build
-        self._latest: str | None = None  # `latest`, resolved once per process
-        self._latest_failed: tuple[float, str] | None = None  # when and why resolving failed (retried after a minute)
+        self._latest = LatestTag("llama.cpp", resolve_latest)
 
     # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
     def installer_for(self, backend: str) -> Any:
@@ -317,34 +309,11 @@ class LlamaCppEngine(Engine):
             return self.installer
         if kind == "path":
             return self._selected.setdefault(("path", value), OwnBuild(Path(value), key))
-        tag = value if kind == "tag" else self._latest_tag(backend)
+        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
+        tag = value if kind == "tag" else self._latest.get(key, blocked, installed_tags(self.installer.root, backend))
         if tag is None:
-            return Unresolved(key, self._latest_failed[1] if self._latest_failed else "no release known")
+            return Unresolved(key, self._latest.reason)
         return self._selected.setdefault(("tag", tag), TaggedInstaller(self.cache_dir, tag))
-
-    def _latest_tag(self, backend: str) -> str | None:
-        """`latest`: asked once per process; offline (or with no_fetch_executables) or unreachable, the
-        newest release installed before, with a warning."""
-        if self._latest is not None:
-            return self._latest
-        blocked = self.config.get("offline") or self.config.get("no_fetch_executables")
-        retry = self._latest_failed is None or time.monotonic() - self._latest_failed[0] > 60
-        if not blocked and retry:
-            try:
-                self._latest = resolve_latest()
-                log.info("llamacpp.*_bin=latest: the newest llama.cpp release is %s", self._latest)
-                return self._latest
-            except Exception as exc:
-                self._latest_failed = (time.monotonic(), f"could not ask which llama.cpp release is the newest ({exc})")
-        elif blocked:
-            self._latest_failed = (time.monotonic(), "offline (or no_fetch_executables), so the newest llama.cpp "
-                                                     "release cannot be looked up, and none is installed")
-        tags = installed_tags(self.cache_dir, backend)
-        if tags:
-            log.warning("llamacpp.%s_bin=latest: %s; using %s, the newest one installed",
-                        backend, self._latest_failed[1] if self._latest_failed else "not resolved", tags[0])
-            return tags[0]
-        return None
 
     def state(self, backend: str) -> BackendState:
         return self.installer_for(backend).state(self.recipe, backend)

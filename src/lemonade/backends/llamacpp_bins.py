@@ -22,11 +22,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lemonade.backends.bin_select import latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress
 from lemonade.backends.install import PINNED_BACKENDS, BackendInstaller, _assets
 from lemonade.backends.llamacpp_build import RPC_SERVER, BuildLog, emit, probe_version, staged_version
 from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message
-from lemonade.llamacpp_settings import TAG_RE
 from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.install")
@@ -37,17 +37,9 @@ ENV_LATEST_URL = "LEMONADE_LLAMACPP_LATEST_URL"
 _EXE = "llama-server.exe" if os.name == "nt" else "llama-server"
 
 
-def resolve_latest(timeout: float = 5.0) -> str:
+def resolve_latest() -> str:
     """The tag of the newest llama.cpp release (raises on any failure)."""
-    import httpx
-
-    url = os.environ.get(ENV_LATEST_URL) or LATEST_URL
-    resp = httpx.get(url, timeout=timeout, follow_redirects=True, headers={"Accept": "application/json"})
-    resp.raise_for_status()
-    tag = resp.json().get("tag_name")
-    if not isinstance(tag, str) or not TAG_RE.match(tag):
-        raise ValueError(f"{url} named no release tag")
-    return tag
+    return latest_release_tag(os.environ.get(ENV_LATEST_URL) or LATEST_URL)
 
 
 class OwnBuild:
@@ -101,36 +93,6 @@ class OwnBuild:
     def uninstall(self, recipe: str, backend: str) -> dict[str, Any]:
         raise InstallError(f"{self.key} points at your own build in {self.folder}; Lemonade does not remove it. "
                            f"Set {self.key}=builtin to use the version Lemonade ships.", code="unsupported_backend")
-
-
-class Unresolved:
-    """`latest` when no release can be named (offline, or GitHub unreachable, and none installed)."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        self.key, self.reason = key, reason
-
-    def llama_server_path(self, backend: str) -> Path | None:
-        return None
-
-    def rpc_server_path(self, backend: str) -> Path | None:
-        return None
-
-    def state(self, recipe: str, backend: str) -> BackendState:
-        return BackendState(recipe, backend, "unsupported", message=f"{self.key}=latest: {self.reason}",
-                            action=f"lemonade config set {self.key}=builtin")
-
-    def is_installed(self, backend: str) -> bool:
-        return False
-
-    def check_request(self, recipe: str, backend: str, force: bool = False) -> None:
-        return None
-
-    def install(self, recipe: str, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        raise InstallError(f"{self.key}=latest: {self.reason}. Pin a tag, or use the version Lemonade ships: "
-                           f"lemonade config set {self.key}=builtin", code="download_failed")
-
-    def uninstall(self, recipe: str, backend: str) -> dict[str, Any]:
-        return self.install(recipe, backend)
 
 
 class TaggedInstaller(BackendInstaller):
@@ -196,11 +158,3 @@ class TaggedInstaller(BackendInstaller):
             raise InstallError(f"The downloaded llama-server reports {version!r}, not {self.version}.",
                                code="verify_failed", log_path=blog.path)
         return {"version": version}
-
-
-def installed_tags(cache_dir: Path, backend: str) -> list[str]:
-    """Release tags installed for `backend` (`<backend>@<tag>` folders), newest build number first."""
-    root = Path(cache_dir) / "backends" / "llamacpp"
-    tags = [p.name.split("@", 1)[1] for p in root.glob(f"{backend}@*") if (p / "install.json").is_file()]
-    return sorted(tags, key=lambda t: int(t[1:]) if t[1:].isdigit() else -1, reverse=True)
-

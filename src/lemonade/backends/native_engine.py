@@ -9,10 +9,18 @@ but for the product's name and build time; each engine keeps only what differs (
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
+from lemonade.backends.native_bins import OwnNativeBuild
 from lemonade.backends.native_install import NativeInstall
+from lemonade.llamacpp_settings import bin_kind
+
+if TYPE_CHECKING:
+    from lemonade.config import Config
 
 
 class NativeCpuBackend:
@@ -20,7 +28,9 @@ class NativeCpuBackend:
 
     recipe: str
     backends: tuple[str, ...]
-    installer: NativeInstall
+    installer: NativeInstall  # the pinned version ("builtin")
+    config: Config  # the Engine's
+    cache_dir: Path  # the Engine's
     check_request: Callable[..., None]  # the Engine's
     product = ""  # the upstream project's name, e.g. "whisper.cpp"
     build_minutes = ""  # a source build's time on 2 cores, e.g. "3 to 8"
@@ -33,9 +43,51 @@ class NativeCpuBackend:
         """Why `backend` (not cpu) cannot be used here, and what to use instead."""
         raise NotImplementedError
 
+    # ----- which build `<section>.cpu_bin` selects (native_bins.py) -----------------------------------
+    def installer_for(self, backend: str) -> NativeInstall | OwnNativeBuild | Unresolved:
+        """The pinned install, another release's, or the user's own build: what `<section>.<backend>_bin`
+        selects (only `cpu` is served, so the others are always the pinned installer's to refuse)."""
+        if backend != "cpu":
+            return self.installer
+        key = self.installer.bin_key(backend)
+        value = self.config.get(key)
+        kind = bin_kind(value)
+        if kind == "builtin":
+            return self.installer
+        if kind == "path":
+            own = OwnNativeBuild(Path(value), key, self.installer.executables)
+            return self._selected.setdefault(("path", value), own)
+        if kind == "tag":
+            tag = value
+        else:
+            blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
+            tag = self._latest.get(key, blocked, installed_tags(self.installer.root, backend))
+            if tag is None:
+                return Unresolved(key, self._latest.reason)
+        return self._selected.setdefault(("tag", tag), type(self.installer)(self.cache_dir, tag=tag))
+
+    @cached_property
+    def _selected(self) -> dict[tuple[str, str], NativeInstall | OwnNativeBuild]:
+        """(kind, tag or path) -> its installer or own build, made once per process."""
+        return {}
+
+    @cached_property
+    def _latest(self) -> LatestTag:
+        return LatestTag(self.product, self._resolve_latest)
+
+    def _resolve_latest(self) -> str:
+        from lemonade.backends.release_digests import api_url
+
+        return latest_release_tag(f"{api_url().rstrip('/')}/repos/{self.installer.upstream_repo}/releases/latest")
+
     def state(self, backend: str) -> BackendState:
         if backend != "cpu":
             return BackendState(self.recipe, backend, "unsupported", message=self.unsupported_message(backend))
+        chosen = self.installer_for(backend)
+        if not isinstance(chosen, NativeInstall):
+            return chosen.state(self.recipe, backend)
+        if chosen.tag is not None:
+            return self._tagged_state(chosen)
         version = self.installer.version
         action = install_action(self.recipe, "cpu")
         installed = self.installer.installed_version("cpu")
@@ -57,6 +109,22 @@ class NativeCpuBackend:
                                     f"({self.build_minutes} minutes on 2 cores; needs cmake and a C++ compiler).",
                             action=action, version=version, devices=["cpu"])
 
+    def _tagged_state(self, chosen: NativeInstall) -> BackendState:
+        """Another upstream release than the pinned one (`<section>.cpu_bin` = a tag or `latest`)."""
+        if chosen.installed_version("cpu") == chosen.tag:
+            return BackendState(self.recipe, "cpu", "installed", version=chosen.tag, devices=["cpu"])
+        key = chosen.bin_key("cpu")
+        if chosen.release_asset() is None:
+            return BackendState(self.recipe, "cpu", "unsupported", version=chosen.tag,
+                                message=f"{self.product} publishes no release archive of {chosen.tag} for this "
+                                        f"platform, and Lemonade builds from source only the version it ships. "
+                                        f"Point {key} at a folder with your own build, or set it to builtin.",
+                                action=f"lemonade config set {key}=builtin")
+        return BackendState(self.recipe, "cpu", "installable", version=chosen.tag, devices=["cpu"],
+                            action=install_action(self.recipe, "cpu"),
+                            message=f"Release {chosen.tag} ({key}) is not installed yet; installing it downloads "
+                                    "the official release archive.")
+
     def _release_pinned(self) -> bool:
         """A release archive exists for this machine (used once its SHA-256 is checked against a pin or
         the digest GitHub publishes for it, release_digests.py)."""
@@ -64,7 +132,15 @@ class NativeCpuBackend:
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
         self.check_request(backend)
-        return self.installer.install_pinned(backend, progress, force)
+        return {"recipe": self.recipe, **self.installer_for(backend).install_pinned(backend, progress, force)}
+
+    def uninstall_refusal(self, backend: str) -> str | None:
+        if backend == "cpu" and isinstance(self.installer_for(backend), OwnNativeBuild):
+            try:
+                self.uninstall(backend)  # raises, saying whose it is
+            except InstallError as exc:
+                return str(exc)
+        return None
 
     def uninstall(self, backend: str) -> dict[str, Any]:
         if backend not in self.backends:
@@ -73,4 +149,4 @@ class NativeCpuBackend:
         if backend != "cpu":
             raise InstallError(f"{self.recipe}:{backend} is not installed by this build: "
                                f"{self.unsupported_message(backend)}", code="unsupported_backend")
-        return self.installer.remove(backend)
+        return self.installer_for(backend).remove(backend)

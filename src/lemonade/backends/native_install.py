@@ -69,18 +69,26 @@ class NativeInstall:
     source: VendoredSource | None = None  # the pinned sources a source build uses
     build_targets: tuple[str, ...] = ()  # the CMake targets that produce `executables`
     env_no_release: str = ""  # environment variable that skips the release archive
+    config_section: str = ""  # the config section of the engine's settings ("whispercpp", "sdcpp")
+    upstream_repo: str = ""  # owner/name on GitHub, whose newest release `<section>.<backend>_bin=latest` is
 
-    def __init__(self, cache_dir: Path) -> None:
+    def __init__(self, cache_dir: Path, tag: str | None = None) -> None:
+        """`tag`: another upstream release than the pinned one (`<recipe>.<backend>_bin`, native_bins.py),
+        installed from its release archive only (the sources Lemonade builds are the pinned ones) into
+        `<backend>@<tag>/`, beside the pinned install, so switching back costs nothing."""
         self.cache_dir = Path(cache_dir)
         self.root = backends_dir(self.cache_dir) / self.recipe
+        self.tag = tag
+        if tag is not None:
+            self.version = tag
 
     # --- paths ---------------------------------------------------------------------------------
 
     def backend_dir(self, backend: str) -> Path:
-        return self.root / backend
+        return self.root / (f"{backend}@{self.tag}" if self.tag else backend)
 
     def log_path(self, backend: str) -> Path:
-        return self.root / f"{backend}-build.log"
+        return self.root / (f"{backend}@{self.tag}-install.log" if self.tag else f"{backend}-build.log")
 
     @property
     def downloads_dir(self) -> Path:
@@ -138,8 +146,13 @@ class NativeInstall:
     # --- what a subclass says ------------------------------------------------------------------
 
     def release_asset(self) -> str | None:
-        """The release archive upstream publishes for this machine, None where there is none."""
+        """The release archive upstream publishes for this machine at `version`, None where there is none."""
         return None
+
+    def version_fields(self) -> dict[str, Any]:
+        """What install.json records of the version: the pin's commit and source package too, for the
+        pinned install."""
+        return {"version": self.version}
 
     def release_url(self, asset: str) -> str:
         raise NotImplementedError
@@ -159,14 +172,13 @@ class NativeInstall:
         project = self.source.project
         release_error: str | None = None
         asset = self.release_asset()
+        if self.tag is not None:
+            return self._produce_tagged(asset, staging, work, blog, progress)
         if asset is not None and release_allowed(self.source.env_sdist, self.env_no_release, asset):
             try:
                 folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
                                        progress, no_release_env=self.env_no_release, publisher=self.publisher)
-                copy_tree_contents(folder, staging)
-                for exe in self.executables:  # a zip archive keeps no Unix modes
-                    if (staging / exe).is_file():
-                        (staging / exe).chmod(0o755)
+                self._copy_release(folder, staging)
                 blog.write(f"== release archive unpacked from {folder}")
                 return {"source": "release"}
             except InstallError:
@@ -192,9 +204,42 @@ class NativeInstall:
             shutil.copy2(bin_dir / exe, staging / exe)
         return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
 
+    def _produce_tagged(self, asset: str | None, staging: Path, work: Path, blog: BuildLog,
+                        progress: Progress | None) -> dict:
+        """Another release than the pinned one: its official archive, or a clear refusal."""
+        assert self.source is not None
+        project, key = self.source.project, self.bin_key("cpu")
+        if asset is None:
+            raise InstallError(f"{project} publishes no release archive of {self.tag} for this platform, and Lemonade "
+                               f"builds from source only the version it ships. Point {key} at a folder with your own "
+                               f"build, or use the shipped version: lemonade config set {key}=builtin",
+                               code="unsupported_backend")
+        try:
+            folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
+                                   progress, no_release_env=self.env_no_release, publisher=self.publisher)
+        except InstallError:
+            raise
+        except Exception as exc:
+            raise InstallError(f"Could not download {project} {self.tag} ({asset}): {type(exc).__name__}: {exc}. "
+                               f"Check the tag, or use the version Lemonade ships: lemonade config set {key}=builtin",
+                               code="download_failed") from exc
+        self._copy_release(folder, staging)
+        blog.write(f"== release archive {asset} unpacked from {folder}")
+        return {"source": "release", "asset": asset}
+
+    def _copy_release(self, folder: Path, staging: Path) -> None:
+        copy_tree_contents(folder, staging)
+        for exe in self.executables:  # a zip archive keeps no Unix modes
+            if (staging / exe).is_file():
+                (staging / exe).chmod(0o755)
+
+    def bin_key(self, backend: str) -> str:
+        """The setting that selects which build `backend` runs."""
+        return f"{self.config_section}.{backend}_bin"
+
     def _verify(self, backend: str, staging: Path, blog: BuildLog, progress: Progress | None) -> dict[str, Any]:
-        """Run the new binary; return install.json fields (at least "version"), or raise
-        InstallError(code="verify_failed")."""
+        """Run the new binaries; return install.json fields (at least "version": `version_fields()` where
+        the binary cannot tell), or raise InstallError(code="verify_failed")."""
         raise NotImplementedError
 
     # --- install / uninstall -------------------------------------------------------------------

@@ -244,11 +244,11 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
 
     def cli_path(self, backend: str = "cpu") -> Path | None:
         """`sd-cli` of the installed backend (upscaling), else None."""
-        return self.installer.binary(CLI_EXE, backend)
+        return self.installer_for(backend).binary(CLI_EXE, backend)
 
     def engine_env(self, backend: str = "cpu") -> dict[str, str]:
         """A release archive's binaries find their shared libraries next to them."""
-        folder = str(self.installer.backend_dir(backend))
+        folder = str(self.installer_for(backend).backend_dir(backend))
         old = os.environ.get("LD_LIBRARY_PATH")
         return {**os.environ, "LD_LIBRARY_PATH": folder + (os.pathsep + old if old else "")}
 
@@ -266,7 +266,7 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         if is_upscaler(model):
             raise EngineUnavailable(f"Model {model.public} is a Real-ESRGAN upscaling model: it is not loaded, it "
                                     "runs per request through /images/upscale.", code="model_load_refused")
-        binary = self.installer.binary(SERVER_EXE, backend)
+        binary = self.installer_for(backend).binary(SERVER_EXE, backend)
         if binary is None:
             st = self.state(backend)
             action = st.action or install_action(self.recipe, backend)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,13 @@ def release_asset_name(commit: str = SDCPP_COMMIT[:7]) -> str | None:
     return None
 
 
+def tag_commit(tag: str) -> str | None:
+    """The short commit a release tag names (`master-596-90e87bc` -> `90e87bc`), which the archive
+    names carry; None for a tag of another shape."""
+    m = re.fullmatch(r"master-\d+-([0-9a-f]{7,40})", tag)
+    return m.group(1) if m else None
+
+
 def release_url(asset: str, tag: str = SDCPP_VERSION) -> str:
     base = os.environ.get(ENV_RELEASE_BASE_URL) or RELEASE_BASE_URL
     return f"{base.rstrip('/')}/{tag}/{asset}"
@@ -102,11 +110,15 @@ class SdCppInstall(NativeInstall):
     build_targets = ("sd-server", "sd-cli")
     env_no_release = ENV_NO_RELEASE
 
+    config_section = "sdcpp"
+    upstream_repo = "leejet/stable-diffusion.cpp"
+
     def release_asset(self) -> str | None:
-        return release_asset_name()
+        commit = tag_commit(self.version)
+        return release_asset_name(commit) if commit else None
 
     def release_url(self, asset: str) -> str:
-        return release_url(asset)
+        return release_url(asset, self.version)
 
     publisher = RELEASE_BASE_URL
 
@@ -130,4 +142,9 @@ class SdCppInstall(NativeInstall):
             if not ok:
                 raise InstallError(f"The new {exe} does not run as expected (its --help failed; see the log).",
                                    code="verify_failed", log_path=blog.path)
+        return self.version_fields()
+
+    def version_fields(self) -> dict[str, Any]:
+        if self.tag is not None:
+            return {"version": self.tag}
         return {"version": SDCPP_VERSION, "commit": SDCPP_COMMIT, "stable-diffusion-cpp-python": SDCPP_PYTHON_VERSION}

@@ -30,6 +30,7 @@ from lemonade.backends.engine import (
 from lemonade.backends.native_engine import NativeCpuBackend
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import (
+    EXE,
     WHISPER_CPP_VERSION,
     WhisperCppInstall,
     release_asset_name,
@@ -184,7 +185,7 @@ class WhisperCppEngine(NativeCpuBackend, Engine):
     # ----- running a model ---------------------------------------------------------------------------
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
-        binary = self.installer.server_path(backend)
+        binary = self.installer_for(backend).binary(EXE, backend)
         if binary is None:
             st = self.state(backend)
             action = st.action or install_action(self.recipe, backend)

@@ -97,16 +97,16 @@ class WhisperCppInstall(NativeInstall):
     build_targets = ("whisper-server",)
     env_no_release = ENV_NO_RELEASE
 
+    config_section = "whispercpp"
+    upstream_repo = "ggml-org/whisper.cpp"
+
     def release_asset(self) -> str | None:
-        return release_asset_name()
+        return release_asset_name(self.version)
 
     def release_url(self, asset: str) -> str:
-        return release_url(asset)
+        return release_url(asset, self.version)
 
     publisher = RELEASE_BASE_URL
-
-    def server_path(self, backend: str = "cpu") -> Path | None:
-        return self.binary(EXE, backend)
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "
@@ -124,4 +124,9 @@ class WhisperCppInstall(NativeInstall):
         if not ok:
             raise InstallError("The new whisper-server does not run as expected (its --help failed; see the log).",
                                code="verify_failed", log_path=blog.path)
+        return self.version_fields()
+
+    def version_fields(self) -> dict[str, Any]:
+        if self.tag is not None:
+            return {"version": self.tag}
         return {"version": WHISPER_CPP_VERSION, "commit": WHISPER_CPP_COMMIT, "pywhispercpp": PYWHISPERCPP_VERSION}
