@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import GEMMA_NAME, cli_env, free_port, lemonade, ok
+from tests.helpers import GEMMA_NAME, cli_env, free_port, lemonade, ok, served_folder
 
 NO_SERVER = "Could not connect to Lemonade server"
 
@@ -120,6 +120,20 @@ def test_config_alone_shows_every_setting(nowhere):
 def test_base_url_scheme_is_checked(tmp_path, url, code, text):
     proc = lemonade("status", env=cli_env(tmp_path / "cache", url))
     assert proc.returncode == code and text in proc.stderr and url in proc.stderr
+
+
+def test_a_server_that_serves_only_lemonades_api_prefix(tmp_path):
+    """Lemonade's own CLI test (server_cli2.py, CLIUrlSchemeTests): a server that answers nothing but
+    `/api/v1/models` (no `/live`, no `/v1`) is a running server, reached under Lemonade's prefix, and
+    `list` says it has no models; `LEMONADE_HOST` given as a URL, as people paste it."""
+    root = tmp_path / "site"
+    (root / "api" / "v1").mkdir(parents=True)
+    (root / "api" / "v1" / "models").write_text('{"data": []}')
+    with served_folder(root) as url:
+        env = cli_env(tmp_path / "cache")
+        env.pop("LEMONADE_BASE_URL", None)
+        proc = ok(lemonade("list", env={**env, "LEMONADE_HOST": url}))
+    assert "No models available" in proc.stdout
 
 
 def test_https_base_url_without_a_server_names_the_next_step(tmp_path):

@@ -81,7 +81,8 @@ class ServerClient:
         key = api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                 event_hooks={"request": [_lemonade_prefix]})
 
     def not_running(self) -> typer.Exit:
         hint = (" An https:// address needs a TLS proxy in front of the server: `lemonade serve` itself speaks "
@@ -93,8 +94,12 @@ class ServerClient:
         return typer.Exit(3)
 
     def is_running(self) -> bool:
+        """Something answers HTTP there. Not only a `/live` 200: a Lemonade server behind a proxy that
+        forwards only the API, or one that asks a key of every path, is running too (what it answers
+        next says the rest), as Lemonade's own CLI judges it."""
         try:
-            return self.http.get("/live", timeout=2).status_code == 200
+            self.http.get("/live", timeout=2)
+            return True
         except httpx.HTTPError:
             return False
 
@@ -142,6 +147,13 @@ class ServerClient:
                         event = "message"
         except httpx.ConnectError:
             raise self.not_running() from None
+
+
+def _lemonade_prefix(request: httpx.Request) -> None:
+    """API paths go out under `/api/v1`, the prefix Lemonade's own CLI and app use (this server answers
+    all four), so a proxy or server that serves only Lemonade's prefix works too."""
+    if request.url.path.startswith(("/v1/", "/v0/")):
+        request.url = request.url.copy_with(path="/api" + request.url.path)
 
 
 def error_message(resp: httpx.Response) -> str:
