@@ -180,8 +180,13 @@ def test_the_guides_example_config_json(make_server, gemma_dir):
         reply = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 4,
                                                       "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        # Kokoro runs on kokoro-onnx here: its one *_bin value is builtin, and another one says why
+        assert params["kokoro"]["cpu_bin"] == "builtin" and params["whispercpp"]["cpu_bin"] == "builtin"
+        refused = c.post("/v1/params", json={"kokoro": {"cpu_bin": "/usr/local/bin"}})
+        assert refused.status_code == 400 and "kokoro-onnx" in refused.text, refused.text
     warning = next(line for line in srv.log().splitlines() if "Ignoring settings in" in line)
     assert "acestep.backend" in warning and "flm.args" in warning
+    assert "kokoro" not in warning and "sdcpp.cpu_bin" not in warning and "whispercpp.cpu_bin" not in warning
 
 
 # ----- GET/POST /v1/params --------------------------------------------------------------------------

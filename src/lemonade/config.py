@@ -60,6 +60,8 @@ DEFAULTS: dict[str, Any] = {
     "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": [],
                  "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
     "whispercpp": {"backend": "cpu", "args": "", "cpu_bin": "builtin"},  # *_bin: backends/native_bins.py
+    # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
+    "kokoro": {"cpu_bin": "builtin"},
     "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
               "cpu_bin": "builtin"},
@@ -159,6 +161,11 @@ def validate_value(key: str, value: Any) -> Any:
         return _validate_type_map(key, value)
     if key == "websocket_port":
         return _websocket_port(value)
+    if key == "kokoro.cpu_bin":
+        if value not in ("", "builtin"):
+            raise ConfigError(f"Config key '{key}' can only be \"builtin\": Kokoro runs on kokoro-onnx in a private "
+                              f"Python environment in this Lemonade, not on a binary of yours; got {json.dumps(value)}")
+        return value
     if key.endswith("_bin") and key.split(".", 1)[0] in BIN_SECTIONS:
         from lemonade.llamacpp_settings import check_bin_value
 
