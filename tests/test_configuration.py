@@ -401,6 +401,21 @@ def test_cpu_bin_latest_and_a_pinned_tag_install_from_the_release(make_server, g
     assert "the newest llama.cpp release is " + tag in srv.log()
 
 
+def test_latest_runs_what_is_installed_and_offers_the_newer_release():
+    from lemonade.backends.bin_select import LatestTag, release_order
+
+    assert release_order("b8664") == (8664,) and release_order("v1.8.5") == (1, 8, 5)
+    assert release_order("master-820-de298c2") == (820,) < release_order("master-900-abcdef1")
+    latest = LatestTag("llama.cpp", lambda: "b200")
+    assert latest.choose("k", False, []) == ("b200", None)  # none installed: install the newest on first use
+    assert latest.choose("k", False, ["b100"]) == ("b100", "b200")  # keep running, offer the update
+    assert latest.choose("k", False, ["b200", "b100"]) == ("b200", None)
+    assert latest.choose("k", False, ["b300"]) == ("b300", None)  # never a downgrade
+    offline = LatestTag("llama.cpp", lambda: "b200")
+    assert offline.choose("k", True, ["b100"]) == ("b100", None) and offline.choose("k", True, []) == (None, None)
+    assert "offline" in offline.reason
+
+
 def test_no_fetch_executables_refuses_to_download_an_engine(make_server, gemma_dir):
     srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)}, engines=(),
                       config={"no_fetch_executables": True, "llamacpp": {"backend": "cpu"}})

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -43,7 +44,7 @@ from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, gene
 from lemonade.backends.sdcpp_flags import check_sdcpp_args
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
-from tests.helpers import GEMMA_NAME, served_folder, wait_for
+from tests.helpers import GEMMA_NAME, run_cli, served_folder, wait_for
 from tests.helpers import loaded as loaded_by_name
 from tests.sd_factory import (
     FLUX2_KLEIN_FILES,
@@ -458,59 +459,112 @@ def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
     assert os.access(inst.backend_dir("cpu") / "sd-cli", os.X_OK)
 
 
-def test_cpu_bin_latest_a_missing_tag_and_your_own_build(make_server, hub_server, sdcpp_backend, tmp_path):
-    """`sdcpp.cpu_bin` (guide-configuration-README.md, "Backend binary selection"): `latest` asks
-    GitHub's releases API (a local stand-in) which release is the newest and installs its archive
-    beside the pinned build, checked against the digest the API states; a tag the mirror lacks fails
-    the load naming it; a folder with your own build is used as it is. The archive holds our own
-    build of the pinned sources, under the name upstream gives the newer release."""
+NEWER, NEWEST = "master-820-de298c2", "master-900-abcdef1"  # two releases after the pinned one
+
+
+@pytest.fixture
+def sd_releases(tmp_path, sdcpp_backend) -> Iterator[tuple[str, Path]]:
+    """A local stand-in for GitHub: the download folders of NEWER and NEWEST (each archive holds our own
+    build of the pinned sources, under the name upstream gives that release) and the releases API's
+    answers (`latest`, and each tag's asset digests). Yields (its URL, the file `latest` is read from)."""
     import zipfile
 
     from lemonade.backends.sdcpp_install import release_asset_name, tag_commit
 
-    tag = "master-820-de298c2"
-    asset = release_asset_name(tag_commit(tag))
-    if asset is None:
+    if release_asset_name() is None:
         pytest.skip("upstream publishes no CPU archive for this platform")
     root = tmp_path / "github"
-    (root / tag).mkdir(parents=True)
-    with zipfile.ZipFile(root / tag / asset, "w") as zf:
-        for exe in ("sd-server", "sd-cli"):
-            zf.write(sdcpp_backend / exe, exe)
     releases = root / "repos" / "leejet" / "stable-diffusion.cpp" / "releases"
     (releases / "tags").mkdir(parents=True)
-    (releases / "latest").write_text(json.dumps({"tag_name": tag}))
-    digest = hashlib.sha256((root / tag / asset).read_bytes()).hexdigest()
-    (releases / "tags" / tag).write_text(json.dumps({"tag_name": tag,
-                                                     "assets": [{"name": asset, "digest": f"sha256:{digest}"}]}))
-    publish_sd(hub_server)
-    with served_folder(root) as url:
-        env = {**hub_server.env(), "LEMONADE_GITHUB_API_URL": url, "LEMONADE_SDCPP_RELEASE_BASE_URL": url}
-        srv = make_server(env=env, engines=(), config={"sdcpp": {"cpu_bin": "latest"}})
-        installed = srv.cache / "backends" / "sd-cpp" / f"cpu@{tag}"
-        with srv.client(timeout=600) as c:
-            resp = c.post("/v1/pull", json={"model_name": MODEL, "checkpoint": f"{SD_REPO}:{SD_FILE}",
-                                            "recipe": "sd-cpp", "labels": ["image"]})
-            assert resp.status_code == 200, resp.text
-            cpu = c.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
-            assert cpu["state"] == "installable" and cpu["version"] == tag, cpu
-            resp = c.post("/v1/images/generations", json={"model": MODEL, "prompt": "a lemon", "size": "64x64",
-                                                          **FAST})
-            assert resp.status_code == 200, resp.text  # installed on first use, then generated
-            assert loaded(c)[MODEL]["launch_command"][0] == str(installed / "sd-server")
-            assert json.loads((installed / "install.json").read_text())["version"] == tag
-            assert not (srv.cache / "backends" / "sd-cpp" / "cpu").exists()  # the pinned one was not needed
-
-            assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": "master-1-0000000"}}).status_code == 200
-            wait_for(lambda: loaded(c).get(MODEL, {}).get("launch_command", [""])[0] != str(installed / "sd-server"))
-            resp = c.post("/v1/load", json={"model_name": MODEL})
-            assert resp.status_code >= 400 and "stable-diffusion.cpp master-1-0000000" in resp.text, resp.text
-
-            own = tmp_path / "sd.cpp" / "build" / "bin"
-            own.mkdir(parents=True)
+    for tag in (NEWER, NEWEST):
+        asset = release_asset_name(tag_commit(tag))
+        (root / tag).mkdir()
+        with zipfile.ZipFile(root / tag / asset, "w") as zf:
             for exe in ("sd-server", "sd-cli"):
-                shutil.copy2(sdcpp_backend / exe, own / exe)
-            assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": str(own)}}).status_code == 200
-            assert c.post("/v1/load", json={"model_name": MODEL}).status_code == 200
-            assert loaded(c)[MODEL]["launch_command"][0] == str(own / "sd-server")
-    assert "sdcpp.cpu_bin=latest: the newest stable-diffusion.cpp release is " + tag in srv.log()
+                zf.write(sdcpp_backend / exe, exe)
+        digest = hashlib.sha256((root / tag / asset).read_bytes()).hexdigest()
+        (releases / "tags" / tag).write_text(json.dumps({"tag_name": tag, "assets": [
+            {"name": asset, "digest": f"sha256:{digest}"}]}))
+    (releases / "latest").write_text(json.dumps({"tag_name": NEWER}))
+    with served_folder(root) as url:
+        yield url, releases / "latest"
+
+
+def sd_release_env(hub_server, url: str) -> dict[str, str]:
+    return {**hub_server.env(), "LEMONADE_GITHUB_API_URL": url, "LEMONADE_SDCPP_RELEASE_BASE_URL": url}
+
+
+def pull_tiny_sd(c: httpx.Client) -> None:
+    resp = c.post("/v1/pull", json={"model_name": MODEL, "checkpoint": f"{SD_REPO}:{SD_FILE}", "recipe": "sd-cpp",
+                                    "labels": ["image"]})
+    assert resp.status_code == 200, resp.text
+
+
+def test_cpu_bin_latest_a_missing_tag_and_your_own_build(make_server, hub_server, sdcpp_backend, sd_releases,
+                                                         tmp_path):
+    """`sdcpp.cpu_bin` (guide-configuration-README.md, "Backend binary selection"): `latest` asks
+    GitHub's releases API (a local stand-in) which release is the newest and installs its archive on
+    first use, beside the pinned build, checked against the digest the API states; a tag the mirror
+    lacks fails the load naming it; a folder with your own build is used as it is."""
+    url, _ = sd_releases
+    publish_sd(hub_server)
+    srv = make_server(env=sd_release_env(hub_server, url), engines=(), config={"sdcpp": {"cpu_bin": "latest"}})
+    installed = srv.cache / "backends" / "sd-cpp" / f"cpu@{NEWER}"
+    with srv.client(timeout=600) as c:
+        pull_tiny_sd(c)
+        cpu = c.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
+        assert cpu["state"] == "installable" and cpu["version"] == NEWER, cpu
+        resp = c.post("/v1/images/generations", json={"model": MODEL, "prompt": "a lemon", "size": "64x64", **FAST})
+        assert resp.status_code == 200, resp.text  # installed on first use, then generated
+        assert loaded(c)[MODEL]["launch_command"][0] == str(installed / "sd-server")
+        assert json.loads((installed / "install.json").read_text())["version"] == NEWER
+        assert not (srv.cache / "backends" / "sd-cpp" / "cpu").exists()  # the pinned one was not needed
+
+        assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": "master-1-0000000"}}).status_code == 200
+        wait_for(lambda: loaded(c).get(MODEL, {}).get("launch_command", [""])[0] != str(installed / "sd-server"))
+        resp = c.post("/v1/load", json={"model_name": MODEL})
+        assert resp.status_code >= 400 and "stable-diffusion.cpp master-1-0000000" in resp.text, resp.text
+
+        own = tmp_path / "sd.cpp" / "build" / "bin"
+        own.mkdir(parents=True)
+        for exe in ("sd-server", "sd-cli"):
+            shutil.copy2(sdcpp_backend / exe, own / exe)
+        assert c.post("/internal/set", json={"sdcpp": {"cpu_bin": str(own)}}).status_code == 200
+        assert c.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+        assert loaded(c)[MODEL]["launch_command"][0] == str(own / "sd-server")
+    assert "sdcpp.cpu_bin=latest: the newest stable-diffusion.cpp release is " + NEWER in srv.log()
+
+
+def test_cpu_bin_latest_offers_a_newer_release_as_an_update(make_server, hub_server, sd_releases, tmp_path):
+    """The guide's upgrade signal: a release `latest` installed before keeps running when upstream
+    publishes a newer one; the backend lists `update_available` with the install command, which
+    applies it (the next load runs it)."""
+    url, latest = sd_releases
+    publish_sd(hub_server)
+    env = sd_release_env(hub_server, url)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    first = make_server(env=env, cache=cache, engines=(), config={"sdcpp": {"cpu_bin": "latest"}})
+    with first.client(timeout=600) as c:
+        pull_tiny_sd(c)
+        assert c.post("/v1/install", json={"recipe": "sd-cpp", "backend": "cpu"}).status_code == 200
+    first.stop()
+    latest.write_text(json.dumps({"tag_name": NEWEST}))  # upstream publishes another release
+
+    srv = make_server(env=env, cache=cache, engines=(), config={"sdcpp": {"cpu_bin": "latest"}})
+    root = cache / "backends" / "sd-cpp"
+    with srv.client(timeout=600) as c:
+        cpu = c.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
+        assert cpu["state"] == "installed" and cpu["version"] == NEWER and cpu["update_available"] == NEWEST, cpu
+        assert cpu["action"] == "lemonade backends install sd-cpp:cpu" and NEWEST in cpu["message"]
+        listing = run_cli(srv, "backends")
+        assert listing.returncode == 0 and "Update available" in listing.stdout, listing.stdout + listing.stderr
+        assert c.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+        assert loaded(c)[MODEL]["launch_command"][0] == str(root / f"cpu@{NEWER}" / "sd-server")  # keeps running
+
+        assert c.post("/v1/install", json={"recipe": "sd-cpp", "backend": "cpu"}).status_code == 200
+        cpu = c.get("/v1/system-info").json()["recipes"]["sd-cpp"]["backends"]["cpu"]
+        assert cpu["state"] == "installed" and cpu["version"] == NEWEST and "update_available" not in cpu, cpu
+        c.post("/v1/unload", json={"model_name": MODEL})
+        assert c.post("/v1/load", json={"model_name": MODEL}).status_code == 200
+        assert loaded(c)[MODEL]["launch_command"][0] == str(root / f"cpu@{NEWEST}" / "sd-server")

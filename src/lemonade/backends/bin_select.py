@@ -8,8 +8,10 @@ stable-diffusion.cpp).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,19 @@ def latest_release_tag(url: str, timeout: float = 5.0) -> str:
     return tag
 
 
+def release_order(tag: str) -> tuple[int, ...]:
+    """A release tag's place among its project's releases: its numbers, without a trailing commit
+    hash (b8664 -> (8664,); v1.8.5 -> (1, 8, 5); master-820-de298c2 -> (820,))."""
+    return tuple(int(n) for n in re.findall(r"\d+", re.sub(r"-[0-9a-f]{7,40}$", "", tag)))
+
+
 class LatestTag:
     """`latest` for one upstream project: asked once per server process (a failure is asked again after
-    a minute). Offline, with `no_fetch_executables`, or unreachable, the newest tag installed before
-    is used, with a warning."""
+    a minute). What runs and what is offered (guide-configuration-README.md): the newest release once
+    it is installed; until then a release installed before keeps running and the newest is offered
+    as an update (`lemonade backends install` applies it), or, with none installed, the newest is
+    installed on first use. Offline, with `no_fetch_executables`, or unreachable, the newest tag
+    installed before is used, with a warning."""
 
     def __init__(self, project: str, resolve: Callable[[], str]) -> None:
         self.project = project  # e.g. "llama.cpp", for messages
@@ -49,8 +60,8 @@ class LatestTag:
         """Why no release could be named (for the state and the install error)."""
         return self._failed[1] if self._failed else "no release known"
 
-    def get(self, key: str, blocked: bool, installed: list[str]) -> str | None:
-        """The tag `latest` stands for now; `installed`: tags installed before, newest first."""
+    def newest(self, key: str, blocked: bool) -> str | None:
+        """The newest upstream release, or None when it cannot be asked now."""
         if self.tag is not None:
             return self.tag
         retry = self._failed is None or time.monotonic() - self._failed[0] > RETRY_SECONDS
@@ -64,23 +75,45 @@ class LatestTag:
         elif blocked:
             self._failed = (time.monotonic(), f"offline (or no_fetch_executables), so the newest {self.project} "
                                               "release cannot be looked up, and none is installed")
-        if installed:
-            log.warning("%s=latest: %s; using %s, the newest one installed", key, self.reason, installed[0])
-            return installed[0]
         return None
+
+    def choose(self, key: str, blocked: bool, installed: list[str]) -> tuple[str | None, str | None]:
+        """(the tag to run, a newer tag to offer as an update or None); `installed`: tags installed
+        before, newest first. The tag to run is None when there is none to name."""
+        newest = self.newest(key, blocked)
+        if newest is None:
+            if installed:
+                log.warning("%s=latest: %s; using %s, the newest one installed", key, self.reason, installed[0])
+                return installed[0], None
+            return None, None
+        if not installed or newest in installed:
+            return newest, None
+        if release_order(installed[0]) >= release_order(newest):
+            return installed[0], None  # a newer release than the API's newest is installed: keep it
+        return installed[0], newest
 
 
 def installed_tags(root: Path, backend: str) -> list[str]:
     """Release tags installed for `backend` under an engine's `root` (`<backend>@<tag>` folders with an
-    install.json), newest first: by the number in the tag (b8664, master-820-de298c2), else by name."""
-    import re
-
-    def order(tag: str) -> tuple[int, str]:
-        number = re.search(r"\d+", tag)
-        return (int(number.group()) if number else -1, tag)
-
+    install.json), newest first."""
     tags = [p.name.split("@", 1)[1] for p in Path(root).glob(f"{backend}@*") if (p / "install.json").is_file()]
-    return sorted(tags, key=order, reverse=True)
+    return sorted(tags, key=lambda t: (release_order(t), t), reverse=True)
+
+
+def with_update(state: BackendState, offered: str | None, pinned: str, key: str, action: str) -> BackendState:
+    """The state of the release `latest` runs, with the guide's two upgrade signals: `update_required`
+    when it is older than the version this Lemonade ships, and an offered newer release
+    (`update_available`) that the install command applies when the user is ready."""
+    if state.state != "installed" or state.version is None:
+        return state
+    if release_order(state.version) < release_order(pinned):
+        return replace(state, state="update_required", action=action,
+                       message=f"{key}=latest runs {state.version}, older than {pinned}, the version this Lemonade "
+                               f"ships; install the newest release.")
+    if offered:
+        return replace(state, update_available=offered, action=action,
+                       message=f"Update available: {offered} (running {state.version}); {action} applies it.")
+    return state
 
 
 class Unresolved:

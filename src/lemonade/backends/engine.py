@@ -68,6 +68,7 @@ class BackendState:
     action: str = ""
     version: str | None = None
     devices: list[str] = field(default_factory=list)
+    update_available: str | None = None  # a newer release `*_bin=latest` offers (backends/bin_select.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The per-backend object of `/v1/system-info` `recipes.<recipe>.backends.<backend>`."""
@@ -75,6 +76,8 @@ class BackendState:
                                "action": self.action}
         if self.version is not None:
             out["version"] = self.version
+        if self.update_available is not None:
+            out["update_available"] = self.update_available
         return out
 
 

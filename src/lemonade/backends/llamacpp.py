@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
-from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags
+from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, with_update
 from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
@@ -298,8 +298,9 @@ class LlamaCppEngine(Engine):
         self._latest = LatestTag("llama.cpp", resolve_latest)
 
     # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
-    def installer_for(self, backend: str) -> Any:
-        """The installer (or the user's own build) `llamacpp.<backend>_bin` selects for `backend`."""
+    def installer_for(self, backend: str, installing: bool = False) -> Any:
+        """The installer (or the user's own build) `llamacpp.<backend>_bin` selects for `backend`: the one
+        that runs, or with `installing`, the one an install applies (`latest`'s newer release)."""
         if backend not in BIN_BACKENDS:
             return self.installer
         key = f"llamacpp.{backend}_bin"
@@ -309,17 +310,27 @@ class LlamaCppEngine(Engine):
             return self.installer
         if kind == "path":
             return self._selected.setdefault(("path", value), OwnBuild(Path(value), key))
-        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
-        tag = value if kind == "tag" else self._latest.get(key, blocked, installed_tags(self.installer.root, backend))
+        tag = value if kind == "tag" else self._latest_choice(backend, installing)[0]
         if tag is None:
             return Unresolved(key, self._latest.reason)
         return self._selected.setdefault(("tag", tag), TaggedInstaller(self.cache_dir, tag))
 
+    def _latest_choice(self, backend: str, installing: bool = False) -> tuple[str | None, str | None]:
+        """`latest`: (the tag that runs, or with `installing` the one to install; a newer one offered)."""
+        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
+        run, offered = self._latest.choose(f"llamacpp.{backend}_bin", blocked,
+                                           installed_tags(self.installer.root, backend))
+        return (offered or run) if installing else run, offered
+
     def state(self, backend: str) -> BackendState:
-        return self.installer_for(backend).state(self.recipe, backend)
+        state = self.installer_for(backend).state(self.recipe, backend)
+        if backend in BIN_BACKENDS and self.config.get(f"llamacpp.{backend}_bin") == "latest":
+            state = with_update(state, self._latest_choice(backend)[1], LLAMA_CPP_VERSION,
+                                f"llamacpp.{backend}_bin", install_action(self.recipe, backend))
+        return state
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
-        return self.installer_for(backend).install(self.recipe, backend, progress, force)
+        return self.installer_for(backend, installing=True).install(self.recipe, backend, progress, force)
 
     def uninstall(self, backend: str) -> dict[str, Any]:
         return self.installer_for(backend).uninstall(self.recipe, backend)

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, latest_release_tag
+from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, latest_release_tag, with_update
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
 from lemonade.backends.native_bins import OwnNativeBuild
 from lemonade.backends.native_install import NativeInstall
@@ -44,9 +44,10 @@ class NativeCpuBackend:
         raise NotImplementedError
 
     # ----- which build `<section>.cpu_bin` selects (native_bins.py) -----------------------------------
-    def installer_for(self, backend: str) -> NativeInstall | OwnNativeBuild | Unresolved:
+    def installer_for(self, backend: str, installing: bool = False) -> NativeInstall | OwnNativeBuild | Unresolved:
         """The pinned install, another release's, or the user's own build: what `<section>.<backend>_bin`
-        selects (only `cpu` is served, so the others are always the pinned installer's to refuse)."""
+        selects to run, or with `installing`, what an install applies (`latest`'s newer release). Only
+        `cpu` is served, so the others are always the pinned installer's to refuse."""
         if backend != "cpu":
             return self.installer
         key = self.installer.bin_key(backend)
@@ -60,11 +61,17 @@ class NativeCpuBackend:
         if kind == "tag":
             tag = value
         else:
-            blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
-            tag = self._latest.get(key, blocked, installed_tags(self.installer.root, backend))
+            run, offered = self._latest_choice(backend)
+            tag = (offered or run) if installing else run
             if tag is None:
                 return Unresolved(key, self._latest.reason)
         return self._selected.setdefault(("tag", tag), type(self.installer)(self.cache_dir, tag=tag))
+
+    def _latest_choice(self, backend: str) -> tuple[str | None, str | None]:
+        """`latest`: (the tag that runs, a newer one offered as an update)."""
+        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
+        return self._latest.choose(self.installer.bin_key(backend), blocked,
+                                   installed_tags(self.installer.root, backend))
 
     @cached_property
     def _selected(self) -> dict[tuple[str, str], NativeInstall | OwnNativeBuild]:
@@ -87,7 +94,11 @@ class NativeCpuBackend:
         if not isinstance(chosen, NativeInstall):
             return chosen.state(self.recipe, backend)
         if chosen.tag is not None:
-            return self._tagged_state(chosen)
+            state = self._tagged_state(chosen)
+            if self.config.get(chosen.bin_key(backend)) == "latest":
+                state = with_update(state, self._latest_choice(backend)[1], self.installer.version,
+                                    chosen.bin_key(backend), install_action(self.recipe, backend))
+            return state
         version = self.installer.version
         action = install_action(self.recipe, "cpu")
         installed = self.installer.installed_version("cpu")
@@ -132,7 +143,8 @@ class NativeCpuBackend:
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:
         self.check_request(backend)
-        return {"recipe": self.recipe, **self.installer_for(backend).install_pinned(backend, progress, force)}
+        chosen = self.installer_for(backend, installing=True)
+        return {"recipe": self.recipe, **chosen.install_pinned(backend, progress, force)}
 
     def uninstall_refusal(self, backend: str) -> str | None:
         if backend == "cpu" and isinstance(self.installer_for(backend), OwnNativeBuild):
