@@ -72,7 +72,7 @@ def test_every_command_module_is_in_the_table_and_help_lists_every_command():
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "--help"], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    listed = set(re.findall(r"^│ (\S+) ", proc.stdout, re.M))
+    listed = set(re.findall(r"^  (\S+) ", proc.stdout, re.M))
     expected = {name for names in cli_main.COMMAND_MODULES.values() for name in names} | {"serve"}
     assert expected <= listed, sorted(expected - listed)
 

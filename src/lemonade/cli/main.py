@@ -8,6 +8,7 @@ import sys
 
 import typer
 
+from lemonade.cli.help_format import plain_help
 from lemonade.cli.parsing import LemonadeGroup, skip_coercing_absent_values
 
 app = typer.Typer(help="Lemonade: local AI server and its command-line client.", no_args_is_help=True,
@@ -177,6 +178,7 @@ def _register_commands(command: str | None = None) -> None:
 
 def main() -> None:
     skip_coercing_absent_values()
+    plain_help()
     _register_commands(command_in(sys.argv[1:]))
     app(prog_name="lemonade")  # also when run as `python -m lemonade.cli.main`
 
