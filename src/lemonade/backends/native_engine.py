@@ -127,10 +127,7 @@ class NativeCpuBackend:
         key = chosen.bin_key("cpu")
         if chosen.release_asset() is None:
             return BackendState(self.recipe, "cpu", "unsupported", version=chosen.tag,
-                                message=f"{self.product} publishes no release archive of {chosen.tag} for this "
-                                        f"platform, and Lemonade builds from source only the version it ships. "
-                                        f"Point {key} at a folder with your own build, or set it to builtin.",
-                                action=f"lemonade config set {key}=builtin")
+                                message=chosen.no_archive_message(), action=f"lemonade config set {key}=builtin")
         return BackendState(self.recipe, "cpu", "installable", version=chosen.tag, devices=["cpu"],
                             action=install_action(self.recipe, "cpu"),
                             message=f"Release {chosen.tag} ({key}) is not installed yet; installing it downloads "

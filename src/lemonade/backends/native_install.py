@@ -210,10 +210,7 @@ class NativeInstall:
         assert self.source is not None
         project, key = self.source.project, self.bin_key("cpu")
         if asset is None:
-            raise InstallError(f"{project} publishes no release archive of {self.tag} for this platform, and Lemonade "
-                               f"builds from source only the version it ships. Point {key} at a folder with your own "
-                               f"build, or use the shipped version: lemonade config set {key}=builtin",
-                               code="unsupported_backend")
+            raise InstallError(self.no_archive_message(), code="unsupported_backend")
         try:
             folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
                                    progress, no_release_env=self.env_no_release, publisher=self.publisher)
@@ -226,6 +223,14 @@ class NativeInstall:
         self._copy_release(folder, staging)
         blog.write(f"== release archive {asset} unpacked from {folder}")
         return {"source": "release", "asset": asset}
+
+    def no_archive_message(self) -> str:
+        """Why another release than the pinned one cannot be installed here, and the two other ways."""
+        assert self.source is not None
+        key = self.bin_key("cpu")
+        return (f"{self.source.project} publishes no release archive of {self.tag} for this platform, and Lemonade "
+                f"builds from source only the version it ships. Point {key} at a folder with your own build, or use "
+                f"the shipped version: lemonade config set {key}=builtin")
 
     def _copy_release(self, folder: Path, staging: Path) -> None:
         copy_tree_contents(folder, staging)
