@@ -27,6 +27,11 @@ SKIP = {
     "lemonade import my-router.json": "a policy file the reader writes (docs/routing.md)",
 }
 STDIN = {"chat": "Hello\n"}  # piped into `lemonade chat`: one message, then end of input
+# Added to `lemonade chat` unless the example sets it: the reply is bounded, as a reader at the terminal
+# bounds it with Ctrl-C. The quick start's Gemma 3 270M is a base model: asked through the chat template
+# (not `--base`), it may write until its 32,768-token context is full: once 11,800 tokens in 6 minutes
+# and counting (a cold CI run, 2026-12-03), past this script's 10-minute limit per example.
+BOUNDS = {"chat": ["--max-tokens", "256"]}
 
 
 def examples(readme: Path) -> list[str]:
@@ -56,6 +61,9 @@ def main() -> int:
             continue
         argv = [fill.get(word, word) for word in shlex.split(command)]
         argv[0] = str(bindir / "lemonade")
+        bound = BOUNDS.get(argv[1], [])
+        if bound and bound[0] not in argv:
+            argv += bound
         done = subprocess.run(argv, input=STDIN.get(argv[1], ""), capture_output=True, text=True, timeout=600)
         status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
         print(f"readme: {status:8} {command}")
