@@ -13,10 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import BackendState, InstallError, Progress
-from lemonade.llamacpp_settings import TAG_RE
+from lemonade.llamacpp_settings import TAG_RE, bin_kind
+
+if TYPE_CHECKING:
+    from lemonade.config import Config
 
 log = logging.getLogger("lemonade.install")
 
@@ -114,6 +117,51 @@ def with_update(state: BackendState, offered: str | None, pinned: str, key: str,
         return replace(state, update_available=offered, action=action,
                        message=f"Update available: {offered} (running {state.version}); {action} applies it.")
     return state
+
+
+class BinChoice:
+    """What one engine's `<section>.<backend>_bin` settings select, the same way for every engine:
+    `builtin` the pinned installer, a folder the user's own build (`own`), a tag or `latest` another
+    release's installer (`tagged`), each made once per process; and the state with `latest`'s upgrade
+    signals. Offline or with `no_fetch_executables`, `latest` is not looked up."""
+
+    def __init__(self, config: Config, latest: LatestTag, root: Path, own: Callable[[Path, str], Any],
+                 tagged: Callable[[str], Any]) -> None:
+        self.config, self.latest = config, latest
+        self.root = root  # the engine's backends folder, whose `<backend>@<tag>` installs `latest` looks at
+        self._own, self._tagged = own, tagged
+        self._made: dict[tuple[str, str], Any] = {}  # (kind, path or tag) -> own build or installer
+
+    def _latest_choice(self, key: str, backend: str) -> tuple[str | None, str | None]:
+        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
+        return self.latest.choose(key, blocked, installed_tags(self.root, backend))
+
+    def select(self, key: str, builtin: Any, backend: str, installing: bool = False) -> Any:
+        """The build setting `key` selects to run, or with `installing`, the one an install applies
+        (`latest`'s newer release); `builtin`: the pinned installer."""
+        value = self.config.get(key)
+        kind = bin_kind(value)
+        if kind == "builtin":
+            return builtin
+        if kind == "path":
+            if ("path", value) not in self._made:
+                self._made["path", value] = self._own(Path(value), key)
+            return self._made["path", value]
+        tag = value
+        if kind == "latest":
+            run, offered = self._latest_choice(key, backend)
+            tag = (offered or run) if installing else run
+            if tag is None:
+                return Unresolved(key, self.latest.reason)
+        if ("tag", tag) not in self._made:
+            self._made["tag", tag] = self._tagged(tag)
+        return self._made["tag", tag]
+
+    def signals(self, state: BackendState, key: str, backend: str, pinned: str, action: str) -> BackendState:
+        """`state` with `latest`'s upgrade signals (`with_update`); under any other value as it is."""
+        if self.config.get(key) != "latest":
+            return state
+        return with_update(state, self._latest_choice(key, backend)[1], pinned, key, action)
 
 
 class Unresolved:

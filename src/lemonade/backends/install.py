@@ -114,8 +114,8 @@ class BackendInstaller(NativeInstall):
     recipe = "llamacpp"
     version = PINNED_VERSION
 
-    def __init__(self, cache_dir: Path):
-        super().__init__(cache_dir)
+    def __init__(self, cache_dir: Path, tag: str | None = None):
+        super().__init__(cache_dir, tag)
         self._version_cache: dict[tuple[str, float], str | None] = {}
 
     # --- queries -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.base import BackendStartError, WrappedServer
-from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, with_update
+from lemonade.backends.bin_select import BinChoice, LatestTag
 from lemonade.backends.cpu_share import thread_args
 from lemonade.backends.engine import (
     BackendState,
@@ -62,7 +62,7 @@ from lemonade.backends.llamacpp_rpc import (
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import bin_kind, worker_list
+from lemonade.llamacpp_settings import worker_list
 from lemonade.system.devices import detect_devices, gpu_usage
 
 if TYPE_CHECKING:
@@ -294,8 +294,8 @@ class LlamaCppEngine(Engine):
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)
         self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
-        self._selected: dict[tuple[str, str], Any] = {}  # (kind, tag or path) -> installer or own build
-        self._latest = LatestTag("llama.cpp", resolve_latest)
+        self._bins = BinChoice(config, LatestTag("llama.cpp", resolve_latest), self.installer.root, OwnBuild,
+                               lambda tag: TaggedInstaller(self.cache_dir, tag))
 
     # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
     def installer_for(self, backend: str, installing: bool = False) -> Any:
@@ -303,30 +303,13 @@ class LlamaCppEngine(Engine):
         that runs, or with `installing`, the one an install applies (`latest`'s newer release)."""
         if backend not in BIN_BACKENDS:
             return self.installer
-        key = f"llamacpp.{backend}_bin"
-        value = self.config.get(key)
-        kind = bin_kind(value)
-        if kind == "builtin":
-            return self.installer
-        if kind == "path":
-            return self._selected.setdefault(("path", value), OwnBuild(Path(value), key))
-        tag = value if kind == "tag" else self._latest_choice(backend, installing)[0]
-        if tag is None:
-            return Unresolved(key, self._latest.reason)
-        return self._selected.setdefault(("tag", tag), TaggedInstaller(self.cache_dir, tag))
-
-    def _latest_choice(self, backend: str, installing: bool = False) -> tuple[str | None, str | None]:
-        """`latest`: (the tag that runs, or with `installing` the one to install; a newer one offered)."""
-        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
-        run, offered = self._latest.choose(f"llamacpp.{backend}_bin", blocked,
-                                           installed_tags(self.installer.root, backend))
-        return (offered or run) if installing else run, offered
+        return self._bins.select(f"llamacpp.{backend}_bin", self.installer, backend, installing)
 
     def state(self, backend: str) -> BackendState:
         state = self.installer_for(backend).state(self.recipe, backend)
-        if backend in BIN_BACKENDS and self.config.get(f"llamacpp.{backend}_bin") == "latest":
-            state = with_update(state, self._latest_choice(backend)[1], LLAMA_CPP_VERSION,
-                                f"llamacpp.{backend}_bin", install_action(self.recipe, backend))
+        if backend in BIN_BACKENDS:
+            state = self._bins.signals(state, f"llamacpp.{backend}_bin", backend, LLAMA_CPP_VERSION,
+                                       install_action(self.recipe, backend))
         return state
 
     def install(self, backend: str, progress: Progress = None, force: bool = False) -> dict[str, Any]:

@@ -99,17 +99,7 @@ class TaggedInstaller(BackendInstaller):
     """One upstream release of llama.cpp, installed from its release archive beside the pinned one."""
 
     def __init__(self, cache_dir: Path, tag: str) -> None:
-        super().__init__(cache_dir)
-        self.version = tag
-
-    def backend_dir(self, backend: str) -> Path:
-        return self.root / f"{backend}@{self.version}"
-
-    def log_path(self, backend: str) -> Path:
-        return self.root / f"{backend}@{self.version}-install.log"
-
-    def build_dir(self, backend: str) -> Path:
-        return self.root / "_build" / f"{backend}@{self.version}"  # never made: release archives only
+        super().__init__(cache_dir, tag)  # `<backend>@<tag>/` and its log, as NativeInstall lays out a tag
 
     def llama_server_path(self, backend: str) -> Path | None:
         if backend not in PINNED_BACKENDS:

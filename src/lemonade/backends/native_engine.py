@@ -13,11 +13,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.bin_select import LatestTag, Unresolved, installed_tags, latest_release_tag, with_update
+from lemonade.backends.bin_select import BinChoice, LatestTag, Unresolved, latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
 from lemonade.backends.native_bins import OwnNativeBuild
 from lemonade.backends.native_install import NativeInstall
-from lemonade.llamacpp_settings import bin_kind
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -50,37 +49,13 @@ class NativeCpuBackend:
         `cpu` is served, so the others are always the pinned installer's to refuse."""
         if backend != "cpu":
             return self.installer
-        key = self.installer.bin_key(backend)
-        value = self.config.get(key)
-        kind = bin_kind(value)
-        if kind == "builtin":
-            return self.installer
-        if kind == "path":
-            own = OwnNativeBuild(Path(value), key, self.installer.executables)
-            return self._selected.setdefault(("path", value), own)
-        if kind == "tag":
-            tag = value
-        else:
-            run, offered = self._latest_choice(backend)
-            tag = (offered or run) if installing else run
-            if tag is None:
-                return Unresolved(key, self._latest.reason)
-        return self._selected.setdefault(("tag", tag), type(self.installer)(self.cache_dir, tag=tag))
-
-    def _latest_choice(self, backend: str) -> tuple[str | None, str | None]:
-        """`latest`: (the tag that runs, a newer one offered as an update)."""
-        blocked = bool(self.config.get("offline") or self.config.get("no_fetch_executables"))
-        return self._latest.choose(self.installer.bin_key(backend), blocked,
-                                   installed_tags(self.installer.root, backend))
+        return self._bins.select(self.installer.bin_key(backend), self.installer, backend, installing)
 
     @cached_property
-    def _selected(self) -> dict[tuple[str, str], NativeInstall | OwnNativeBuild]:
-        """(kind, tag or path) -> its installer or own build, made once per process."""
-        return {}
-
-    @cached_property
-    def _latest(self) -> LatestTag:
-        return LatestTag(self.product, self._resolve_latest)
+    def _bins(self) -> BinChoice:
+        return BinChoice(self.config, LatestTag(self.product, self._resolve_latest), self.installer.root,
+                         lambda folder, key: OwnNativeBuild(folder, key, self.installer.executables),
+                         lambda tag: type(self.installer)(self.cache_dir, tag=tag))
 
     def _resolve_latest(self) -> str:
         from lemonade.backends.release_digests import api_url
@@ -94,11 +69,8 @@ class NativeCpuBackend:
         if not isinstance(chosen, NativeInstall):
             return chosen.state(self.recipe, backend)
         if chosen.tag is not None:
-            state = self._tagged_state(chosen)
-            if self.config.get(chosen.bin_key(backend)) == "latest":
-                state = with_update(state, self._latest_choice(backend)[1], self.installer.version,
-                                    chosen.bin_key(backend), install_action(self.recipe, backend))
-            return state
+            return self._bins.signals(self._tagged_state(chosen), chosen.bin_key(backend), backend,
+                                      self.installer.version, install_action(self.recipe, backend))
         version = self.installer.version
         action = install_action(self.recipe, "cpu")
         installed = self.installer.installed_version("cpu")

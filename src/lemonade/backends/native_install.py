@@ -99,6 +99,8 @@ class NativeInstall:
         return self.root / "_src"
 
     def build_dir(self, backend: str) -> Path:
+        if self.tag:  # never made (release archives only), and never the pinned build's, whatever the tag
+            return self.root / "_build" / f"{backend}@{self.tag}"
         return self.root / "_build" / f"{backend}-{self.version}"
 
     def _lock(self) -> FileLock:

@@ -19,6 +19,7 @@ httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 console = Console()
 err_console = Console(stderr=True)
 DEFAULT_PORT = 13305
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # listen addresses, not addresses to connect to
 
 
 def _refuse(what: str, value: str, example: str) -> typer.Exit:
@@ -61,7 +62,7 @@ def base_url(host: str | None = None, port: int | None = None) -> str:
             raise _refuse(what, host, f"a host name or address (e.g. 127.0.0.1), or a URL starting with http:// "
                                       f"or https:// (e.g. http://127.0.0.1:{DEFAULT_PORT})")
         scheme, host = parts.scheme, parts.hostname
-    if host in ("0.0.0.0", "::"):
+    if host in WILDCARD_HOSTS:  # a listen-everywhere address is reached on this machine's loopback
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):  # an IPv6 address
         host = f"[{host}]"

@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from lemonade.cli.agents import AGENTS, DEFAULT_AGENT_KEY, Agent, split_args
 from lemonade.cli.background import start_background
-from lemonade.cli.client import ServerClient, error_message
+from lemonade.cli.client import WILDCARD_HOSTS, ServerClient, error_message
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, client, err, fail
 from lemonade.cli.parsing import RewritingCommand
 from lemonade.cli.target import TARGET, api_key
@@ -141,9 +141,6 @@ class LaunchCommand(RewritingCommand):
     """`-p` / `--provider` alone (codex): the provider named `lemonade` of the user's Codex config."""
 
     optional = {"-p": "lemonade", "--provider": "lemonade"}
-
-
-WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 
 
 def agent_url(url: str, host: str | None) -> str:
