@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from websockets.asyncio.client import ClientConnection, connect
 
+from lemonade.util.ports import free_port  # noqa: F401 - the suite's ports come from the product's own rule
+
 # ----- servers ----------------------------------------------------------------------------------------------
 
 TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE", Path.home() / ".cache" / "lemonade-test")).expanduser()
@@ -47,12 +48,6 @@ TEST_CACHE = Path(os.environ.get("LEMONADE_TEST_CACHE", Path.home() / ".cache" /
 # other model, so under its bare name); GEMMA_ID is its canonical id (recipe_options.json keys).
 GEMMA_NAME = "gemma-3-270m-q4_k_m"
 GEMMA_ID = "extra." + GEMMA_NAME
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:

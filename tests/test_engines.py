@@ -232,7 +232,8 @@ def test_an_engine_that_dies_at_start_is_quoted_to_its_last_line():
     before it exited (the output pump is awaited, not raced)."""
     import asyncio
 
-    from lemonade.backends.base import BackendStartError, WrappedServer, free_port
+    from lemonade.backends.base import BackendStartError, WrappedServer
+    from lemonade.util.ports import free_port
 
     script = "for i in $(seq 1 30); do echo line $i; done; sleep 0.2; printf 'error: the real reason'; exit 3"
     server = WrappedServer("dying", ["sh", "-c", script], free_port())

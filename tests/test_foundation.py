@@ -41,6 +41,35 @@ def test_second_server_on_busy_port_exits_naming_the_port(server, tmp_path):
     assert str(server.port) in proc.stderr and "in use" in proc.stderr
 
 
+def test_websocket_port_equal_to_the_server_port_is_refused(tmp_path):
+    from lemonade.util.ports import free_port
+
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port),
+                           "--websocket-port", str(port)],
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"cannot be the server's port {port}" in proc.stderr and "auto" in proc.stderr
+
+
+def test_ports_for_engines_are_free_and_never_from_the_ephemeral_range():
+    """Outgoing connections take their local port from the ephemeral range: a port handed out there
+    could be taken before the engine binds it (util/ports.py)."""
+    import socket
+
+    from lemonade.util.ports import ephemeral_range, free_port
+
+    low, _ = ephemeral_range()
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    if low >= 21000:  # else (an unusual configuration) the OS picks them
+        assert all(20000 <= p < low for p in ports)
+    for port in ports[:20]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_shuts_down_cleanly(make_server, sig):
     srv = make_server()

@@ -44,21 +44,37 @@ def check_port(host: str, port: int) -> None:
             raise
 
 
-def bind_websocket_port(host: str, setting: str | int) -> socket.socket:
+def bind_websocket_port(host: str, setting: str | int, main_port: int) -> socket.socket:
     """The listening socket of the dedicated WebSocket port ("auto": one the OS picks), bound before
-    the server starts so `/v1/health` can report it from the first request."""
+    the server starts so `/v1/health` can report it from the first request.
+
+    The main port is free at this point (only checked; uvicorn binds it later), so the OS may pick
+    exactly it for "auto": the main server would then fail with "address already in use". Such a
+    pick is bound while the OS picks again."""
     port = 0 if setting == "auto" else int(setting)
+    if port == main_port:
+        raise PortInUse(f"The WebSocket port cannot be the server's port {main_port}: set websocket_port to "
+                        "\"auto\" or another port.")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held: list[socket.socket] = []
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise PortInUse(f"WebSocket port {port} on {host} is already in use. Start with --websocket-port auto "
-                            "or another port.") from None
-        raise
+        while True:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                sock.close()
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    raise PortInUse(f"WebSocket port {port} on {host} is already in use. Start with "
+                                    "--websocket-port auto or another port.") from None
+                raise
+            if sock.getsockname()[1] != main_port:
+                break
+            held.append(sock)
+    finally:
+        for other in held:
+            other.close()
     sock.listen(128)
     sock.set_inheritable(False)
     return sock
@@ -197,7 +213,7 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     warn_if_exposed(host, port, services.api_key)
     try:
         check_port(host, port)
-        ws_sock = bind_websocket_port(host, config.get("websocket_port"))
+        ws_sock = bind_websocket_port(host, config.get("websocket_port"), port)
     except PortInUse as exc:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)

@@ -14,7 +14,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections import deque
@@ -63,12 +62,6 @@ def _read_available(fd: int, limit: int = 1 << 20) -> tuple[bytes, bool]:
         parts.append(part)
         size += len(part)
     return b"".join(parts), False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class BackendStartError(RuntimeError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
@@ -169,7 +170,8 @@ def pick_model(c: ServerClient, interactive: bool) -> str:
         err.print(f"  {i}. {escape(name)}{note}", highlight=False)
     while True:
         try:
-            answer = input("Number or name: ").strip()
+            with _ctrl_c_always_reaches_input():
+                answer = input("Number or name: ").strip()
         except (EOFError, KeyboardInterrupt):
             sys.stderr.write("\n")
             raise typer.Exit(EXIT_ERROR) from None
@@ -266,6 +268,29 @@ def _setup_line_editing() -> None:
         readline.parse_and_bind(r'"\e": kill-whole-line')
 
 
+@contextlib.contextmanager
+def _ctrl_c_always_reaches_input() -> Iterator[None]:
+    """While `input()` waits on a terminal, a no-op SIGALRM every 0.2 s.
+
+    Why: CPython's readline loop writes the prompt, then blocks in `select()` on stdin, and checks
+    Python's signal handlers only when that `select()` is interrupted. A Ctrl-C that lands in between
+    (the prompt already on screen, `select()` not yet entered: a busy machine, or a script typing as
+    soon as it sees the prompt) is recorded and then ignored until the next key press; measured with 3
+    busy cores, 18 of 40 such Ctrl-Cs were lost. The timer's interruption makes readline run the
+    handlers, so that Ctrl-C acts within 0.2 s; the line being edited is left as it is.
+    """
+    if not hasattr(signal, "setitimer"):  # Windows: no readline either
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class Prompt:
     """User input: a `>` prompt on a terminal, plain lines from a pipe. `None` at the end."""
 
@@ -293,7 +318,8 @@ class Prompt:
         lines: list[str] = []
         while True:
             try:
-                line = input("  . " if lines else "  > ")
+                with _ctrl_c_always_reaches_input():
+                    line = input("  . " if lines else "  > ")
             except EOFError:
                 sys.stderr.write("\n")
                 return None

@@ -50,7 +50,7 @@ from typing import Any
 
 import psutil
 
-from lemonade.backends.base import BackendStartError, free_port
+from lemonade.backends.base import BackendStartError
 from lemonade.backends.engine import Engine, EngineUnavailable, InstallError, Launch, fetch_refusal, install_action
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
@@ -63,6 +63,7 @@ from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.options import RESIDENCY_OPTIONS
 from lemonade.runtime.request_context import ClientGone, load_progress, routing_dependency, until_gone_or
 from lemonade.system.devices import MemoryUse, memory_use
+from lemonade.util.ports import free_port
 
 log = logging.getLogger("lemonade.router")
 
