@@ -237,8 +237,36 @@ def test_engine_error_of_a_non_streamed_request_keeps_its_status(server):
     direct = httpx.post(engine_url(server) + "/v1/completions", json=body, timeout=300)
     ours = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
     assert direct.status_code == ours.status_code == 400
-    assert direct.json()["error"]["message"] in ours.json()["error"]["message"]
-    assert ours.json()["error"]["code"] == "backend_error"
+    error = ours.json()["error"]
+    assert direct.json()["error"]["message"] in error["message"]
+    # llama-server's own words for it become OpenAI's code, which clients test for (as Lemonade answers)
+    assert (error["type"], error["code"], error["status_code"]) == ("invalid_request_error", "context_length_exceeded",
+                                                                    400)
+
+
+@pytest.mark.parametrize(("fields", "no_think"), [
+    ({"thinking": False}, True),
+    ({"thinking": {"type": "disabled"}}, True),
+    ({"enable_thinking": False}, True),
+    ({"enable_thinking": True, "thinking": False}, False),  # Lemonade's own field wins
+    ({"thinking": True}, False),
+])
+def test_thinking_off_as_clients_send_it(server, fields, no_think):
+    """`thinking: false` (OpenCode and other OpenAI-style clients) or Lemonade's `enable_thinking:
+    false` turn thinking off for every engine and template: the engine gets `reasoning_effort:
+    "none"`, the template's `enable_thinking: false` and `/no_think` before the last user message,
+    and never the client's fields. Seen from the engine's own prompt count: `/no_think` adds its
+    tokens exactly when thinking is turned off."""
+    def prompt_tokens(extra: dict) -> int:
+        body = {"model": GEMMA_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "Say hello."}], **extra}
+        resp = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens({})
+    marked = prompt_tokens({"messages": [{"role": "user", "content": "/no_think\nSay hello."}]})
+    assert marked > plain
+    assert prompt_tokens(fields) == (marked if no_think else plain)
 
 
 def test_completions_echo_and_logprobs(client):

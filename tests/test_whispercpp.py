@@ -263,6 +263,7 @@ def test_first_load_installs_the_backend_with_progress(make_server, hub_server, 
             srv.stop()
             make_server.servers.remove(srv)
         shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(cache.with_name(cache.name + "-config"), ignore_errors=True)  # the server's config dir
 
 
 def test_cpu_bin_your_own_whisper_server_a_tag_and_back(make_server, hub_server, whispercpp_backend, speech_wav,

@@ -65,8 +65,18 @@ def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
         if mapped is not None:
             return EngineError(mapped[0], mapped[1], type="server_error" if mapped[0] >= 500 else
                                "invalid_request_error", code=mapped[2])
+    if status < 500 and is_context_window_error(str(message)):  # OpenAI's code for it, which clients test for
+        return EngineError(status, f"{lm.model.public}: {message}", type="invalid_request_error",
+                           code="context_length_exceeded", extra={"status_code": status})
     keep = status < 500 and isinstance(code, str) and code
-    return EngineError(status, f"{lm.model.public}: {message}", code=code if keep else "backend_error")
+    return EngineError(status, f"{lm.model.public}: {message}", code=code if keep else "backend_error",
+                       extra={"status_code": status})
+
+
+def is_context_window_error(message: str) -> bool:
+    """llama-server's refusal of a prompt longer than the context, in the words it (and others) use."""
+    lowered = message.lower()
+    return "exceeds the available context size" in lowered or "context length exceeded" in lowered
 
 
 class EngineUnreachable(EngineError):

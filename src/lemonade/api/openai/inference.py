@@ -19,6 +19,7 @@ from lemonade.api.openai.protocol import (
     EmbeddingRequest,
     ResponsesRequest,
     legacy_max_tokens,
+    thinking_controls,
 )
 from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
@@ -75,6 +76,7 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
     svc: Services = request.app.state.services
     model = svc.check_model(target, "chat", "/chat/completions", images=has_image_parts(body))
     legacy_max_tokens(payload)
+    thinking_controls(payload)
     await auto_load(svc, model, payload)
     name = forced_call.named_tool(payload)
     if name is not None:  # a named tool: asked for under a grammar, answered as its call (runtime/forced_call.py)

@@ -71,6 +71,40 @@ def legacy_max_tokens(payload: dict[str, Any]) -> None:
             payload["max_tokens"] = limit
 
 
+def thinking_wanted(payload: dict[str, Any]) -> bool | None:
+    """The client's thinking intent: Lemonade's top-level `enable_thinking` (it wins), else the
+    OpenAI-compatible `thinking` (a boolean, or `{"type": "enabled" | "disabled"}`); None: not said."""
+    if isinstance(payload.get("enable_thinking"), bool):
+        return payload["enable_thinking"]
+    thinking = payload.get("thinking")
+    if isinstance(thinking, bool):
+        return thinking
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
+        return thinking["type"] == "enabled"
+    return None
+
+
+def thinking_controls(payload: dict[str, Any]) -> None:
+    """Thinking turned off the way every engine and template understands, as Lemonade does for
+    clients such as OpenCode that send `thinking: false`: `reasoning_effort: "none"` (llama.cpp's
+    per-request switch), the template's `enable_thinking: false`, and `/no_think` in front of the
+    last user message (for templates that read only that). The client-facing fields are never
+    forwarded: the engine does not know them."""
+    wanted = thinking_wanted(payload)
+    payload.pop("enable_thinking", None)
+    payload.pop("thinking", None)
+    if wanted is not False:
+        return
+    payload["reasoning_effort"] = "none"
+    kwargs = payload.setdefault("chat_template_kwargs", {})
+    if isinstance(kwargs, dict):
+        kwargs["enable_thinking"] = False
+    for message in reversed(payload.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+            message["content"] = "/no_think\n" + message["content"]
+            break
+
+
 class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] = Field(..., examples=["Once upon a time"])
     max_tokens: int | None = Field(None, ge=-1, le=MAX_TOKENS)
