@@ -58,9 +58,10 @@ def bind_websocket_port(host: str, setting: str | int, main_port: int) -> socket
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     held: list[socket.socket] = []
     try:
-        while True:
+        while True:  # ends: a held port is never picked again (no SO_REUSEADDR on an OS-picked one)
             sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if port:  # a fixed port after a restart: past connections in TIME_WAIT must not block it
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError as exc:
