@@ -182,6 +182,16 @@ def test_status_with_nothing_given_imports_no_pydantic():
     assert imported_after(env_code, "pydantic", "lemonade.cli.info") == ["lemonade.cli.info"]
 
 
+def test_status_against_a_server_imports_no_httpx(make_server):
+    """`lemonade status` (and every plain JSON command) talks to the server through the standard
+    library's http.client (cli/client.py): importing httpx would be a third of the command."""
+    server = make_server()
+    code = (f"import os, sys\nos.environ['LEMONADE_PORT'] = '{server.port}'\nsys.argv = ['lemonade', 'status']\n"
+            "import lemonade.cli.main as m\ntry:\n    m.main()\nexcept SystemExit as exc:\n"
+            "    assert exc.code in (0, None), exc.code\n")
+    assert imported_after(code, "httpx", "lemonade.cli.info") == ["lemonade.cli.info"]
+
+
 def test_lazy_module_loads_on_first_attribute(tmp_path, monkeypatch):
     ran = tmp_path / "ran"
     (tmp_path / "lazy_probe_mod.py").write_text(f"open({str(ran)!r}, 'a').write('x')\nVALUE = 42\n")

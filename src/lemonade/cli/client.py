@@ -1,16 +1,26 @@
-"""The CLI's HTTP client: where the server is, how to authenticate, and friendly failures."""
+"""The CLI's HTTP client: where the server is, how to authenticate, and friendly failures.
+
+Plain JSON requests (most commands: `status`, `list`, `config`, `unload`...) go through the standard
+library's `http.client`; streams, uploads and long waits through httpx. Why two: importing httpx
+takes about 100 ms of CPU here (httpcore, its `_main` with click and rich, `urllib.request`), a
+third of a short command such as `lemonade status`, whose goal is 0.25 s (docs/performance.md,
+"Start-up"); `http.client` costs about 25 ms and is all a JSON round trip needs.
+"""
 
 from __future__ import annotations
 
+import functools
+import http.client as http_client
 import json
 import os
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import typer
 from rich.console import Console
 
+from lemonade import __version__
 from lemonade.cli.target import api_key
 from lemonade.util.lazy import lazy_module
 
@@ -74,16 +84,36 @@ def base_url(host: str | None = None, port: int | None = None) -> str:
     return f"{scheme}://{host}:{port or url_port or DEFAULT_PORT}"
 
 
+class NotListening(OSError):
+    """Nothing accepted the connection (refused, no such host): no server runs at the address."""
+
+
 class ServerClient:
     def __init__(self, host: str | None = None, port: int | None = None, timeout: float | None = 600.0,
                  url: str | None = None) -> None:
         self.url = url or base_url(host, port)
-        headers = {}
+        self.headers: dict[str, str] = {}
         key = api_key()
         if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                 event_hooks={"request": [_lemonade_prefix]})
+            self.headers["Authorization"] = f"Bearer {key}"
+        self._timeout = timeout
+
+    @functools.cached_property
+    def http(self) -> httpx.Client:
+        """httpx, for what `request` does not do: streams, uploads, long waits."""
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=self._timeout,
+                            event_hooks={"request": [_lemonade_prefix]})
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        """Both transports' timeout (None: wait as long as it takes, e.g. a pull)."""
+        self._timeout = value
+        if "http" in self.__dict__:
+            self.http.timeout = httpx.Timeout(value)
 
     def not_running(self) -> typer.Exit:
         hint = (" An https:// address needs a TLS proxy in front of the server: `lemonade serve` itself speaks "
@@ -99,30 +129,53 @@ class ServerClient:
         forwards only the API, or one that asks a key of every path, is running too (what it answers
         next says the rest), as Lemonade's own CLI judges it."""
         try:
-            self.http.get("/live", timeout=2)
+            self._exchange("GET", "/live", None, None, timeout=2)
             return True
-        except httpx.HTTPError:
+        except (OSError, http_client.HTTPException):
             return False
 
-    def request(self, method: str, path: str, **kw: Any) -> Any:
+    def _exchange(self, method: str, path: str, body: Any, params: dict[str, str] | None,
+                  timeout: float | None) -> tuple[int, bytes]:
+        """One request on a connection of its own: (status, body). `NotListening` when nothing accepts it."""
+        parts = urlsplit(self.url)
+        target = parts.path.rstrip("/") + api_path(path) + (f"?{urlencode(params)}" if params else "")
+        kind = http_client.HTTPSConnection if parts.scheme == "https" else http_client.HTTPConnection
+        conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+        headers = {**self.headers, "Accept": "*/*", "User-Agent": f"lemonade-cli/{__version__}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        try:
+            try:
+                conn.connect()
+            except OSError as exc:
+                raise NotListening(str(exc)) from exc
+            conn.request(method, target, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
         """JSON of a successful response; prints the server's error message and exits otherwise."""
         try:
-            resp = self.http.request(method, path, **kw)
-        except httpx.ConnectError:
+            status, content = self._exchange(method, path, body, params, self._timeout)
+        except NotListening:
             raise self.not_running() from None
-        except httpx.HTTPError as exc:
-            err_console.print(f"[red]Request to {self.url}{path} failed:[/red] {exc}")
+        except (OSError, http_client.HTTPException) as exc:
+            err_console.print(f"[red]Request to {self.url}{path} failed:[/red] {str(exc) or type(exc).__name__}")
             raise typer.Exit(1) from None
-        if resp.status_code >= 400:
-            err_console.print(f"[red]Error {resp.status_code}:[/red] {error_message(resp)}")
+        if status >= 400:
+            err_console.print(f"[red]Error {status}:[/red] {error_text(content)}")
             raise typer.Exit(1)
-        return resp.json() if resp.content else None
+        return json.loads(content) if content else None
 
-    def get(self, path: str, **kw: Any) -> Any:
-        return self.request("GET", path, **kw)
+    def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        return self.request("GET", path, params=params)
 
-    def post(self, path: str, body: Any = None, **kw: Any) -> Any:
-        return self.request("POST", path, json=body, **kw)
+    def post(self, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
+        return self.request("POST", path, body, params)
 
     def sse(self, path: str, body: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event, data) pairs of a Server-Sent Events response."""
@@ -150,18 +203,26 @@ class ServerClient:
             raise self.not_running() from None
 
 
-def _lemonade_prefix(request: httpx.Request) -> None:
+def api_path(path: str) -> str:
     """API paths go out under `/api/v1`, the prefix Lemonade's own CLI and app use (this server answers
     all four), so a proxy or server that serves only Lemonade's prefix works too."""
-    if request.url.path.startswith(("/v1/", "/v0/")):
-        request.url = request.url.copy_with(path="/api" + request.url.path)
+    return "/api" + path if path.startswith(("/v1/", "/v0/")) else path
+
+
+def _lemonade_prefix(request: httpx.Request) -> None:
+    request.url = request.url.copy_with(path=api_path(request.url.path))
 
 
 def error_message(resp: httpx.Response) -> str:
+    return error_text(resp.read())
+
+
+def error_text(content: bytes) -> str:
+    """The message of an error answer: the `error.message` of a JSON body, else its first 500 characters."""
     try:
-        body = resp.json()
+        body = json.loads(content)
     except ValueError:
-        return resp.text[:500]
+        return content.decode(errors="replace")[:500]
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
         return str(err.get("message", err))

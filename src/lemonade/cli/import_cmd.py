@@ -179,7 +179,7 @@ def import_model(
                                                           default=True, err=True):
         err.print("Skipped: nothing imported.")
         return
-    client.http.timeout = httpx.Timeout(None)
+    client.timeout = None
     run_pull(client, body)
 
 

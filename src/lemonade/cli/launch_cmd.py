@@ -132,7 +132,7 @@ def import_recipe(c: ServerClient, directory: str, recipe_file: str | None) -> s
         body, _ = import_body(raw, where)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    c.http.timeout = httpx.Timeout(None)
+    c.timeout = None
     run_pull(c, body)
     return body["model_name"]
 
