@@ -206,17 +206,24 @@ def _controlling_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+def _controlling_terminal_sigint_ignored() -> None:
+    """The same, for a program started with SIGINT ignored (as `cmd &` in a script starts it)."""
+    _controlling_terminal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Terminal:
     """`lemonade chat` on a pseudo-terminal: what a user sees and types."""
 
     def __init__(self, args: list[str], env: dict[str, str],
-                 program: tuple[str, ...] = ("-m", "lemonade.cli.main")) -> None:
+                 program: tuple[str, ...] = ("-m", "lemonade.cli.main"), sigint_ignored: bool = False) -> None:
         import pty
 
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen([sys.executable, *program, *args], stdin=slave, stdout=slave,
                                      stderr=slave, env={**env, "TERM": "xterm", "COLUMNS": "100"},
-                                     start_new_session=True, preexec_fn=_controlling_terminal)
+                                     start_new_session=True, preexec_fn=_controlling_terminal_sigint_ignored
+                                     if sigint_ignored else _controlling_terminal)
         os.close(slave)
         self.seen = ""
         self.pos = 0  # where the next read_until starts looking
@@ -326,6 +333,21 @@ def test_ctrl_c_the_moment_the_prompt_shows_is_never_lost(env):
         for proc in busy:
             proc.kill()
             proc.wait()
+
+
+def test_ctrl_c_works_when_the_chat_was_started_with_sigint_ignored(env):
+    """A chat started with SIGINT ignored (a background job of a shell without job control, `nohup`,
+    some CI runners) would get no KeyboardInterrupt from Python at all; on a terminal the chat takes
+    Ctrl-C back (chat_cmd._take_ctrl_c)."""
+    read_prompt = ("-c", "import signal; from lemonade.cli.chat_cmd import Prompt\n"
+                         "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\nPrompt(True).read()")
+    t = Terminal([], env, program=read_prompt, sigint_ignored=True)
+    try:
+        t.read_until(PROMPT.lstrip("\n"), timeout=60)
+        t.type("\x03")
+        assert t.wait(10) == 0, "Ctrl-C did nothing"
+    finally:
+        t.close()
 
 
 def test_exit_ctrl_d_and_clearing_the_line(terminal):

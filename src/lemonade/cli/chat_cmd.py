@@ -164,6 +164,7 @@ def pick_model(c: ServerClient, interactive: bool) -> str:
     choices = downloaded + suggested
     if not choices:
         raise fail("The server lists no chat model. Pull one (lemonade pull owner/repo), then try again.")
+    _take_ctrl_c()
     err.print("[bold]Select a model to chat with[/bold]", highlight=False)
     for i, name in enumerate(choices, 1):
         note = "" if name in downloaded else "  [dim](downloads first)[/dim]"
@@ -268,6 +269,16 @@ def _setup_line_editing() -> None:
         readline.parse_and_bind(r'"\e": kill-whole-line')
 
 
+def _take_ctrl_c() -> None:
+    """On a terminal, Ctrl-C is the chat's (stop a reply, cancel a buffer, leave at an empty prompt),
+    also when the chat was started with SIGINT ignored: a background job of a shell without job
+    control (`cmd &` in a script), `nohup`, some launchers and CI runners. Python installs its
+    KeyboardInterrupt handler only when SIGINT is not ignored at start, so without this the user's
+    Ctrl-C would do nothing at all."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def _ctrl_c_always_reaches_input() -> Iterator[None]:
     """While `input()` waits on a terminal, a no-op SIGALRM every 0.2 s.
@@ -299,6 +310,7 @@ class Prompt:
         self.multiline = False
         self._piped: Iterator[str] | None = None if interactive else (line.rstrip("\r\n") for line in sys.stdin)
         if interactive:
+            _take_ctrl_c()
             _setup_line_editing()
 
     def bar(self, model: str) -> None:
