@@ -351,6 +351,50 @@ def test_settings_are_checked(fresh):
         assert resp.status_code == 400 and field in resp.json()["error"]["message"], (body, resp.text)
 
 
+def test_a_span_is_queued_before_its_answer_reaches_the_client(tmp_path):
+    """The request guard finishes a request's span as the last byte of its answer leaves, not after:
+    a client holding its answer may flush the exporter at once and find the span sent. (Finished
+    afterwards, the span of a fast answer could miss a flush asked right away, and a test holding
+    the receiver released it before the last span was queued.) The guard and the tracer are the
+    server's own; the app inside the guard is a two-chunk answer, so the order is seen in-process."""
+    import asyncio
+
+    from lemonade.api.guard import RequestGuard
+    from lemonade.api.middleware import BodySizeLimit
+    from lemonade.api.origins import OriginPolicy
+    from lemonade.config import Config
+    from lemonade.observability.telemetry import Telemetry
+
+    config = Config(tmp_path, environ={})
+    telemetry = Telemetry(config)
+    finished: list[dict[str, Any]] = []
+    telemetry.listen(finished.append)
+
+    async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"object": ', "more_body": True})
+        await send({"type": "http.response.body", "body": b'"list"}'})
+
+    guard = RequestGuard(answer, policy=OriginPolicy(None), api_key=None, admin_key=None,
+                         body_limit=BodySizeLimit(config), observe=lambda *_: None, telemetry=telemetry)
+    spans_when_sent: list[int] = []
+
+    async def client_receives(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            spans_when_sent.append(len(finished))
+
+    async def request() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"model": "m", "input": "x"}', "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": [
+        (b"host", b"localhost:13305"), (b"content-type", b"application/json")], "query_string": b""}
+    asyncio.run(guard(scope, request, client_receives))
+    assert spans_when_sent == [0, 1]  # queued between the first chunk and the last
+    assert finished[0]["name"] == "embeddings"
+
+
 # ----- what a span records of an answer (the code path alone) ------------------------------------
 
 def _finished(kind: str, name: str, body: dict[str, Any], answer: dict[str, Any], **settings: Any) -> dict[str, Any]:

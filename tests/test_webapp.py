@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_playwright
 
 from tests.helpers import GEMMA_NAME, recording_browser
 from tests.hub import fixtures as fx
@@ -113,6 +113,23 @@ def test_root_serves_the_app_to_browsers_and_plain_clients_alike(server, page):
     assert all(n.startswith(server.url) for n in names), names  # nothing from a CDN
     print(f"first load: {len(sizes)} requests, {total} bytes uncompressed")
     assert 0 < total < FIRST_LOAD_BUDGET, sizes
+
+
+def test_the_tab_clicked_last_wins_while_an_earlier_view_is_still_loading(server, page):
+    """A view's module loads on its first visit. Clicking Models while Chat's module is still on its
+    way must end on Models: Chat arriving later mounts hidden instead of taking the page back (the
+    page once showed the late view, so a control on the clicked tab stayed "not visible")."""
+    held: list[Route] = []
+    page.route("**/static/js/chat.js", lambda route: held.append(route))
+    with page.expect_request("**/static/js/chat.js"):
+        page.goto(server.url + "/#/chat", wait_until="domcontentloaded")
+    page.get_by_role("link", name="Models").click()
+    expect(page.locator(".view-models")).to_be_visible()
+    held[0].continue_()
+    expect(page.locator("#chat-model")).to_be_attached()  # Chat's module arrived and made its view
+    expect(page.locator(".view-chat")).to_be_hidden()
+    expect(page.locator(".view-models")).to_be_visible()
+    expect(page.get_by_role("link", name="Models")).to_have_attribute("aria-current", "page")
 
 
 def test_every_file_of_the_app_is_package_data():

@@ -97,15 +97,29 @@ class RequestGuard:
     async def _traced(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str],
                       origin: str | None, route: tuple[str, str]) -> None:
         """`_http` as one inference span (observability/spans.py): it keeps the request body it
-        passes on, and an error answer's body, and is finished when the response is."""
+        passes on, and an error answer's body. The span is finished as the response's last message
+        leaves, before the client can read it: a client that has its answer may flush the exporter
+        (`/internal/telemetry/flush`) and find the span sent. A response that
+        never completes (an error, a client gone) finishes it on the way out."""
         assert self.telemetry is not None
+        telemetry = self.telemetry
         all_headers: dict[str, str] = {}
         for key, value in scope.get("headers", ()):
             all_headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-        span = self.telemetry.start(*route, all_headers)
+        span = telemetry.start(*route, all_headers)
         body: list[bytes] = []
         answer: list[bytes] = []
         status = 500
+        finished = False
+
+        def finish() -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                span.body = json_object_or_none(b"".join(body))
+                if status >= 400:
+                    span.fail(error_message(b"".join(answer)) or f"HTTP {status}")
+                telemetry.finish(span)
 
         async def receive_body() -> dict[str, Any]:
             message = await receive()
@@ -117,22 +131,23 @@ class RequestGuard:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif status >= 400 and sum(map(len, answer)) < ERROR_BODY_KEPT:
-                answer.append(message.get("body", b""))
+            elif message["type"] == "http.response.body":
+                if status >= 400 and sum(map(len, answer)) < ERROR_BODY_KEPT:
+                    answer.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    finish()
             await send(message)
 
         token = request_trace.set(span)
         try:
             await self._http(scope, receive_body, send_status, headers, origin)
         except BaseException as exc:
-            span.fail(str(exc) or type(exc).__name__)
+            if not finished:
+                span.fail(str(exc) or type(exc).__name__)
             raise
         finally:
             request_trace.reset(token)
-            span.body = json_object_or_none(b"".join(body))
-            if status >= 400:
-                span.fail(error_message(b"".join(answer)) or f"HTTP {status}")
-            self.telemetry.finish(span)
+            finish()
 
     @staticmethod
     def _cors(send: Any, origin: str | None) -> Any:

@@ -12,7 +12,9 @@ const VIEWS = {
   images: () => import('./images.js'),
 };
 const mounted = {};
+const mounting = {};
 let current = null;
+let wanted = null;
 
 function tabLink(name) { return document.querySelector(`.tabs a[data-view="${name}"]`); }
 
@@ -24,17 +26,26 @@ function optionalTabs() {
   tabLink('images').hidden = !images;
 }
 
-async function show(name) {
-  if (!VIEWS[name] || tabLink(name).hidden) name = 'chat';
-  for (const a of document.querySelectorAll('.tabs a')) {
-    if (a.dataset.view === name) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
-  }
-  if (!mounted[name]) {
-    const container = h('section', { class: `view view-${name}`, 'aria-label': name });
+/** One mount per view even when two routes ask for it while its module is still loading. */
+function mount(name) {
+  mounting[name] ??= (async () => {
+    const container = h('section', { class: `view view-${name}`, 'aria-label': name, hidden: true });
     document.getElementById('view').append(container);
     const module = await VIEWS[name]();
     mounted[name] = { container, view: module.create(container) };
+  })();
+  return mounting[name];
+}
+
+async function show(name) {
+  if (!VIEWS[name] || tabLink(name).hidden) name = 'chat';
+  wanted = name;
+  for (const a of document.querySelectorAll('.tabs a')) {
+    if (a.dataset.view === name) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
   }
+  await mount(name);
+  // Views load at their own pace: a tab clicked while an earlier one was loading wins.
+  if (wanted !== name) return;
   for (const [n, m] of Object.entries(mounted)) {
     m.container.hidden = n !== name;
     if (n !== name && n === current) m.view.hide?.();
