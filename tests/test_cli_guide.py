@@ -218,8 +218,13 @@ def test_help_all_version_and_command_help(env):
             section = text[text.index(f"\n{panel}:\n"):].split("\n\n")[0]  # a heading, then one line a flag
             for flag in flags:
                 assert re.search(rf"^  {re.escape(flag)}[ ,\n]", section + "\n", re.M), (command, panel, flag)
-    text = ok(lemonade("launch", "--help", env={**env, "COLUMNS": "200"})).stdout
-    assert "Agents: claude, codex, opencode, pi" in text and "Use model provider name for Codex" in text
+    # launch: its help lists the agents; an agent's help, that agent's options (as Lemonade's does)
+    helps = {agent: ok(lemonade("launch", *agent, "--help", env={**env, "COLUMNS": "200"})).stdout
+             for agent in ((), ("claude",), ("codex",))}
+    assert "Agents: claude, codex, opencode, pi" in helps[()] and "--model" not in helps[()]
+    assert "--model" in helps[("claude",)] and "--agent-args" in helps[("claude",)]
+    assert "--provider" not in helps[("claude",)]
+    assert "--provider" in helps[("codex",)] and "Use model provider name for Codex" in helps[("codex",)]
 
 
 def test_every_recipe_option_has_a_load_flag():

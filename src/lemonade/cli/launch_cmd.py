@@ -137,10 +137,33 @@ def import_recipe(c: ServerClient, directory: str, recipe_file: str | None) -> s
     return body["model_name"]
 
 
+AGENT_OPTIONS = ("model", "directory", "recipe_file", "agent_args", "provider")  # one agent's launch options
+CODEX_ONLY = ("provider",)
+
+
 class LaunchCommand(RewritingCommand):
-    """`-p` / `--provider` alone (codex): the provider named `lemonade` of the user's Codex config."""
+    """`-p` / `--provider` alone (codex): the provider named `lemonade` of the user's Codex config.
+
+    Help as Lemonade's launch gives it: `launch --help` lists the agents, and `launch AGENT --help`
+    that agent's options (`--provider` for codex alone). Every option is accepted either way."""
 
     optional = {"-p": "lemonade", "--provider": "lemonade"}
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["launch.agent"] = next((a for a in args if a in AGENTS), None)
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        agent = ctx.meta.get("launch.agent")
+        hide = set(AGENT_OPTIONS) if agent is None else set(CODEX_ONLY) if agent != "codex" else set()
+        shown = [(p, p.hidden) for p in self.params if p.name in hide]
+        for param, _ in shown:
+            param.hidden = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for param, hidden in shown:
+                param.hidden = hidden
 
 
 def agent_url(url: str, host: str | None) -> str:
@@ -172,7 +195,7 @@ def launch(
     """Launch a coding agent that uses this server and a model on it; the model loads in the background
     while the agent starts.
 
-    Agents: claude, codex, opencode, pi.
+    Agents: claude, codex, opencode, pi. `lemonade launch AGENT --help` lists an agent's options.
     """
     if agent is not None and agent not in AGENTS:
         raise fail(f"Unknown agent '{agent}'. Known agents: {KNOWN}. Run with --help for more information.",
