@@ -337,5 +337,5 @@ def test_root_answers_ollama_probes(server: Server) -> None:
         assert plain.status_code == 200 and plain.text == "Ollama is running"
         browser = c.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
         assert browser.status_code == 200 and browser.headers["content-type"].startswith("text/html")
-        assert '<script type="module" src="/static/js/main.js">' in browser.text
+        assert '<script type="module" src="renderer.bundle.js">' in browser.text
     assert ollama.Client(host=server.url).list().models  # the official client connects

@@ -132,6 +132,25 @@ def test_the_tab_clicked_last_wins_while_an_earlier_view_is_still_loading(server
     expect(page.get_by_role("link", name="Models")).to_have_attribute("aria-current", "page")
 
 
+def test_lemonades_own_app_addresses_serve_the_app_and_refuse_climbing_out(server, page):
+    """Lemonade's addresses of its app: the entry module `/renderer.bundle.js`, and the page and its
+    files under the older `/web-app/` prefix, where a path leaving the app's folder is a 403."""
+    entry = httpx.get(server.url + "/renderer.bundle.js")
+    assert entry.status_code == 200 and "javascript" in entry.headers["content-type"], entry.text
+    assert "/static/js/main.js" in entry.text
+    for path in ("/web-app/renderer.bundle.js", "/web-app/app.css", "/web-app/js/chat.js"):
+        resp = httpx.get(server.url + path)
+        assert resp.status_code == 200 and resp.content, path
+    for path in ("/web-app/..%2fapi%2fapp.py", "/web-app/..%2f..%2f..%2fetc%2fpasswd",
+                 "/web-app/js%2f..%2f..%2f..%2fapi%2fapp.py", "/web-app/..%5c..%5capi%5capp.py"):
+        resp = httpx.get(server.url + path)
+        assert resp.status_code == 403 and "outside the web app" in resp.json()["error"]["message"], path
+    for path in ("/web-app/%252e%252e%252fapi%252fapp.py", "/web-app/my..test..file.js", "/nonexistent-xyz.js"):
+        assert httpx.get(server.url + path).status_code == 404, path
+    page.goto(server.url + "/web-app/")  # the page works from there: the app talks to the API
+    expect(page.locator("#chat-model")).to_contain_text(GEMMA_NAME)
+
+
 def test_every_file_of_the_app_is_package_data():
     """pyproject's package-data lists web/ folder by folder (setuptools globs do not descend), so a
     new folder must be listed there, or the installed package would lack its files."""
