@@ -59,7 +59,8 @@ def test_run_loads_the_model_and_opens_the_web_app(env, gemma_server, tmp_path):
 
 
 def test_run_chat_cli_is_the_terminal_chat(env, gemma_server):
-    proc = ok(lemonade("run", GEMMA_NAME, "--chat-cli", "--max-tokens", "8", env=env, stdin="Hello!\n"))
+    proc = ok(lemonade("run", GEMMA_NAME, "--chat-cli", "--max-tokens", "8", "--temperature", "0", env=env,
+                       stdin="Hello!\n"))
     assert proc.stdout.strip() and "Opened" not in proc.stdout
 
 
@@ -102,7 +103,7 @@ def test_chat_uses_the_loaded_model_and_takes_slash_commands(env, gemma_server):
                         "/list --all --downloaded", "/list --bogus", "/model No-Such-Model-GGUF",
                         "/system Answer in one word.", "What colour is the sky?", "/nonsense", "/exit",
                         "never sent"]) + "\n"
-    proc = ok(lemonade("chat", "--max-tokens", "10", env=env, stdin=script))
+    proc = ok(lemonade("chat", "--max-tokens", "10", "--temperature", "0", env=env, stdin=script))
     err = proc.stderr
     assert "Slash commands" in err and "/think [on|off|default]" in err and "/multiline" in err
     assert "No reply yet." in err
@@ -120,7 +121,7 @@ def test_chat_uses_the_loaded_model_and_takes_slash_commands(env, gemma_server):
 
 def test_chat_no_stream_and_system(env, gemma_server):
     proc = ok(lemonade("chat", GEMMA_NAME, "--no-stream", "--system", "You are terse.", "--max-tokens", "8",
-                       env=env, stdin="Hi\n"))
+                       "--temperature", "0", env=env, stdin="Hi\n"))
     assert proc.stdout.strip(), proc.stderr
 
 
