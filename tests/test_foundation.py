@@ -371,7 +371,8 @@ def test_websocket_key_as_subprotocol_and_paths_only_for_admins(make_server):
 
 
 # Routes any client may call without a key: liveness probes (Ollama's `/` too) and the API description.
-OPEN_ROUTES = {"/", "/live", "/openapi.json", "/docs", "/redoc"}
+OPEN_ROUTES = {"/", "/live", "/openapi.json", "/docs", "/redoc",
+               "/renderer.bundle.js", "/web-app", "/web-app/x"}  # the web app's files: its page asks for the key
 
 
 def served_routes() -> tuple[list[tuple[str, str]], list[str]]:
