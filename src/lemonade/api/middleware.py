@@ -13,13 +13,13 @@ from urllib.parse import parse_qs
 from starlette.exceptions import HTTPException
 
 from lemonade.api.errors import APIError, api_family, error_body
+from lemonade.api.webapp import OPEN_WEB_PATHS, OPEN_WEB_PREFIXES
 from lemonade.config import Config
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
 
-OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico", "/renderer.bundle.js", "/web-app")
-WEB_APP_PREFIXES = ("/static/", "/web-app/")  # the web app's files (api/webapp.py): its page asks for the key
+OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico", *OPEN_WEB_PATHS)
 SPAN_STREAM_PATHS = ("/spans/stream", "/traces/stream")
 
 
@@ -115,7 +115,7 @@ def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> st
     path: str = scope.get("path", "")
     if scope["type"] == "http" and scope.get("method") == "OPTIONS":
         return None  # CORS preflight carries no credentials
-    if path in OPEN_PATHS or path == "/" or path.startswith(WEB_APP_PREFIXES):
+    if path in OPEN_PATHS or path.startswith(OPEN_WEB_PREFIXES):
         return None
     if path.startswith("/internal"):
         if is_admin(scope, api_key, admin_key):

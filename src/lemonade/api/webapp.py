@@ -28,6 +28,9 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 INDEX = WEB_DIR / "index.html"
 ENTRY = "renderer.bundle.js"  # the entry module, under the name Lemonade's app gives its own
 LEGACY_PREFIX = "/web-app"  # Lemonade's earlier address of the app
+# What the API key does not guard (api/middleware.py): the page asks for the key itself
+OPEN_WEB_PATHS = ("/", "/" + ENTRY, LEGACY_PREFIX)
+OPEN_WEB_PREFIXES = ("/static/", LEGACY_PREFIX + "/")
 OLLAMA_PROBE_ANSWER = "Ollama is running"
 
 
@@ -65,7 +68,7 @@ def app_file(relative: str) -> FileResponse:
     folder, 404 for one that is not there."""
     parts = relative.replace("\\", "/").split("/")
     target = (WEB_DIR / relative).resolve()
-    if ".." in parts or relative.startswith("/") or not target.is_relative_to(WEB_DIR):
+    if ".." in parts or not target.is_relative_to(WEB_DIR):
         raise APIError(403, f"'{relative}' is outside the web app's files", code="forbidden_path")
     if not target.is_file():
         raise APIError(404, f"The web app has no file '{relative}'", code="not_found")
