@@ -171,8 +171,15 @@ def test_wrong_types_and_missing_fields_name_the_field(server):
         assert resp.status_code == 400 and "messages" in resp.json()["error"]["message"]
         resp = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert resp.status_code == 400
-        assert resp.json()["error"]["message"] == "Missing required field 'model'"
+        # Lemonade's router words and types it so (api/errors.py NO_MODEL); its clients match on both
+        assert resp.json()["error"]["message"] == "Missing required field 'model': no model specified in request"
+        assert resp.json()["error"]["type"] == "invalid_request"
         assert resp.json()["error"]["code"] == "missing_argument"
+        resp = c.post("/api/v1/embeddings", json={"input": "hi"})
+        assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request"
+        assert "no model specified" in resp.json()["error"]["message"]
+        resp = c.post("/v1/audio/speech", json={"input": "hi"})  # not one the router picks by model: OpenAI's type
+        assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
         resp = c.post("/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "h"}],
                                                     "temperature": "hot"})
         assert resp.status_code == 400 and "temperature" in resp.json()["error"]["message"]

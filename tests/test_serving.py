@@ -776,6 +776,16 @@ def test_install_endpoint_is_noop_when_installed_and_validates(server):
         with c.stream("POST", "/v1/install", json={"recipe": "llamacpp", "backend": "cpu", "stream": True}) as s:
             events = [line for line in s.iter_lines() if line.startswith("event:")]
         assert events[-1] == "event: complete"
+        # Lemonade's app: a server-owned install job, answered at once and listed with the downloads
+        job = c.post("/v1/install", json={"recipe": "llamacpp", "backend": "cpu", "stream": True, "subscribe": False})
+        assert job.status_code == 200 and job.headers["content-type"].startswith("application/json"), job.text
+        assert job.json()["id"] == "backend:llamacpp:cpu" and job.json()["type"] == "backend"
+        listed = wait_for(lambda: next((j for j in c.get("/v1/downloads").json()
+                                        if j["id"] == "backend:llamacpp:cpu" and not j["running"]), None), timeout=60)
+        assert listed["status"] == "completed" and listed["complete"] and listed["model_name"] == "llamacpp:cpu"
+        assert c.post("/v1/downloads/control", json={"id": "backend:llamacpp:cpu", "action": "remove"}).json() == \
+            {"status": "ok"}
+        assert all(j["id"] != "backend:llamacpp:cpu" for j in c.get("/v1/downloads").json())
         for body in ({"recipe": "llamacpp", "backend": "vulkan"}, {"recipe": "nope", "backend": "cpu"},
                      {"recipe": "llamacpp"}, {"recipe": "llamacpp", "backend": "cpu", "stream": "x"}):
             assert c.post("/v1/install", json=body).status_code == 400, body

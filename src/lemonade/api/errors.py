@@ -89,6 +89,21 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return f"Invalid request: {msg}", "invalid_argument"
 
 
+# Lemonade's router refuses an inference request without a model in these words, typed `invalid_request`
+# (its ErrorType, not OpenAI's `invalid_request_error`); its clients and tests match on both.
+NO_MODEL = ": no model specified in request"
+_MODEL_ROUTED = ("chat/completions", "completions", "embeddings", "rerank", "reranking", "reranker", "responses")
+
+
+def _routed_by_model(path: str) -> bool:
+    """An OpenAI-style inference route that Lemonade's router picks the engine for by `model`."""
+    path = path.rstrip("/")
+    for prefix in ("/v1/", "/api/v1/", "/api/v0/"):
+        if path.startswith(prefix):
+            return path[len(prefix):] in _MODEL_ROUTED
+    return False
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -101,6 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, code = describe_validation_error(list(exc.errors()))
+        if message == "Missing required field 'model'" and _routed_by_model(request.url.path):
+            return error_response(request.url.path, APIError(400, message + NO_MODEL, type="invalid_request",
+                                                             code=code))
         return error_response(request.url.path, APIError(400, message, code=code))
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,4 +1,5 @@
-"""Server-owned download jobs (`/v1/pull` with `stream: true, subscribe: false`) and their state file.
+"""Server-owned download jobs (`/v1/pull` and `/v1/install` with `stream: true, subscribe: false`) and
+their state file.
 
 A job is the server's memory of a download a client asked it to own: its progress, whether it is
 paused, cancelled, failed or done. Jobs are saved (atomically) to `downloads.json` in the cache
@@ -32,7 +33,7 @@ def job_id(model_name: str) -> str:
 
 @dataclass
 class Job:
-    model_name: str
+    model_name: str                    # a model's name; `recipe:backend` for a backend install
     status: str = "downloading"        # downloading | paused | cancelled | completed | error
     running: bool = False
     file: str = ""
@@ -50,17 +51,22 @@ class Job:
     finished_at: float | None = None
     requested: str | None = None       # pause | cancel, while the worker unwinds
     current_model: str | None = None   # the component being pulled (collections)
+    kind: str = "model"                # model | backend (an engine install, listed as Lemonade lists it)
+    phase: str = ""                    # a backend install's step and what it is doing
+    message: str = ""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def id(self) -> str:
-        return job_id(self.model_name)
+        return f"{self.kind}:{self.model_name}"
 
     def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "model", "model_name": self.model_name,
+        out: dict[str, Any] = {"id": self.id, "type": self.kind, "model_name": self.model_name,
                                "status": self.status, "running": self.running}
         for key in PROGRESS_FIELDS:
             out[key] = getattr(self, key)
+        if self.kind == "backend":
+            out["phase"], out["message"] = self.phase, self.message
         out["overall_bytes_downloaded"] = self.cumulative_bytes_downloaded
         out["complete"] = self.complete
         if self.error is not None and self.status == "error":
@@ -76,8 +82,8 @@ class Job:
     def restore(cls, data: dict[str, Any]) -> Job | None:
         """A job from the state file; one that was running when the server stopped comes back paused."""
         name = data.get("model_name")
-        if not isinstance(name, str) or not name:
-            return None
+        if not isinstance(name, str) or not name or data.get("type", "model") != "model":
+            return None  # an engine install does not resume: it is asked for again (/v1/install)
         job = cls(model_name=name)
         for key in PROGRESS_FIELDS:
             value = data.get(key)

@@ -61,6 +61,9 @@ def offline_error(what: str) -> APIError:
                     code="lemond_offline")
 
 
+Installer = Callable[[Callable[[dict[str, Any]], None]], object]  # an engine's install, given its progress callback
+
+
 class DownloadStopped(APIError):
     """Raised to everyone waiting on a download that was paused, cancelled or abandoned."""
 
@@ -359,7 +362,7 @@ class DownloadManager:
     def _shown(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """A job as clients see it: under its model's public id (the one `/v1/models` lists), while
         jobs are kept by canonical id, which does not change when another model shadows this one."""
-        model = self.catalog.find(snapshot.get("model_name", ""))
+        model = self.catalog.find(snapshot.get("model_name", "")) if snapshot.get("type") == "model" else None
         if model is not None and "id" in snapshot:
             snapshot = {**snapshot, "id": job_id(model.public), "model_name": model.public}
         return snapshot
@@ -384,6 +387,41 @@ class DownloadManager:
         job.task = asyncio.create_task(self._run_job(job, model, previous=current))
         self.jobs.save()
         return self._shown(job.snapshot())
+
+    def start_backend_job(self, name: str, install: Installer) -> dict[str, Any]:
+        """`/v1/install` with `stream: true, subscribe: false`, as Lemonade's app asks it: the install of
+        `name` (`recipe:backend`) runs as a server-owned job, listed by `/v1/downloads` as
+        `backend:<recipe>:<backend>` so that a reloaded page finds it; pause and cancel stop it at its next
+        step. `install(progress)` is the engine's blocking install."""
+        current = self.jobs.jobs.get(f"backend:{name}")
+        if current is not None and current.running:
+            return current.snapshot()
+        job = Job(name, kind="backend", running=True)
+        self.jobs.jobs[job.id] = job
+        job.task = asyncio.create_task(self._run_backend_job(job, install))
+        self.jobs.save()
+        return job.snapshot()
+
+    async def _run_backend_job(self, job: Job, install: Installer) -> None:
+        def progress(event: dict[str, Any]) -> None:
+            if job.requested:
+                raise DownloadStopped(job.model_name, job.requested)
+            job.phase, job.message = str(event.get("phase", job.phase)), str(event.get("message", job.message))
+            if isinstance(event.get("percent"), (int, float)):
+                job.percent = event["percent"]
+
+        try:
+            await asyncio.to_thread(install, progress)
+            job.status, job.complete, job.percent = "completed", True, 100
+            log.info("Backend install job %s completed", job.id)
+        except DownloadStopped as exc:
+            job.status = "cancelled" if exc.reason == "cancel" else "paused"
+        except Exception as exc:  # noqa: BLE001 - a job reports, it never crashes the server
+            job.status, job.error = "error", str(exc)
+            log.error("Backend install job %s failed: %s", job.id, exc)
+        finally:
+            job.running, job.requested, job.finished_at = False, None, time.time()
+            self.jobs.save()
 
     async def _run_job(self, job: Job, model: ModelInfo, previous: Job | None) -> None:
         if previous is not None and previous.task is not None and not previous.task.done():

@@ -35,6 +35,8 @@ class InstallRequest(UninstallRequest):
     auth_header_name: str | None = Field(None, description="Cloud: header carrying the key (Authorization)")
     auth_header_prefix: str | None = Field(None, description="Cloud: value prefix before the key (\"Bearer \")")
     stream: bool = False
+    subscribe: bool = Field(True, description="With stream: false answers at once with a server-owned job, "
+                                              "listed by /v1/downloads (Lemonade's app)")
     force: bool = False
 
 
@@ -88,6 +90,10 @@ async def install(request: Request, body: InstallRequest) -> Any:
             raise APIError(500, str(exc), type="server_error", code="install_failed") from None
         return {"status": "success", "recipe": body.recipe, "backend": body.backend,
                 **{k: v for k, v in result.items() if k not in ("status", "recipe", "backend")}}
+
+    if not body.subscribe:
+        return svc.downloads.start_backend_job(f"{body.recipe}:{body.backend}",
+                                               lambda progress: engine.install(body.backend, progress, body.force))
 
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
