@@ -170,6 +170,13 @@ def test_job_errors_and_control_4xx(client, hub):
     assert resp.status_code == 400
     assert client.post("/v1/downloads/control", json={"id": "model:user.job-bad", "action": "remove"}).json() == {
         "status": "ok"}
+    # a job for a model nobody knows: Lemonade's app gets its job, failed with the reason, until it removes it
+    unknown = start_job(client, "No-Such-Model")
+    assert unknown["id"] == "model:No-Such-Model" and unknown["status"] == "error" and not unknown["running"]
+    assert "not a known model" in unknown["error"] and job(client, "No-Such-Model")["status"] == "error"
+    assert client.post("/v1/downloads/control", json={"id": "model:No-Such-Model", "action": "remove"}).json() == {
+        "status": "ok"}
+    assert client.post("/v1/pull", json={"model_name": "No-Such-Model", "stream": True}).status_code == 404
 
 
 def test_killed_server_comes_back_with_paused_job_and_resumes(make_server, hub, tmp_path):

@@ -388,6 +388,14 @@ class DownloadManager:
         self.jobs.save()
         return self._shown(job.snapshot())
 
+    def failed_job(self, name: str, message: str) -> dict[str, Any]:
+        """A server-owned download that could not start (an unknown model): Lemonade's app asked for a
+        job, so it gets one, in `error` with the reason, listed by /v1/downloads until removed."""
+        job = Job(name, status="error", error=message, finished_at=time.time())
+        self.jobs.jobs[job.id] = job
+        self.jobs.save()
+        return job.snapshot()
+
     def start_backend_job(self, name: str, install: Installer) -> dict[str, Any]:
         """`/v1/install` with `stream: true, subscribe: false`, as Lemonade's app asks it: the install of
         `name` (`recipe:backend`) runs as a server-owned job, listed by `/v1/downloads` as

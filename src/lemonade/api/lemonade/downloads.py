@@ -159,9 +159,12 @@ async def pull(request: Request, req: PullRequest = Body(..., examples=[
             raise registration_error(problem)
         model = await _register(svc, body, name, source)
     elif existing is None:
-        raise APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and 'checkpoint' "
-                            f"(as 'user.{name.removeprefix(USER_PREFIX)}'), or run `lemonade list` to see model "
-                            "names.", type="not_found", code="model_not_found")
+        unknown = APIError(404, f"Model {name} is not a known model. Register it by giving 'recipe' and "
+                                f"'checkpoint' (as 'user.{name.removeprefix(USER_PREFIX)}'), or run `lemonade list` "
+                                "to see model names.", type="not_found", code="model_not_found")
+        if stream and not subscribe:  # a server-owned job reports through its state, as Lemonade's server does
+            return svc.downloads.failed_job(name, unknown.message)
+        raise unknown
     else:
         model = existing
     downloaded = svc.catalog.is_downloaded(model)
