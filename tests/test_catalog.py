@@ -172,6 +172,42 @@ def test_invalid_stored_entry_is_skipped_and_file_untouched(make_server, tmp_pat
     assert "user.Bad" in srv.log() and "Skipping invalid entry" in srv.log()
 
 
+def test_local_path_models_from_lemonades_user_models_file(make_server, tmp_path, gemma_dir):
+    """Lemonade's local imports in user_models.json (`source: local_path`, checkpoints as absolute file
+    paths): listed, downloaded when every file is there, served from those files; one with a file gone
+    is listed as not downloaded, and pulling it (or a collection naming it) says which file is missing.
+    A `/v1/pull` body may not name such paths."""
+    config = tmp_path / "config"
+    config.mkdir()
+    mine = tmp_path / "files" / "mine.gguf"
+    mine.parent.mkdir()
+    mine.symlink_to(gemma_dir / "gemma-3-270m-q4_k_m.gguf")
+    gone = tmp_path / "files" / "gone.gguf"
+    (config / "user_models.json").write_text(json.dumps({
+        "Mine": {"recipe": "llamacpp", "checkpoint": str(mine), "source": "local_path"},
+        "Half": {"recipe": "llamacpp", "checkpoints": {"main": str(mine), "vae": str(gone)},
+                 "source": "local_path"},
+        "Both": {"recipe": "collection.omni", "components": ["Half"]}}))
+    srv = make_server(env={"LEMONADE_CONFIG_DIR": str(config), "LEMONADE_API_KEY": "k",
+                           "LEMONADE_ADMIN_API_KEY": "admin"})
+    user, admin = {"Authorization": "Bearer k"}, {"Authorization": "Bearer admin"}
+    with srv.client() as c:
+        listed = {m["id"]: m for m in c.get("/v1/models?show_all=true", headers=user).json()["data"]}
+        assert listed["Mine"]["downloaded"] is True and listed["Half"]["downloaded"] is False
+        assert listed["Half"]["checkpoints"] == {"main": "mine.gguf", "vae": "gone.gguf"}  # not the paths
+        assert c.get("/v1/models/user.Mine", headers=admin).json()["checkpoint"] == str(mine)
+        answer = c.post("/v1/chat/completions", headers=user, json={
+            "model": "user.Mine", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]})
+        assert answer.status_code == 200, answer.text
+        for name in ("user.Half", "user.Both"):
+            resp = c.post("/v1/pull", headers=admin, json={"model_name": name})
+            assert resp.status_code == 404 and str(gone) in resp.json()["error"]["message"], resp.text
+        assert "Downloading component: Half" in srv.log()
+        resp = c.post("/v1/pull", headers=admin, json={"model_name": "user.Other", "recipe": "llamacpp",
+                                                       "checkpoint": str(mine), "source": "local_path"})
+        assert resp.status_code == 400 and "local_path" in str(resp.json()["error"]), resp.text
+
+
 # ----- aliases ---------------------------------------------------------------------------------
 
 def test_aliases_crud_and_resolution(server):

@@ -40,6 +40,7 @@ USER_PREFIX = "user."
 LEGACY_LABEL_FLAGS = {"reasoning": "reasoning", "vision": "vision", "embedding": "embeddings",
                       "reranking": "reranking"}
 SOURCES = ("huggingface", "modelscope", "local")
+LOCAL_PATH = "local_path"  # Lemonade's local imports in user_models.json (_local_path_model)
 
 
 class RegistrationError(ValueError):
@@ -101,8 +102,9 @@ def _collection_pointer(name: str, definition: dict[str, Any]) -> dict[str, str]
     return {"main": pointer.repo}
 
 
-def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo:
-    """Validate one stored or submitted definition and turn it into a ModelInfo."""
+def build_model(name: str, definition: dict[str, Any], origin: str, stored: bool = False) -> ModelInfo:
+    """Validate one stored or submitted definition and turn it into a ModelInfo. `stored`: read from
+    the admin's user_models.json, where Lemonade's local imports (`source: local_path`) may be."""
     if not isinstance(definition, dict):
         raise RegistrationError(f"Model '{name}': definition must be a JSON object")
     recipe = definition.get("recipe")
@@ -129,6 +131,8 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
         if not claimed_modes(labels):
             labels.append(mode)
     source = definition.get("source") or "huggingface"
+    if source == LOCAL_PATH and stored and recipe not in COLLECTION_RECIPES:
+        return _local_path_model(name, definition, recipe, mode, labels)
     if source not in SOURCES:
         raise RegistrationError(f"Model '{name}': Unsupported model source '{source}': 'source' must be "
                                 "'huggingface' or 'modelscope'")
@@ -176,6 +180,25 @@ def build_model(name: str, definition: dict[str, Any], origin: str) -> ModelInfo
     )
 
 
+def _local_path_model(name: str, definition: dict[str, Any], recipe: str, mode: str,
+                      labels: list[str]) -> ModelInfo:
+    """A model Lemonade imported from files on this machine (`source: local_path`, each checkpoint an
+    absolute file path), as its user_models.json holds them. Nothing is downloaded for it: it counts as
+    downloaded when every file is there. Only the stored file may name such paths; a `/v1/pull` body
+    may not (an API client must not make the server read arbitrary files as a model)."""
+    checkpoints = _checkpoints_of(name, definition)
+    if "main" not in checkpoints:
+        raise RegistrationError(f"Model '{name}': a local model needs a 'checkpoint' (or a 'main' entry in "
+                                "'checkpoints'): the absolute path of its file")
+    relative = [c for c in checkpoints.values() if not Path(c).is_absolute()]
+    if relative:
+        raise RegistrationError(f"Model '{name}': a 'local_path' model's checkpoints must be absolute file paths "
+                                f"(got {relative[0]!r})")
+    return ModelInfo(name=name, recipe=recipe, mode=mode, checkpoints=checkpoints, labels=labels,
+                     source="local", origin="user", definition=dict(definition),
+                     local_files={role: [Path(path)] for role, path in checkpoints.items()})
+
+
 class Catalog:
     def __init__(self, config_dir: Path, extra_models_dir: str = "", models_dir: str = "") -> None:
         """`config_dir`: where `user_models.json` and `aliases.json` live (lemonade.paths)."""
@@ -212,7 +235,7 @@ class Catalog:
         for key, definition in (raw.items() if isinstance(raw, dict) else []):
             name = USER_PREFIX + key.removeprefix(USER_PREFIX)
             try:
-                self._user[name] = build_model(name, definition, "user")
+                self._user[name] = build_model(name, definition, "user", stored=True)
             except RegistrationError as exc:
                 log.error("Skipping invalid entry in %s: %s (the file is left untouched; fix it by hand)",
                           self.user_file, exc)

@@ -213,11 +213,18 @@ class DownloadManager:
                 if comp is None:
                     raise APIError(404, f"Collection {model.public}: component '{comp_name}' is not a known model",
                                    code="model_not_found")
+                log.info("Downloading component: %s (collection %s)", comp_name, model.public)
                 async for event in self.pull_events(comp, upgrade=upgrade, job=job):
                     yield event
             return
         if model.local_files is not None or model.source == "local" or not model.checkpoints:
-            return  # files that live on disk already (extra models dir)
+            # files that live on disk already (extra models dir, Lemonade's local imports)
+            missing = [str(f) for fs in (model.local_files or {}).values() for f in fs if not f.exists()]
+            if missing:
+                raise APIError(404, f"{model.public} is made of files on this machine, and {missing[0]} is not "
+                               "there: it cannot be downloaded. Put the file back, or delete the model.",
+                               code="model_files_missing")
+            return
         if job is not None:
             job.current_model = model.name
             if job.requested:

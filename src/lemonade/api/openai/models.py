@@ -64,7 +64,10 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         if "context_length" in model.definition:
             obj["context_length"] = model.definition["context_length"]
     if len(model.checkpoints) > 1:
-        obj["checkpoints"] = {**model.checkpoints, "main": obj["checkpoint"]}
+        shown = model.checkpoints if include_paths or model.local_files is None else {
+            role: files[0].name if (files := model.local_files.get(role)) else ckpt
+            for role, ckpt in model.checkpoints.items()}
+        obj["checkpoints"] = {**shown, "main": obj["checkpoint"]}
     if model.source != "huggingface":
         obj["source"] = model.source
     if model.origin == "user" and not model.is_collection:  # the registry it was registered from (provenance)
