@@ -35,8 +35,8 @@ class InstallRequest(UninstallRequest):
     auth_header_name: str | None = Field(None, description="Cloud: header carrying the key (Authorization)")
     auth_header_prefix: str | None = Field(None, description="Cloud: value prefix before the key (\"Bearer \")")
     stream: bool = False
-    subscribe: bool = Field(True, description="With stream: false answers at once with a server-owned job, "
-                                              "listed by /v1/downloads (Lemonade's app)")
+    subscribe: bool = Field(True, description="With stream true, false answers at once with a server-owned "
+                                              "install job, listed by /v1/downloads (Lemonade's app)")
     force: bool = False
 
 
