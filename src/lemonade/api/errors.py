@@ -22,6 +22,7 @@ from lemonade.errors import (  # noqa: F401 - the api layer imports them from he
     model_not_found,
     registration_error,
 )
+from lemonade.observability.spans import inference_route
 from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
@@ -92,16 +93,6 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
 # Lemonade's router refuses an inference request without a model in these words, typed `invalid_request`
 # (its ErrorType, not OpenAI's `invalid_request_error`); its clients and tests match on both.
 NO_MODEL = ": no model specified in request"
-_MODEL_ROUTED = ("chat/completions", "completions", "embeddings", "rerank", "reranking", "reranker", "responses")
-
-
-def _routed_by_model(path: str) -> bool:
-    """An OpenAI-style inference route that Lemonade's router picks the engine for by `model`."""
-    path = path.rstrip("/")
-    for prefix in ("/v1/", "/api/v1/", "/api/v0/"):
-        if path.startswith(prefix):
-            return path[len(prefix):] in _MODEL_ROUTED
-    return False
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -116,7 +107,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, code = describe_validation_error(list(exc.errors()))
-        if message == "Missing required field 'model'" and _routed_by_model(request.url.path):
+        if message == "Missing required field 'model'" and inference_route(request.url.path) is not None:
             return error_response(request.url.path, APIError(400, message + NO_MODEL, type="invalid_request",
                                                              code=code))
         return error_response(request.url.path, APIError(400, message, code=code))

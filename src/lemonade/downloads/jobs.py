@@ -27,8 +27,9 @@ PROGRESS_FIELDS = ("file", "file_index", "total_files", "bytes_downloaded", "byt
                    "percent")
 
 
-def job_id(model_name: str) -> str:
-    return f"model:{model_name}"
+def job_id(name: str, kind: str = "model") -> str:
+    """`model:<name>`, or `backend:<recipe>:<backend>` for an engine install."""
+    return f"{kind}:{name}"
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Job:
 
     @property
     def id(self) -> str:
-        return f"{self.kind}:{self.model_name}"
+        return job_id(self.model_name, self.kind)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "type": self.kind, "model_name": self.model_name,

@@ -408,7 +408,7 @@ class DownloadManager:
         `name` (`recipe:backend`) runs as a server-owned job, listed by `/v1/downloads` as
         `backend:<recipe>:<backend>` so that a reloaded page finds it; pause and cancel stop it at its next
         step. `install(progress)` is the engine's blocking install."""
-        current = self.jobs.jobs.get(f"backend:{name}")
+        current = self.jobs.jobs.get(job_id(name, "backend"))
         if current is not None and current.running:
             return current.snapshot()
         job = Job(name, kind="backend", running=True)

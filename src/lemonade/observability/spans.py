@@ -43,6 +43,7 @@ STATUS_OK, STATUS_ERROR = 1, 2
 _SALT = secrets.token_hex(16)  # per process: a token's hash correlates spans of one run, nothing more
 
 # Request paths (after the /api/v1, /api/v0, /v1, /v0 prefix) traced as inference: kind and span name.
+# They are the routes Lemonade's router serves by `model` (api/errors.py words a missing one as it does).
 INFERENCE_ROUTES: dict[str, tuple[str, str]] = {
     "/chat/completions": ("LLM", "chat.completions"),
     "/completions": ("LLM", "completions"),
@@ -50,6 +51,7 @@ INFERENCE_ROUTES: dict[str, tuple[str, str]] = {
     "/embeddings": ("EMBEDDING", "embeddings"),
     "/rerank": ("RERANKER", "reranking"),
     "/reranking": ("RERANKER", "reranking"),
+    "/reranker": ("RERANKER", "reranking"),
     "/classify": ("CLASSIFIER", "classify"),
 }
 PATH_PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")

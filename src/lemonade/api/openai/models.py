@@ -19,13 +19,15 @@ IncludePaths = Annotated[bool, Query(description="Show extra-dir files by absolu
                                                  "admins see them anyway)")]
 
 
-def shown_checkpoint(model: ModelInfo, include_paths: bool = False) -> str:
-    """A model's checkpoint as clients see it. A file (or folder) of the extra models dir is shown by its
-    absolute path, as Lemonade does, to admins and when asked (`include_paths`); anyone else gets its
-    file name, since the path names the user's folders (api/privacy.py)."""
-    if include_paths or model.local_files is None or not model.local_files.get("main"):
-        return model.checkpoint
-    return model.local_files["main"][0].name
+def shown_checkpoint(model: ModelInfo, include_paths: bool = False, role: str = "main") -> str:
+    """A model's checkpoint (of `role`) as clients see it. A file (or folder) on this machine (the extra
+    models dir, Lemonade's local imports) is shown by its absolute path, as Lemonade does, to admins and
+    when asked (`include_paths`); anyone else gets its file name, since the path names the user's folders
+    (api/privacy.py)."""
+    files = (model.local_files or {}).get(role)
+    if include_paths or not files:
+        return model.checkpoint if role == "main" else model.checkpoints[role]
+    return files[0].name
 
 
 def paths_shown(request: Request, include_paths: bool) -> bool:
@@ -64,10 +66,8 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         if "context_length" in model.definition:
             obj["context_length"] = model.definition["context_length"]
     if len(model.checkpoints) > 1:
-        shown = model.checkpoints if include_paths or model.local_files is None else {
-            role: files[0].name if (files := model.local_files.get(role)) else ckpt
-            for role, ckpt in model.checkpoints.items()}
-        obj["checkpoints"] = {**shown, "main": obj["checkpoint"]}
+        obj["checkpoints"] = {**{role: shown_checkpoint(model, include_paths, role) for role in model.checkpoints},
+                              "main": obj["checkpoint"]}
     if model.source != "huggingface":
         obj["source"] = model.source
     if model.origin == "user" and not model.is_collection:  # the registry it was registered from (provenance)
