@@ -188,6 +188,7 @@ def test_local_path_models_from_lemonades_user_models_file(make_server, tmp_path
         "Half": {"recipe": "llamacpp", "checkpoints": {"main": str(mine), "vae": str(gone)},
                  "source": "local_path"},
         "Both": {"recipe": "collection.omni", "components": ["Half"]}}))
+    # keys set: paths are shown to the admin only, so the test needs a user and an admin to tell them apart
     srv = make_server(env={"LEMONADE_CONFIG_DIR": str(config), "LEMONADE_API_KEY": "k",
                            "LEMONADE_ADMIN_API_KEY": "admin"})
     user, admin = {"Authorization": "Bearer k"}, {"Authorization": "Bearer admin"}
