@@ -21,8 +21,7 @@ ENDPOINT = "classify"
 
 def loaded_classifier(svc: Services) -> ModelInfo:
     """The model to use when a request names none: the one classification model that is loaded."""
-    loaded = [lm.model for lm in svc.router.loaded.values()
-              if lm.usable and lm.model.mode == "classification" and ENDPOINT in lm.engine.endpoints]
+    loaded = [lm.model for lm in svc.router.models("classification") if ENDPOINT in lm.engine.endpoints]
     if len(loaded) != 1:
         which = (f"{len(loaded)} are loaded ({', '.join(m.public for m in loaded)})" if loaded
                  else "none is loaded")

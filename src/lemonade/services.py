@@ -146,7 +146,7 @@ class Services:
         except RuntimeError:
             return  # set outside a running server: the next start uses it
         # an engine's config section is its recipe's name without the dash (sd-cpp: sdcpp)
-        affected = [lm for lm in self.router.loaded.values()
+        affected = [lm for lm in self.router.models(usable=False)
                     if (lm.model.recipe.replace("-", ""), lm.backend) in backends]
 
         async def reload() -> None:
@@ -175,7 +175,7 @@ class Services:
         except NotFound:
             # A loaded model answers until it is unloaded, even once its source stopped listing it (a
             # cloud model whose key was cleared: its requests then say that the key is missing).
-            lm = self.router.loaded.get(name)
+            lm = self.router.resident(name)
             if lm is not None:
                 return lm.model
             raise model_not_found(name) from None
@@ -274,8 +274,7 @@ class Services:
         """Load `model` for an inference request that carries load-level options (`ctx_size`, the one
         Lemonade forwards; Ollama's `num_ctx`), applied to this load only and never saved. A model
         already resident is used as it is; options its recipe does not take are ignored."""
-        current = self.router.loaded.get(model.name)
-        if not request or (current is not None and not current.retiring and current.server.alive):
+        if not request or self.router.resident(model.name) is not None:
             return
         known = options_for(model.recipe)
         try:
@@ -290,7 +289,7 @@ class Services:
         use), else what its options (`options`, or the effective ones) would give, automatic sizing
         resolved; None when unknown. `files`: the
         model's files when the caller has looked them up already."""
-        loaded = self.router.loaded.get(model.name)
+        loaded = self.router.resident(model.name)
         if loaded is not None and options is None and loaded.context_length is not None:
             return loaded.context_length
         engine = self.engines.get(model.recipe)

@@ -1,4 +1,4 @@
-"""Routing helpers have a residency class of their own (runtime/router.py, "Residency classes").
+"""Routing helpers have a residency class of their own (runtime/router/scheduler.py, "Residency classes").
 
 A `collection.router` whose router LLM is `picker` and whose candidate is `answerer`, on a server
 with one chat slot: the picker a policy calls lives in the routing-helper pool, so it and the

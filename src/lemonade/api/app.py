@@ -153,7 +153,7 @@ def create_app(services: Services) -> FastAPI:
         try:
             yield
         finally:
-            log.info("Shutting down: stopping %d backend process(es)", len(services.router.loaded))
+            log.info("Shutting down: stopping %d backend process(es)", len(services.router.models(usable=False)))
             await app.state.jobs.aclose()
             await services.aclose()
 
@@ -185,7 +185,7 @@ def create_app(services: Services) -> FastAPI:
         services.metrics.set_queue(services.router.queue_info())
         targets = [({"model": lm.model.public, "recipe": lm.model.recipe, "type": lm.model.type},
                     lm.base_url + lm.engine.metrics_path)
-                   for lm in services.router.loaded.values() if lm.engine.metrics_path]
+                   for lm in services.router.models(usable=False) if lm.engine.metrics_path]
         body = await services.metrics.render(targets, services.http)
         return Response(body, media_type=CONTENT_TYPE)
 

@@ -175,7 +175,7 @@ async def _ask(svc: Services, model: ModelInfo, endpoint: str, call: Any) -> dic
 async def _unload_if_idle(svc: Services, model: ModelInfo) -> bool:
     """Unload `model` unless another request is using it (its turn comes after the running work);
     True when it was unloaded."""
-    lm = svc.router.loaded.get(model.name)
+    lm = svc.router.resident(model.name)
     if lm is None or lm.active > 0:
         return False
     await svc.router.unload(model.name)

@@ -61,7 +61,7 @@ class ServerOps:
         return self.svc.router.drained()
 
     def resident_pins(self) -> dict[str, bool]:
-        return {name: lm.pinned for name, lm in self.svc.router.loaded.items()}
+        return self.svc.router.pinned_states()
 
     def canonical(self, name: str) -> str | None:
         try:
@@ -119,7 +119,7 @@ class ServerOps:
         """`/v1/load` with these params; the residency it creates becomes the job's."""
         body, names = self._load_names(params)
         router = self.svc.router
-        before = {n: router.loaded.get(n) for n in names}
+        before = {n: router.resident(n, usable=False) for n in names}
         work = _prepare_load(self.svc, body)
         try:
             await work()
@@ -128,11 +128,11 @@ class ServerOps:
                 state.pending_loads[n] = (before[n], params)
             raise
         for n in names:
-            lm = router.loaded.get(n)
+            lm = router.resident(n, usable=False)
             own = state.owned.get(n)
             if lm is not None and (lm is not before[n] or (own is not None and own.instance is lm)):
                 state.owned[n] = Owned(params=params, instance=lm)
-        lm = router.loaded.get(names[0]) if names else None
+        lm = router.resident(names[0], usable=False) if names else None
         out: dict[str, Any] = {"loaded": lm is not None, "model": body.model_name}
         if lm is not None:
             out["backend"] = lm.backend
@@ -178,14 +178,14 @@ class ServerOps:
             while name in router.queue_info()["loading"] and waited < PENDING_LOAD_WAIT_SECONDS:
                 await asyncio.sleep(0.1)
                 waited += 0.1
-            lm = router.loaded.get(name)
+            lm = router.resident(name, usable=False)
             if lm is not None and lm is not before:
                 state.owned[name] = Owned(params=params, instance=lm)
         state.pending_loads.clear()
         for name, own in list(state.owned.items()):
             if own.instance is None:
                 continue
-            if router.loaded.get(name) is own.instance:
+            if router.resident(name, usable=False) is own.instance:
                 own.pinned = own.instance.pinned
                 own.instance = None
                 await router.unload(name)
@@ -193,7 +193,7 @@ class ServerOps:
             else:
                 del state.owned[name]  # replaced or unloaded by someone else: no longer the job's
         for name, pinned in (state.snapshot or {}).items():
-            lm = router.loaded.get(name)
+            lm = router.resident(name, usable=False)
             if lm is not None and lm.pinned != pinned:
                 router.pin(name, pinned)
 
@@ -206,7 +206,7 @@ class ServerOps:
         wanted = {n: own.params for n, own in state.owned.items() if own.instance is None}
         wanted.update({n: p for n, p in manifest.items() if n not in state.owned})
         for name, params in wanted.items():
-            if name in router.loaded:
+            if router.resident(name, usable=False) is not None:
                 state.owned.pop(name, None)
                 continue
             state.owned.pop(name, None)

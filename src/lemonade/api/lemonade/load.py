@@ -12,7 +12,6 @@ from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.openai.models import paths_shown, shown_checkpoint
 from lemonade.api.sse import progress_stream
-from lemonade.backends.tuning import backend_option
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.runtime.options import OptionsError
 from lemonade.runtime.router import LoadedModel
@@ -74,9 +73,7 @@ def _prepare_load(svc: Services, body: LoadRequest, show_paths: bool = False
         done["checkpoint"] = shown_checkpoint(model, show_paths)
 
     async def load_model() -> dict[str, Any]:
-        current = svc.router.loaded.get(model.name)
-        reload = current is not None and not same_options(current.options, effective, backend_option(model.recipe))
-        lm = await svc.router.ensure_loaded(model, effective, pinned=pinned, reload=reload)
+        lm = await svc.router.ensure_loaded(model, effective, pinned=pinned)  # loaded again if its options changed
         if body.save_options:
             svc.options.save_from_load(model.name, requested, body.pinned)
         return {**done, **context_fields(lm)}
@@ -92,16 +89,6 @@ def context_fields(lm: LoadedModel) -> dict[str, Any]:
     if lm.launch.context_reason:
         out["context_reason"] = lm.launch.context_reason
     return out
-
-
-def same_options(applied: dict[str, Any], wanted: dict[str, Any], backend_key: str | None) -> bool:
-    """Would a load with `wanted` run the engine `applied` describes? An `auto` backend matches the
-    backend it chose, and the context it sized (`resolved_ctx_size`) is not an option of its own."""
-    shown = {k: v for k, v in applied.items() if k != "resolved_ctx_size"}
-    wanted = dict(wanted)
-    if backend_key is not None and wanted.get(backend_key) == "auto":
-        wanted[backend_key] = shown.get(backend_key)
-    return shown == wanted
 
 
 def load_events(run: Any) -> Any:

@@ -24,11 +24,11 @@ async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
     view = text_view(request.scope, svc)
     recent = svc.router.most_recent()  # a standard model before a routing helper (runtime/router.py)
-    loaded = [{**m, "launch_command": [view(arg) for arg in m["launch_command"]]} for m in svc.router.describe()]
-    for entry in loaded:  # the auto-tune profile and overrides each loaded model runs with
-        lm = next((lm for lm in svc.router.loaded.values() if lm.model.public == entry["model_name"]), None)
-        if lm is not None:
-            entry["auto_tune"] = svc.autotune.for_loaded(lm.name, lm.model.recipe, lm.backend, lm.options)
+    models = svc.router.models(usable=False)
+    loaded = [{**(m := lm.describe()), "launch_command": [view(arg) for arg in m["launch_command"]],
+               # the auto-tune profile and overrides each loaded model runs with
+               "auto_tune": svc.autotune.for_loaded(lm.name, lm.model.recipe, lm.backend, lm.options)}
+              for lm in models]
     body: dict[str, Any] = {
         "status": "ok",
         "version": __version__,
@@ -44,8 +44,7 @@ async def health(request: Request) -> dict[str, Any]:
         "auto_tune": svc.autotune.describe(),
     }
     for engine in svc.engines:  # engine-specific health (e.g. llama.cpp RPC workers), when there is any
-        body.update(await engine.health_fields({lm.model.public: lm.options for lm in svc.router.loaded.values()
-                                                if lm.engine is engine}))
+        body.update(await engine.health_fields({lm.model.public: lm.options for lm in models if lm.engine is engine}))
     if svc.websocket_port is not None:  # only while the dedicated WebSocket server runs (lemonade.md)
         body["websocket_port"] = svc.websocket_port
     return body

@@ -61,7 +61,7 @@ async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
     svc.engine_path(model, "rerank")
     payload = body.model_dump(exclude_unset=True, exclude={"ctx_size"})
     p = svc.proxy
-    if body.ctx_size is not None and model.name not in svc.router.loaded:
+    if body.ctx_size is not None and svc.router.resident(model.name) is None:
         options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body.ctx_size})
         await svc.router.ensure_loaded(model, options)
     data = await p.post_json(model, "/v1/rerank", payload, "rerank")

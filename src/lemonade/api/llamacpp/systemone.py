@@ -138,7 +138,7 @@ def check_request(body: dict[str, Any]) -> None:
 def decision_model(svc: Services, name: str | None) -> ModelInfo:
     """The model to ask: named, or the one classification model loaded; checked before it loads."""
     if name is None:
-        loaded = [lm.model for lm in svc.router.loaded.values() if lm.usable and lm.model.mode == "classification"]
+        loaded = [lm.model for lm in svc.router.models("classification")]
         if len(loaded) != 1:
             which = f"{len(loaded)} are loaded" if loaded else "none is loaded"
             raise APIError(400, "Missing field 'model': it may be omitted only when exactly one classification model "
@@ -174,7 +174,7 @@ async def systemone(request: Request) -> Any:
     body = await json_object(request)
     check_request(body)
     model = decision_model(svc, body.get("model"))
-    if body.get("ctx_size") is not None and model.name not in svc.router.loaded:
+    if body.get("ctx_size") is not None and svc.router.resident(model.name) is None:
         options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body["ctx_size"]})
         await svc.router.ensure_loaded(model, options)
     payload = {**{k: v for k, v in body.items() if k != "ctx_size"}, "model": model.public}

@@ -38,9 +38,9 @@ def pick_image_model(svc: Services, name: str | None) -> ModelInfo:
             raise ImageToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this "
                                  "server.")
         return model
-    loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "image" and not lm.retiring]
+    loaded = svc.router.models("image")
     if loaded:
-        return max(loaded, key=lambda lm: lm.last_use).model
+        return loaded[0].model
     for model in svc.catalog.all():
         if (model.mode == "image" and "upscaling" not in model.labels and svc.engine_available(model)
                 and svc.catalog.is_downloaded(model)):

@@ -211,9 +211,9 @@ def checked_model(svc: Services, name: str, mode: str, tool: str) -> ModelInfo:
 def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
     if name:
         return checked_model(svc, name, "chat", "lemonade_chat")
-    loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "chat" and not lm.retiring]
+    loaded = svc.router.models("chat")
     if loaded:
-        return max(loaded, key=lambda lm: lm.last_use).model
+        return loaded[0].model
     for model in svc.catalog.all():
         if model.mode == "chat" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
             return model
@@ -296,9 +296,9 @@ def _refuse_media_tool(svc: Services, args: dict[str, Any], mode: str, tool: str
 
 def _pick_transcription_model(svc: Services) -> ModelInfo:
     """No `model` given: the most recently used loaded transcription model, else a downloaded one."""
-    loaded = [lm for lm in svc.router.loaded.values() if lm.model.mode == "transcription" and not lm.retiring]
+    loaded = svc.router.models("transcription")
     if loaded:
-        return max(loaded, key=lambda lm: lm.last_use).model
+        return loaded[0].model
     for model in svc.catalog.all():
         if model.mode == "transcription" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
             return model

@@ -70,8 +70,7 @@ def _require_vision(svc: Services, model: ModelInfo, where: str) -> None:
 
 async def _load(svc: Services, model: ModelInfo, options: Options | None, timer: tr.Timer) -> None:
     """Load the model unless it is resident, timing it (load_duration); `num_ctx` applies to this load."""
-    current = svc.router.loaded.get(model.name)
-    if current is not None and not current.retiring and current.server.alive:
+    if svc.router.resident(model.name) is not None:
         return
     request = {"ctx_size": options.num_ctx} if options is not None and options.num_ctx else {}
     start = time.perf_counter_ns()

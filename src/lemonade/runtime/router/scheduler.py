@@ -1,0 +1,526 @@
+"""The scheduler: requests wait here for their model, loads start here, models leave from here.
+
+The router is three rooms (docs/architecture.md): the rules (rules.py: pure decisions), this
+scheduler (waiters, dispatch, making room, loads, unloads, crashes) and housekeeping
+(housekeeping.py: idle trimming and eviction, memory pressure, the watchdog). Other packages ask
+the router questions through its queries (`resident`, `models`, `most_recent`, `describe`, ...);
+`loaded` itself is for `runtime/` only.
+
+Lemonade's multi-model behaviour (guide-configuration-multi-model.md), carried out here:
+- a limit per model type (`max_loaded_models`: one number for every type, or a map per type);
+  when every slot of the type is pinned the load fails with 409 `slots_pinned_error`;
+- a model serving requests is never stopped under them: an eviction waits for it to go idle;
+- concurrent requests for an unloaded model share one load; a missing backend is installed and
+  missing files are downloaded first (shared too: prepare.py), before the request takes a slot;
+- an engine that dies is reported in health and started again by the next request.
+
+Swapping under contention (two models, one slot) is a queue, not a free-for-all: requests that
+need a slot wait in one FIFO queue; a resident model first serves the requests waiting for it
+(at most `swap_batch` once another model waits, so none starves), then goes idle and yields its
+slot to the model of the oldest waiting request. A request that waits is admitted only when its
+model is loaded, so it is never evicted from under itself and never loads a model twice; a
+request whose client left leaves the queue and causes no load. More than `max_queue_depth`
+waiting requests → 503 with Retry-After.
+
+Residency classes (the guide's "Router and Classifier Dependencies", Lemonade's router): every live
+process is either `standard` (a user-facing model, counted under `max_loaded_models` by type) or a
+`routing_helper` (a model a registered routing policy calls to choose a candidate: its router LLM,
+classifiers, embedders). Helpers are counted per distinct model, so they never take or evict a
+standard slot, and several of one type stay warm together; a model has one process whatever its
+class. Residency follows the current use of the process: a standard model that a policy calls is
+promoted in place, a helper called directly by a user is demoted in place, after the standard pool
+makes room for it. Pins count per pool (`pinned_counts`, `pinned_helper_counts`); the implicit
+"most recent model" prefers a standard one; a helper no registered policy calls any more is unloaded
+(`prune_helpers`) unless pinned. Cloud models take neither pool (`slot_pool: unmetered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import lemonade.runtime.router.rules as rules
+from lemonade.backends.base import BackendStartError
+from lemonade.backends.engine import Engine, EngineUnavailable
+from lemonade.backends.registry import Engines
+from lemonade.config import Config
+from lemonade.errors import APIError
+from lemonade.labels import MODEL_TYPES
+from lemonade.model_info import ModelInfo
+from lemonade.runtime.engine_client import EngineClient
+from lemonade.runtime.exclusive import ExclusiveGate
+from lemonade.runtime.request_context import ClientGone, load_progress, routing_dependency, until_gone_or
+from lemonade.runtime.router.housekeeping import Housekeeping
+from lemonade.runtime.router.prepare import Preparation
+from lemonade.runtime.router.state import HELPER, STANDARD, LoadedModel, ModelState, Options, QueueStats, Waiter
+from lemonade.system.devices import MemoryUse, memory_use
+from lemonade.util.ports import free_port
+
+log = logging.getLogger("lemonade.router")
+
+FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
+
+
+class Router:
+    def __init__(self, *, engines: Engines, config: Config, files_for: FilesProvider,
+                 client: EngineClient | None = None, on_change: Callable[[], None] | None = None,
+                 memory: Callable[[], MemoryUse] = memory_use) -> None:
+        self.engines = engines
+        self.config = config
+        self._files_for = files_for
+        self.client = client  # to local engines, for downsizing
+        self._on_change = on_change or (lambda: None)
+        self.loaded: dict[str, LoadedModel] = {}  # runtime/ only: other packages use the queries below
+        self.crashed: dict[str, dict[str, Any]] = {}
+        self.stats = QueueStats()
+        self._queue: list[Waiter] = []
+        self._loading: dict[str, str] = {}  # model name -> the slot type it counts in: loads under way
+        self._retiring: list[LoadedModel] = []  # leaving; still hold their slot until stopped
+        self._preparation = Preparation(config, files_for)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.housekeeping = Housekeeping(self, memory)
+        self.closed = False
+        self.gate = ExclusiveGate()  # a running job's hold on every model (runtime/exclusive.py)
+        # Names of the models registered routing policies call (Services sets it): only those become helpers.
+        self.needed_helpers: Callable[[], set[str]] = set
+
+    # ----- queries -----------------------------------------------------------------------------
+    def limit_for(self, model_type: str) -> int:
+        value = self.config.get("max_loaded_models")
+        if isinstance(value, dict):
+            return int(value.get(model_type, 1))
+        return int(value)
+
+    def limits(self) -> dict[str, int]:
+        return {t: self.limit_for(t) for t in MODEL_TYPES}
+
+    def resident(self, name: str, *, usable: bool = True) -> LoadedModel | None:
+        """The live process of model `name` (canonical name), or None when it is not loaded or leaving;
+        `usable=False` also gives one whose process just died and is not yet reported as crashed."""
+        lm = self.loaded.get(name)
+        return lm if lm is not None and (lm.usable or not usable) else None
+
+    def models(self, mode: str | None = None, *, usable: bool = True) -> list[LoadedModel]:
+        """Loaded models (of a deployment `mode`), most recently used first; `usable=False` includes
+        one whose process just died and is not yet reported as crashed."""
+        found = [lm for lm in self.loaded.values()
+                 if (not usable or lm.usable) and (mode is None or lm.model.mode == mode)]
+        return sorted(found, key=lambda lm: lm.last_use, reverse=True)
+
+    def most_recent(self, recipe: str | None = None, mode: str | None = None) -> LoadedModel | None:
+        """The most recently used live model (of `recipe`, of `mode`): a standard one if there is any,
+        so a helper that just chose a candidate never becomes the implicit user-facing model."""
+        live = [lm for lm in self.models(mode) if recipe is None or lm.model.recipe == recipe]
+        return next((lm for lm in live if lm.residency == STANDARD), live[0] if live else None)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [lm.describe() for lm in self.models(usable=False)]
+
+    def pinned_counts(self, residency: str = STANDARD) -> dict[str, int]:
+        """Pinned models by type in one residency class (`pinned_models` of health: the standard pool)."""
+        counts = dict.fromkeys(MODEL_TYPES, 0)
+        for lm in self.loaded.values():
+            if lm.pinned and lm.residency == residency:
+                counts[lm.model.type] = counts.get(lm.model.type, 0) + 1
+        return counts
+
+    def pinned_helper_counts(self) -> dict[str, int]:
+        return self.pinned_counts(HELPER)
+
+    def pinned_states(self) -> dict[str, bool]:
+        """Every loaded model's pin, by canonical name (a job restores them after it interrupts)."""
+        return {name: lm.pinned for name, lm in self.loaded.items()}
+
+    def queue_info(self) -> dict[str, Any]:
+        waiting: dict[str, int] = {}
+        for w in self._queue:
+            waiting[w.model.name] = waiting.get(w.model.name, 0) + 1
+        s = self.stats
+        return {"depth": len(self._queue), "max_depth": self.config.get("max_queue_depth"), "waiting": waiting,
+                "loading": sorted(self._loading),
+                "installing": [f"{r}:{b}" for r, b in sorted(self._preparation.installing)],
+                "waits_total": s.waits, "wait_seconds_total": round(s.wait_seconds, 3), "loads_total": s.loads,
+                "swaps_total": s.evictions, "idle_evictions_total": s.idle_evictions,
+                "downsizes_total": s.downsizes, "rejected_total": s.rejected, "abandoned_total": s.abandoned,
+                "watchdog_kills_total": s.watchdog_kills, "pressure_samples_total": s.pressure_samples,
+                "pressure_evictions_total": s.pressure_evictions}
+
+    def engine_for(self, model: ModelInfo) -> Engine:
+        engine = self.engines.get(model.recipe)
+        if engine is None or not engine.available:
+            raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
+                           "this server yet.", code="model_load_refused")
+        return engine
+
+    def auto_evict(self, lm: LoadedModel) -> bool:
+        own = lm.options.get("auto_evict")
+        return bool(self.config.get("auto_evict") if own is None else own)
+
+    def drained(self) -> bool:
+        """Nothing admitted is still running: no request in flight, none waiting, no load under way
+        (what an exclusive job waits for before it starts, runtime/exclusive.py)."""
+        return not self._queue and not self._loading and all(lm.active == 0 for lm in self.loaded.values())
+
+    def _queue_view(self) -> rules.Queue:
+        return rules.Queue(self._queue, self.loaded, self._loading, self._retiring, self.limit_for,
+                           int(self.config.get("swap_batch")), time.time(), public=lambda x: x.model.public)
+
+    # ----- acquiring a model for one request ---------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, model: ModelInfo, options: Options) -> AsyncIterator[LoadedModel]:
+        """Hold a loaded model for one request; it cannot be stopped until the block exits."""
+        lm = await self.acquire(model, options)
+        try:
+            yield lm
+        finally:
+            self.release(lm)
+
+    async def acquire(self, model: ModelInfo, options: Options, pinned: bool | None = None) -> LoadedModel:
+        """A loaded model, taken for one request (`release` gives it back)."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
+        lm = self.loaded.get(model.name)
+        helper = self._as_helper(model, lm)
+        if lm is not None and lm.usable and rules.admits(lm, self._queue_view(), helper=helper):
+            self._settle(lm, helper)
+            self._take(lm, pinned)
+            return lm
+        return await self._acquire_waiting(model, options, pinned, helper)
+
+    def _as_helper(self, model: ModelInfo, lm: LoadedModel | None) -> bool:
+        """Is this request a routing dependency that keeps (or puts) the model in the helper pool? Only
+        for a model a registered policy calls, or one already a helper: a policy's stale copy never
+        turns a user's standard model into a helper."""
+        if not routing_dependency.get():
+            return False
+        return (lm is not None and lm.residency == HELPER) or model.name in self.needed_helpers()
+
+    def _settle(self, lm: LoadedModel, helper: bool) -> None:
+        """Move a live process to the pool of its current use (promotion or demotion in place). A
+        demotion is admitted into the standard pool first: its least recently used unpinned model of
+        the type leaves (409 when every one is pinned, and nothing changes)."""
+        want = HELPER if helper else STANDARD
+        if lm.residency == want or lm.remote:
+            return
+        victims: list[Any] = []
+        if want == STANDARD:
+            others = [x for x in self.loaded.values() if x is not lm and x.usable and x.in_standard_pool(lm.type)]
+            victims = rules.standard_room(lm, others, self.limit_for(lm.type), lambda x: x.model.public)
+        self._move(lm, want, victims)
+
+    def _move(self, lm: LoadedModel, pool: str, victims: list[Any] | tuple[Any, ...]) -> None:
+        for victim in victims:
+            log.info("Evicting %s (least recently used %s) to make room for %s, a routing helper now used directly",
+                     victim.name, lm.type, lm.name)
+            self._evict(victim)
+        log.info("%s moves from the %s pool to the %s pool (same process, pid %s)", lm.name, lm.residency, pool,
+                 lm.server.pid)
+        lm.residency = pool
+        self._on_change()
+
+    def prune_helpers(self) -> list[str]:
+        """Unload the routing helpers no registered policy calls any more (its router model deleted or
+        changed); a pinned helper stays, a pin outranks policy churn. A busy one finishes first."""
+        helpers = [lm for lm in self.loaded.values() if lm.residency == HELPER and not lm.pinned and lm.usable]
+        if not helpers:
+            return []
+        needed = self.needed_helpers()
+        stale = [lm for lm in helpers if lm.name not in needed]
+        for lm in stale:
+            log.info("Unloading routing helper %s: no registered routing policy calls it any more", lm.name)
+            self._take_out_of_service(lm)
+            self._spawn(self._finish_retiring(lm))
+        return [lm.name for lm in stale]
+
+    async def _acquire_waiting(self, model: ModelInfo, options: Options, pinned: bool | None,
+                               helper: bool = False) -> LoadedModel:
+        """`acquire` for a model that is not resident (or not admitting now): install, download, queue, load."""
+        self.housekeeping.start()
+        engine = self.engine_for(model)
+        await self._preparation.prepare(model, engine, options)
+        if len(self._queue) >= self.config.get("max_queue_depth"):
+            self.stats.rejected += 1
+            raise APIError(503, f"The server is busy: {len(self._queue)} requests are already waiting for a model "
+                           "slot. Retry shortly, or raise max_loaded_models so fewer models have to take turns.",
+                           code="queue_full", headers={"Retry-After": "5"})
+        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future(), helper, engine.remote)
+        self._queue.append(waiter)
+        self.stats.waits += 1
+        self._dispatch()
+        try:
+            return await until_gone_or(waiter.future)
+        except (ClientGone, asyncio.CancelledError):
+            self.stats.abandoned += 1
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                self.release(waiter.future.result())  # admitted just as the client left
+            else:
+                waiter.future.cancel()
+            self._drop(waiter)
+            raise
+        finally:
+            self.stats.wait_seconds += time.monotonic() - waiter.since
+
+    def release(self, lm: LoadedModel) -> None:
+        lm.active -= 1
+        lm.last_use = time.time()
+        if lm.active == 0:
+            lm.idle.set()
+            if self._queue:
+                self._dispatch()
+
+    def _take(self, lm: LoadedModel, pinned: bool | None = None) -> None:
+        lm.active += 1
+        lm.served += 1
+        lm.idle.clear()
+        lm.last_use = time.time()
+        if lm.state is ModelState.DOWNSIZED:
+            lm.state = ModelState.READY
+        if pinned is not None:
+            lm.pinned = pinned
+
+    @contextlib.asynccontextmanager
+    async def hold(self, lm: LoadedModel) -> AsyncIterator[LoadedModel]:
+        """Like `use` for a model already picked (e.g. the most recently used one)."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
+        if not lm.usable:
+            raise APIError(404, f"Model {lm.model.public} was unloaded while the request waited for it")
+        self._take(lm)
+        try:
+            yield lm
+        finally:
+            self.release(lm)
+
+    async def ensure_loaded(self, model: ModelInfo, options: Options, *, pinned: bool | None = None,
+                            reload: bool = False) -> LoadedModel:
+        """Load (or keep) `model` without holding it: `/v1/load`, Ollama keep-alive and the like.
+        `reload`: start it again even when it runs with the same options."""
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
+        current = self.loaded.get(model.name)
+        if current is not None and (reload or (not callable(options) and not self._runs_with(current, options))):
+            pinned = current.pinned if pinned is None else pinned
+            await self.retire(current)
+        lm = await self.acquire(model, options, pinned)
+        self.release(lm)
+        return lm
+
+    def _runs_with(self, lm: LoadedModel, wanted: dict[str, Any]) -> bool:
+        """Would a load with `wanted` run the engine `lm` is? An `auto` backend matches the backend it
+        chose, and the context it sized (`resolved_ctx_size`) is not an option of its own."""
+        shown = {k: v for k, v in lm.options.items() if k != "resolved_ctx_size"}
+        wanted = dict(wanted)
+        key = lm.engine.backend_option
+        if key is not None and wanted.get(key) == "auto":
+            wanted[key] = shown.get(key)
+        return shown == wanted
+
+    # ----- the scheduler -------------------------------------------------------------------------
+    def _drop(self, waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            self._queue.remove(waiter)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Carry out what the rules decide for the waiting requests. Synchronous: decisions never
+        interleave."""
+        if self.closed:
+            return
+        self._queue = [w for w in self._queue if not w.future.done()]
+        for decision in rules.plan(self._queue_view()):
+            if isinstance(decision, rules.Undrain):
+                decision.model.state = ModelState.READY
+            elif isinstance(decision, rules.Admit):
+                lm, w = decision.model, decision.waiter
+                self._queue.remove(w)
+                if decision.move_to is not None:
+                    self._move(lm, decision.move_to, decision.evict)
+                self._take(lm, w.pinned)
+                w.future.set_result(lm)
+            elif isinstance(decision, rules.Load):
+                self._begin_load(decision.waiter)
+            elif isinstance(decision, rules.Evict):
+                victim = decision.model
+                log.info("Evicting %s (least recently used %s) to make room for %s (%d request(s) waiting)",
+                         victim.name, victim.type, decision.for_name,
+                         sum(1 for x in self._queue if x.model.name == decision.for_name))
+                self._evict(victim)
+            elif isinstance(decision, rules.Drain):
+                decision.model.state = ModelState.DRAINING  # evicted once its requests finish, if still needed
+            elif isinstance(decision, rules.Refuse):
+                if decision.all_of_model:
+                    self._fail_waiters(decision.waiter.model.name, decision.error)
+                else:
+                    self._queue.remove(decision.waiter)
+                    decision.waiter.future.set_exception(decision.error)
+
+    def _evict(self, victim: LoadedModel) -> None:
+        self.stats.evictions += 1
+        self._take_out_of_service(victim)
+        self._spawn(self._finish_retiring(victim))
+
+    def _fail_waiters(self, name: str, exc: BaseException) -> None:
+        for x in [x for x in self._queue if x.model.name == name]:
+            self._queue.remove(x)
+            if not x.future.done():
+                x.future.set_exception(exc)
+
+    # ----- loading ---------------------------------------------------------------------------------
+    def _begin_load(self, w: Waiter) -> None:
+        # A remote model's load, and a helper's, is counted under no standard slot type (they take none).
+        self._loading[w.model.name] = "remote" if w.remote else HELPER if w.helper else w.model.type
+        pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
+        self.prune_helpers()  # as Lemonade does before every load: stale helpers leave first
+        self._spawn(self._load(w.model, w.options, pinned, HELPER if w.helper else STANDARD))  # a pin survives a crash
+
+    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None, residency: str = STANDARD) -> None:
+        try:
+            lm = await self._start(model, options() if callable(options) else options, bool(pinned), residency)
+        except BaseException as exc:
+            self._loading.pop(model.name, None)
+            err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load model {model.public}: {exc}",
+                                                                  type="server_error", code="model_load_error")
+            self._fail_waiters(model.name, err)
+            self._dispatch()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._loading.pop(model.name, None)
+        if self.closed:
+            await lm.server.stop()
+            return
+        self.loaded[model.name] = lm
+        self.crashed.pop(model.name, None)
+        self.stats.loads += 1
+        self._on_change()
+        self._dispatch()
+
+    async def _start(self, model: ModelInfo, options: dict[str, Any], pinned: bool,
+                     residency: str = STANDARD) -> LoadedModel:
+        engine = self.engine_for(model)
+        files = await self._files_for(model)  # normally on disk already (downloaded in prepare.py)
+        try:
+            backend = engine.ready_backend(engine.requested_backend(options))
+        except EngineUnavailable as exc:
+            raise APIError(400, str(exc), code=exc.code) from None
+        log.info("Loading %s (%s, %s backend %s, %s pool)", model.name, model.type, engine.recipe, backend, residency)
+        listener = load_progress.get()
+        if listener is not None:
+            listener({"phase": "load", "message": f"Starting {engine.process} for {model.public}", "percent": None})
+        started = time.perf_counter()
+        try:
+            launch = await engine.launch(model, files, options, backend, free_port())
+        except EngineUnavailable as exc:
+            raise APIError(400, str(exc), code=exc.code) from None
+        except BackendStartError as exc:
+            raise APIError(500, f"Failed to load model {model.public}: {exc}", type="server_error",
+                           code="model_load_error") from None
+        elapsed = time.perf_counter() - started
+        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed,
+                         residency=residency)
+        launch.server.on_exit = lambda srv, code, lm=lm: self._crashed(lm, code)
+        log.info("Loaded %s in %.2fs (pid %s)", model.name, elapsed, launch.server.pid)
+        return lm
+
+    # ----- leaving ----------------------------------------------------------------------------------
+    def _crashed(self, lm: LoadedModel, code: int) -> None:
+        if self.loaded.get(lm.name) is lm:
+            del self.loaded[lm.name]
+            self.crashed[lm.name] = {"model_name": lm.model.public, "pid": lm.server.pid, "exit_code": code,
+                                     "time": time.time(), "pinned": lm.pinned,
+                                     "message": f"{lm.engine.process} for {lm.model.public} exited with code "
+                                                f"{code}; it is started again on the next request"}
+            self._on_change()
+            self._dispatch()
+
+    async def confirm_crash(self, lm: LoadedModel, wait: float = 2.0) -> bool:
+        """After a failed connection: True (and the model forgotten) when its process has exited."""
+        proc = lm.server.proc
+        if proc is None:
+            return False
+        try:
+            code = await asyncio.wait_for(proc.wait(), wait)
+        except TimeoutError:
+            return False
+        self._crashed(lm, code)
+        return True
+
+    def _take_out_of_service(self, lm: LoadedModel) -> bool:
+        """The synchronous half of retiring: no new requests, not resident. False if already leaving."""
+        if lm.retiring:
+            return False
+        lm.state = ModelState.RETIRING
+        if self.loaded.get(lm.name) is lm:
+            del self.loaded[lm.name]
+            self._on_change()
+        self._retiring.append(lm)
+        return True
+
+    async def retire(self, lm: LoadedModel) -> None:
+        """Stop taking requests for `lm`, let in-flight ones finish, then stop the process."""
+        if not self._take_out_of_service(lm) and lm not in self._retiring:
+            return
+        await self._finish_retiring(lm)
+
+    async def _finish_retiring(self, lm: LoadedModel) -> None:
+        try:
+            await lm.idle.wait()
+            await lm.server.stop()
+        finally:
+            with contextlib.suppress(ValueError):
+                self._retiring.remove(lm)
+            self._dispatch()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def unload(self, name: str | None = None) -> list[str]:
+        """Unload model `name` (canonical), or every loaded model; the names unloaded."""
+        if name is None:
+            return await self.unload_where(lambda lm: True)
+        return await self.unload_where(lambda lm: lm.name == name)
+
+    async def unload_where(self, predicate: Callable[[LoadedModel], bool]) -> list[str]:
+        if self.gate.blocks_caller():
+            await self.gate.pass_through()
+        targets = [lm for lm in self.loaded.values() if predicate(lm)]
+        await asyncio.gather(*(self.retire(lm) for lm in targets))
+        return [lm.name for lm in targets]
+
+    def pin(self, name: str, pinned: bool) -> bool:
+        lm = self.loaded.get(name)
+        if lm is None:
+            return False
+        lm.pinned = pinned
+        self._on_change()
+        return True
+
+    async def evaluate_now(self, reading: float | None) -> None:
+        """One pass of the eviction engine at once (housekeeping.py)."""
+        await self.housekeeping.evaluate_now(reading)
+
+    # ----- shutdown -------------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        self.closed = True
+        self.housekeeping.stop()
+        for w in self._queue:
+            if not w.future.done():
+                w.future.set_exception(APIError(503, "The server is shutting down", code="shutting_down"))
+        self._queue.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for lm in list(self.loaded.values()) + list(self._retiring):
+            lm.state = ModelState.RETIRING
+            await lm.server.stop(grace=3.0)
+        self.loaded.clear()
+
+    def kill_all_now(self) -> None:
+        for lm in list(self.loaded.values()) + list(self._retiring):
+            lm.server.kill_now()

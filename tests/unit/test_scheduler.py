@@ -1,0 +1,223 @@
+"""The scheduler and housekeeping (runtime/router/) against the engine stand-in (tests/standin).
+
+Real processes (the stand-in llama-server starts in tens of milliseconds), the real router, no
+model: what is checked is who gets a slot, when processes start and stop, and what a crash or a
+hang does. Each test shuts its router down, which stops every engine it started (by pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from lemonade.errors import APIError
+from tests.unit.standin_world import model, router, run
+
+
+async def _serve(r, m, hold: float = 0.0) -> str:
+    async with r.use(m, {}) as lm:
+        await asyncio.sleep(hold)
+        return lm.name
+
+
+def test_sixteen_concurrent_requests_for_an_unloaded_model_cause_one_load(tmp_path):
+    r, engine = router(tmp_path)
+    a = model("a")
+
+    async def scenario() -> list[str]:
+        try:
+            return await asyncio.gather(*(_serve(r, a, 0.01) for _ in range(16)))
+        finally:
+            await r.shutdown()
+
+    assert run(scenario) == ["user.a"] * 16
+    assert engine.launches == ["user.a"]
+    assert r.stats.loads == 1
+
+
+def test_two_models_one_slot_take_turns_in_batches(tmp_path):
+    # swap_batch 4 (default 32) so a few requests show the turns
+    r, engine = router(tmp_path, swap_batch=4)
+    a, b = model("a"), model("b")
+
+    async def scenario() -> list[str]:
+        try:
+            return await asyncio.gather(*(_serve(r, m, 0.02) for m in [a, b] * 8))
+        finally:
+            await r.shutdown()
+
+    served = run(scenario)
+    assert sorted(served) == ["user.a"] * 8 + ["user.b"] * 8
+    # Each model loads at most once per batch of 4 of its 8 requests: never a load per request.
+    assert 2 <= len(engine.launches) <= 4
+    assert engine.launches[0] == "user.a"
+
+
+def test_a_model_that_leaves_a_slot_is_stopped_before_the_next_starts(tmp_path):
+    r, engine = router(tmp_path)
+    a, b = model("a"), model("b")
+
+    async def scenario() -> tuple[int | None, bool]:
+        try:
+            async with r.use(a, {}) as first:
+                pid = first.server.pid
+            await _serve(r, b)
+            return pid, r.resident("user.a") is None
+        finally:
+            await r.shutdown()
+
+    pid, gone = run(scenario)
+    assert gone and engine.launches == ["user.a", "user.b"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_crashed_engine_is_reported_and_loaded_again_by_the_next_request(tmp_path):
+    r, engine = router(tmp_path)
+    a = model("a")
+
+    async def scenario() -> dict:
+        try:
+            async with r.use(a, {}) as lm:
+                pid = lm.server.pid
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                if "user.a" in r.crashed:
+                    break
+                await asyncio.sleep(0.02)
+            report = dict(r.crashed["user.a"])
+            await _serve(r, a)
+            return report
+        finally:
+            await r.shutdown()
+
+    report = run(scenario)
+    assert report["exit_code"] == -signal.SIGKILL and "started again" in report["message"]
+    assert engine.launches == ["user.a", "user.a"]
+
+
+def test_the_watchdog_kills_a_busy_engine_that_makes_no_progress(tmp_path):
+    # engine_watchdog_seconds 2 (default 120): the test waits for the kill
+    r, engine = router(tmp_path, engine_watchdog_seconds=2)
+    a = model("a")
+
+    async def scenario() -> tuple[int, bool]:
+        try:
+            lm = await r.acquire(a, {})
+            os.kill(lm.server.pid, signal.SIGSTOP)  # busy (acquired) and silent
+            deadline = time.monotonic() + 15
+            while lm.server.alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            r.release(lm)
+            return r.stats.watchdog_kills, lm.server.alive
+        finally:
+            await r.shutdown()
+
+    kills, alive = run(scenario)
+    assert kills == 1 and not alive
+
+
+def test_idle_models_with_auto_evict_are_unloaded_and_pinned_ones_kept(tmp_path):
+    # auto_evict with a 1 s idle timeout (defaults: off, 300 s), two types so both stay loaded
+    r, engine = router(tmp_path, auto_evict=True, max_loaded_models=2)
+    a, b = model("a"), model("b")
+    options = {"evict_idle_timeout": 1, "downsize_idle_timeout": 0.5}
+
+    async def scenario() -> tuple[bool, bool, int]:
+        try:
+            await r.ensure_loaded(a, options)
+            await r.ensure_loaded(b, options, pinned=True)
+            for _ in range(60):
+                if r.resident("user.a") is None:
+                    break
+                await asyncio.sleep(0.1)
+            return r.resident("user.a") is None, r.resident("user.b") is not None, r.stats.idle_evictions
+        finally:
+            await r.shutdown()
+
+    a_gone, b_kept, evictions = run(scenario)
+    assert a_gone and b_kept and evictions == 1
+
+
+def test_ensure_loaded_starts_the_engine_again_only_when_its_options_change(tmp_path):
+    r, engine = router(tmp_path)
+    a = model("a")
+
+    async def scenario() -> list[int]:
+        try:
+            # resolved options name every option: the backend as the user left it (auto)
+            pids = [(await r.ensure_loaded(a, {"ctx_size": 1024, "llamacpp_backend": "auto"})).server.pid]
+            pids.append((await r.ensure_loaded(a, {"ctx_size": 1024, "llamacpp_backend": "auto"})).server.pid)
+            pids.append((await r.ensure_loaded(a, {"ctx_size": 2048, "llamacpp_backend": "auto"})).server.pid)
+            return pids
+        finally:
+            await r.shutdown()
+
+    first, same, changed = run(scenario)
+    assert first == same != changed
+    assert engine.launches == ["user.a", "user.a"]
+
+
+def test_a_request_that_leaves_the_queue_causes_no_load(tmp_path):
+    r, engine = router(tmp_path)
+    a, b = model("a"), model("b")
+
+    async def scenario() -> None:
+        try:
+            lm = await r.acquire(a, {})  # a holds the only slot
+            waiting = asyncio.ensure_future(r.acquire(b, {}))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            r.release(lm)
+            await asyncio.sleep(0.3)
+        finally:
+            await r.shutdown()
+
+    run(scenario)
+    assert engine.launches == ["user.a"]
+
+
+def test_a_full_queue_answers_503_with_retry_after(tmp_path):
+    # max_queue_depth 2 (default 256) so three waiters fill it
+    r, engine = router(tmp_path, max_queue_depth=2)
+    a, b = model("a"), model("b")
+
+    async def scenario() -> tuple[APIError, list[str]]:
+        try:
+            lm = await r.acquire(a, {})  # busy: b's requests wait for a to finish
+            waiters = [asyncio.ensure_future(_serve(r, b)) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            with pytest.raises(APIError) as refused:
+                await r.acquire(b, {})
+            r.release(lm)
+            return refused.value, await asyncio.gather(*waiters)
+        finally:
+            await r.shutdown()
+
+    err, served = run(scenario)
+    assert err.status == 503 and err.headers == {"Retry-After": "5"}
+    assert served == ["user.b", "user.b"] and engine.launches == ["user.a", "user.b"]
+
+
+def test_every_slot_pinned_refuses_the_waiting_model_with_409(tmp_path):
+    r, engine = router(tmp_path)
+    a, b = model("a"), model("b")
+
+    async def scenario() -> APIError:
+        try:
+            await r.ensure_loaded(a, {}, pinned=True)
+            with pytest.raises(APIError) as refused:
+                await r.acquire(b, {})
+            return refused.value
+        finally:
+            await r.shutdown()
+
+    err = run(scenario)
+    assert err.status == 409 and err.code == "slots_pinned_error"
+    assert engine.launches == ["user.a"]
