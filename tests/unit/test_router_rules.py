@@ -123,6 +123,13 @@ def test_a_draining_model_with_requests_in_flight_is_waited_for():
     assert kinds(rules.plan(queue([W("b")], [idle]))) == [("Evict", "a")]
 
 
+def test_a_draining_model_nobody_needs_goes_back_into_service():
+    a = R("a", state=ModelState.DRAINING)
+    # a drained for b, whose request then left: a's own waiters get it back (not a reload of a)
+    decisions = rules.plan(queue([W("a")], [a]))
+    assert kinds(decisions) == [("Undrain", "a"), ("Admit", "a")]
+
+
 def test_every_slot_pinned_refuses_with_409_and_names_the_holders():
     a = R("a", pinned=True)
     (refuse,) = rules.plan(queue([W("b"), W("b")], [a]))

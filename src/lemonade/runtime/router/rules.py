@@ -208,16 +208,18 @@ def _sims(q: Queue) -> dict[str, _Sim]:
             for name, lm in q.residents.items()}
 
 
-def _resident(name: str, sims: Mapping[str, _Sim]) -> bool:
+def _has_process(name: str, sims: Mapping[str, _Sim]) -> bool:
+    """Is the model running (admitting, or draining: it admits again once nobody needs its slot)?"""
     s = sims.get(name)
-    return s is not None and s.usable and s.state is not ModelState.DRAINING
+    return s is not None and s.usable
 
 
 def _contended(mtype: str, q: Queue, sims: Mapping[str, _Sim], waiters: Sequence[Wanted] | None = None,
                loading: Mapping[str, str] | None = None) -> bool:
-    """Does a request wait for a standard model of this type that is neither resident nor loading?"""
+    """Does a request wait for a standard model of this type that has no process and is not loading?
+    (The waiters of a draining model need no slot: they wait for it to admit again.)"""
     loading = q.loading if loading is None else loading
-    return any(w.type == mtype and not w.helper and not _resident(w.name, sims) and w.name not in loading
+    return any(w.type == mtype and not w.helper and not _has_process(w.name, sims) and w.name not in loading
                for w in (q.waiters if waiters is None else waiters))
 
 
@@ -277,7 +279,7 @@ def plan(q: Queue) -> list[Decision]:
         if name in seen or name in refused or (mtype in decided and not w.helper):
             continue
         seen.add(name)
-        if name in loading or _resident(name, sims):
+        if name in loading or _has_process(name, sims):
             continue
         if any(r[2] == name for r in retiring):
             if not w.helper:
