@@ -20,6 +20,15 @@ from tests.helpers import TEST_CACHE, Server, ServerFactory, installed_backend
 pytest_plugins = ["tests.hub.pytest_plugin"] if (Path(__file__).parent / "hub" / "pytest_plugin.py").exists() else []
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's layer, from where it lives: tests/unit/ is `unit` (seconds, no engine), the web
+    app's tests are `browser`, every other test is `engine` (real servers and engines)."""
+    for item in items:
+        path = Path(str(item.fspath))
+        layer = "unit" if path.parent.name == "unit" else "browser" if path.name == "test_webapp.py" else "engine"
+        item.add_marker(layer)
+
+
 @pytest.fixture(scope="session")
 def llama_backend() -> Path:
     """The installed cpu backend folder (built once per machine by `lemonade backends install`)."""

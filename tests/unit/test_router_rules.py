@@ -45,8 +45,8 @@ class W:
     remote: bool = False
 
 
-def queue(waiters: list[W], residents: list[R], *, limit: int | dict[str, int] = 1, loading: dict[str, str] | None = None,
-          retiring: list[R] | None = None, batch: int = 32) -> rules.Queue:
+def queue(waiters: list[W], residents: list[R], *, limit: int | dict[str, int] = 1,
+          loading: dict[str, str] | None = None, retiring: list[R] | None = None, batch: int = 32) -> rules.Queue:
     limits = limit if isinstance(limit, dict) else None
     return rules.Queue(waiters, {r.name: r for r in residents}, loading or {}, retiring or [],
                        (lambda t: limits.get(t, 1)) if limits else (lambda t: limit), batch, NOW)

@@ -57,6 +57,11 @@ class Engines:
     def get(self, recipe: str) -> Engine | None:
         return self._engines.get(recipe)
 
+    def replace(self, engine: Engine) -> None:
+        """Serve `engine.recipe` with this description instead (the fast test layer's engine stand-in,
+        tests/standin, speaks llama-server's protocol in place of llama-server)."""
+        self._engines[engine.recipe] = engine
+
     def __iter__(self) -> Iterator[Engine]:
         return iter(self._engines.values())
 
