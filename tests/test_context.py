@@ -73,39 +73,46 @@ def test_hybrid_and_latent_attention_layouts(tmp_path: Path) -> None:
     assert mla is not None and mla.per_token == 27 * (512 + 64) * 2  # one compressed row per layer
 
 
-# ----- ctx_size -1: the largest context that fits, up to the trained length -------------------------
+# ----- ctx_size -1: the largest context whose whole estimate fits, up to the trained length ----------
 
 def _model(tmp_path: Path, trained: int = 131072) -> tuple[Path, dict[str, list[Path]]]:
     path = write_gguf(tmp_path / "m.gguf", "llama", context_length=trained,
                       meta={"block_count": 32, "embedding_length": 4096, "attention.head_count": 32,
-                            "attention.head_count_kv": 8})  # 128 KiB per token
+                            "attention.head_count_kv": 8})  # 128 KiB per token of KV cache
     return path, {"main": [path]}
+
+
+def _need(files: dict[str, list[Path]], args: str = "-np 1"):
+    from lemonade.backends.llamacpp_memory import memory_need
+
+    return memory_need(files, {"ctx_size": -1, "llamacpp_args": args}, "cpu", 64 * GiB)
 
 
 def test_auto_context_is_the_trained_length_when_memory_allows(tmp_path: Path) -> None:
     main, files = _model(tmp_path, trained=8192)
-    choice = auto_context(main, files, free=64 * GiB)
+    choice = auto_context(_need(files), free=64 * GiB)
     assert choice.ctx_size == 8192
-    assert "trained length (8192 tokens)" in choice.reason and "GiB free" in choice.reason
+    assert "trained length (8192 tokens)" in choice.reason and "GiB of memory free" in choice.reason
 
 
 def test_auto_context_shrinks_to_the_free_memory(tmp_path: Path) -> None:
     main, files = _model(tmp_path)
-    free = 4 * GiB + main.stat().st_size  # less the weights and a 0.5 GiB reserve: 3.5 GiB / 128 KiB = 28672
-    choice = auto_context(main, files, free=free)
+    need = _need(files)
+    free = need.at(28672)  # exactly what 28672 tokens take, with the prompt cache and buffers they bring
+    choice = auto_context(need, free=free)
     assert choice.ctx_size == 28672 and choice.ctx_size % CTX_ALIGN == 0
-    assert "the most that fits below the model's trained length (131072 tokens)" in choice.reason
-    # What a heavier machine load leaves: less context, never below the smallest useful one.
-    tight = auto_context(main, files, free=GiB // 2 + 64 * MiB)
-    assert tight.ctx_size == MIN_AUTO_CTX and "may fail for lack of memory" in tight.reason
+    assert "the most that fits below the trained length (131072 tokens)" in choice.reason
+    # What a heavier machine load leaves: the smallest useful context, said not to fit.
+    tight = auto_context(need, free=need.at(MIN_AUTO_CTX) - 1)
+    assert tight.ctx_size == MIN_AUTO_CTX and "does not fit" in tight.reason
 
 
 def test_auto_context_without_metadata_or_memory_figures(tmp_path: Path) -> None:
-    bare = write_gguf(tmp_path / "b.gguf", "llama")  # no layer counts
-    assert auto_context(bare, {"main": [bare]}, free=64 * GiB).ctx_size == FALLBACK_CTX
+    bare = write_gguf(tmp_path / "b.gguf", "llama")  # no layer counts: a context, but no KV layout
+    assert auto_context(None, free=64 * GiB).ctx_size == FALLBACK_CTX
     main, files = _model(tmp_path)
-    assert auto_context(main, files, free=None).ctx_size == FALLBACK_CTX
-    assert auto_context(None, None, free=64 * GiB).ctx_size == FALLBACK_CTX
+    assert auto_context(_need(files), free=None).ctx_size == FALLBACK_CTX
+    assert _need({"main": [bare]}).ctx == 2048  # its trained length, from the header
 
 
 # ----- end to end: the defaults a user gets ---------------------------------------------------------

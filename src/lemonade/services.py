@@ -130,7 +130,26 @@ class Services:
         is set. Blocking the first time (device detection): call it in a thread."""
         if self.config.get("disable_model_filtering"):
             return None
-        return memory_budget(detect_devices(), bool(self.config.get("enable_dgpu_gtt")))
+        return memory_budget(detect_devices(), bool(self.config.get("enable_dgpu_gtt")), self.router.budget().cap_bytes)
+
+    def unavailable_recipes(self, budget: MemoryBudget | None) -> dict[str, str]:
+        """Recipes none of whose built-in models this server offers (each too big for it, none
+        downloaded), with the reason (Lemonade's `/v1/system-info` `unavailable_recipes`; models of
+        cloud providers come and go, so their recipe is never listed)."""
+        if budget is None:
+            return {}
+        by_recipe: dict[str, list[ModelInfo]] = {}
+        for model in self.catalog.all(rescan=False):
+            engine = self.engines.get(model.recipe)
+            if model.origin == "builtin" and not model.is_collection and engine is not None and not engine.remote:
+                by_recipe.setdefault(model.recipe, []).append(model)
+        out = {}
+        for recipe, models in sorted(by_recipe.items()):
+            if not any(self.offered(m, budget) for m in models):
+                smallest = min((m.size or 0.0) for m in models)
+                out[recipe] = (f"each of its {len(models)} models needs more memory than this server offers (the "
+                               f"smallest about {smallest:.1f} GB; models up to {budget.max_model_gb:.1f} GB fit)")
+        return out
 
     def offered(self, model: ModelInfo, budget: MemoryBudget | None) -> bool:
         """Whether listings show `model`: everything but a built-in too big for this machine that is

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from lemonade.backends.engine import MemoryNeed
 from lemonade.runtime.router import rules
 from lemonade.runtime.router.state import HELPER, STANDARD, ModelState
 
@@ -33,6 +34,7 @@ class R:
     remote: bool = False
     usable: bool = True
     evict_weight: float = 1.0
+    held_bytes: int = 0
 
 
 @dataclass(eq=False)
@@ -43,13 +45,16 @@ class W:
     type: str = "llm"
     helper: bool = False
     remote: bool = False
+    need: MemoryNeed | None = None
 
 
 def queue(waiters: list[W], residents: list[R], *, limit: int | dict[str, int] = 1,
-          loading: dict[str, str] | None = None, retiring: list[R] | None = None, batch: int = 32) -> rules.Queue:
+          loading: dict[str, str] | None = None, retiring: list[R] | None = None, batch: int = 32,
+          memory: int | None = None, loading_bytes: dict[str, int] | None = None) -> rules.Queue:
     limits = limit if isinstance(limit, dict) else None
+    budget = rules.Memory(memory, "a 1 GiB cgroup limit", loading_bytes or {}) if memory is not None else None
     return rules.Queue(waiters, {r.name: r for r in residents}, loading or {}, retiring or [],
-                       (lambda t: limits.get(t, 1)) if limits else (lambda t: limit), batch, NOW)
+                       (lambda t: limits.get(t, 1)) if limits else (lambda t: limit), batch, NOW, memory=budget)
 
 
 def kinds(decisions: list[rules.Decision]) -> list[tuple[str, str]]:
@@ -207,3 +212,80 @@ def test_pressure_takes_the_most_disposable_candidate():
     fresh, stale = R("fresh", last_use=NOW - 1), R("stale", last_use=NOW - 500)
     assert rules.pressure_victim([fresh, stale], NOW) is stale
     assert rules.pressure_victim([], NOW) is None
+
+
+# ----- memory admission --------------------------------------------------------------------------------
+MiB = 1 << 20
+
+
+def chat_need(fixed_mib: int, per_token: float = 0.0, ctx: int = 4096, ctx_min: int | None = None) -> MemoryNeed:
+    return MemoryNeed(fixed_mib * MiB, ((per_token, None),) if per_token else (), ctx, ctx_min,
+                      {"weights": fixed_mib * MiB})
+
+
+def test_a_load_that_fits_starts_with_the_context_asked():
+    (load,) = rules.plan(queue([W("b", need=chat_need(300))], [], memory=1024 * MiB))
+    assert isinstance(load, rules.Load) and load.ctx == 4096 and load.bytes == 300 * MiB
+
+
+def test_auto_context_gets_the_largest_that_fits_with_the_others_counted():
+    other = R("emb", type="embedding", held_bytes=400 * MiB)
+    need = chat_need(300, per_token=64 * 1024, ctx=32768, ctx_min=2048)  # 64 KiB a token
+    (load,) = rules.plan(queue([W("b", need=need)], [other], limit={"llm": 1, "embedding": 1}, memory=1024 * MiB))
+    # 1024 - 400 - 300 = 324 MiB left: 324 MiB / 64 KiB = 5184 tokens, in steps of 256
+    assert load.ctx == 5120 and load.bytes == need.at(5120) <= 624 * MiB
+
+
+def test_an_idle_model_of_another_type_leaves_when_memory_is_short():
+    idle = R("emb", type="embedding", held_bytes=600 * MiB)
+    decisions = rules.plan(queue([W("b", need=chat_need(600))], [idle], limit={"llm": 1, "embedding": 1},
+                                 memory=1024 * MiB))
+    assert kinds(decisions) == [("Evict", "emb")] and decisions[0].memory
+    # once it has stopped (it is still counted while it stops), the load fits
+    later = rules.plan(queue([W("b", need=chat_need(600))], [], retiring=[idle], memory=1024 * MiB))
+    assert later == []
+    assert kinds(rules.plan(queue([W("b", need=chat_need(600))], [], memory=1024 * MiB))) == [("Load", "b")]
+
+
+def test_a_busy_model_drains_for_memory_and_stays_drained_while_the_load_waits():
+    busy = R("emb", type="embedding", held_bytes=600 * MiB, active=2)
+    q = queue([W("b", need=chat_need(600))], [busy], limit={"llm": 1, "embedding": 1}, memory=1024 * MiB)
+    assert kinds(rules.plan(q)) == [("Drain", "emb")]
+    drained = R("emb", type="embedding", held_bytes=600 * MiB, active=1, state=ModelState.DRAINING)
+    q = queue([W("b", need=chat_need(600)), W("emb", type="embedding")], [drained],
+              limit={"llm": 1, "embedding": 1}, memory=1024 * MiB)
+    assert rules.plan(q) == []  # not undrained for its own waiter while b waits for memory
+
+
+def test_a_load_that_can_never_fit_is_refused_with_507_and_what_would_help():
+    pinned = R("big", pinned=True, held_bytes=700 * MiB, type="embedding")
+    need = chat_need(300, per_token=64 * 1024, ctx=4096)  # 556 MiB; 324 MiB are free
+    (refuse,) = rules.plan(queue([W("b", need=need)], [pinned], limit={"llm": 1, "embedding": 1},
+                                 memory=1024 * MiB))
+    assert isinstance(refuse, rules.Refuse) and refuse.error.status == 507
+    assert refuse.error.code == "insufficient_memory"
+    message = refuse.error.message
+    assert "Cannot load b" in message and "a 1 GiB cgroup limit" in message
+    assert "ctx_size" in message and "unloading pinned big" in message
+
+
+def test_pinned_and_waited_for_models_are_the_last_to_leave_for_memory():
+    fresh = R("fresh", type="embedding", held_bytes=300 * MiB, last_use=NOW - 1)
+    stale = R("stale", type="tts", held_bytes=300 * MiB, last_use=NOW - 500)
+    wanted = R("wanted", type="transcription", held_bytes=300 * MiB, last_use=NOW - 900)
+    limits = {"llm": 1, "embedding": 1, "tts": 1, "transcription": 1}
+    q = queue([W("b", need=chat_need(400)), W("wanted", type="transcription")], [fresh, stale, wanted],
+              limit=limits, memory=1200 * MiB)
+    decisions = rules.plan(q)
+    # 1200 - 900 = 300 free; b needs 400: one model leaves, the stalest nobody waits for
+    assert ("Evict", "stale") in kinds(decisions) and ("Evict", "wanted") not in kinds(decisions)
+
+
+def test_loads_under_way_count_against_the_budget():
+    need = chat_need(400)
+    q = queue([W("c", type="embedding", need=need)], [], limit={"llm": 1, "embedding": 1},
+              loading={"b": "llm"}, loading_bytes={"b": 700 * MiB}, memory=1024 * MiB)
+    assert rules.plan(q) == []  # b may leave once it has served its waiters: c waits, it is not refused
+    alone = queue([W("c", type="embedding", need=chat_need(1100))], [], limit={"llm": 1, "embedding": 1},
+                  loading={"b": "llm"}, loading_bytes={"b": 700 * MiB}, memory=1024 * MiB)
+    assert isinstance(rules.plan(alone)[0], rules.Refuse)  # more than the whole budget: refused at once

@@ -108,6 +108,59 @@ class Launch:
     shared_kv: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True)
+class MemoryNeed:
+    """The most a loaded model's processes may hold (docs/memory.md), estimated before it starts.
+
+    `fixed` bytes, plus for an engine with a context each of `terms`: (bytes per token of context,
+    at most that many tokens or None), so the cost of any context can be worked out before the
+    context is chosen. `ctx`: the context it is asked for (the largest, with `ctx_size: -1`);
+    `ctx_min`: with `ctx_size: -1`, the smallest context worth loading (the router picks the largest
+    from `ctx_min` to `ctx` that fits the memory free). `parts` names what `fixed` is made of, for
+    messages and `/v1/health`."""
+
+    fixed: int
+    terms: tuple[tuple[float, int | None], ...] = ()
+    ctx: int | None = None
+    ctx_min: int | None = None
+    parts: Mapping[str, int] = field(default_factory=dict)
+    ALIGN: ClassVar[int] = 256  # llama.cpp sizes its KV cache in steps of 256 cells
+
+    def at(self, ctx: int | None = None) -> int:
+        """Bytes at context `ctx` (the asked one by default)."""
+        n = self.ctx if ctx is None else ctx
+        if not n:
+            return self.fixed
+        return int(self.fixed + sum(rate * (n if cap is None else min(n, cap)) for rate, cap in self.terms))
+
+    @property
+    def auto(self) -> bool:
+        return self.ctx_min is not None and self.ctx is not None and self.ctx_min < self.ctx
+
+    def fit(self, free: int) -> int | None:
+        """The largest context from `ctx_min` to `ctx` (in steps of ALIGN) whose bytes fit `free`, or
+        None when not even `ctx_min` does (or the asked context does not, when it is fixed)."""
+        if self.ctx is None:
+            return None if self.fixed > free else 0
+        low = self.ctx_min if self.ctx_min is not None else self.ctx
+        if self.at(low) > free:
+            return None
+        if self.at(self.ctx) <= free:
+            return self.ctx
+        lo, hi = low, self.ctx  # at(lo) fits, at(hi) does not
+        while hi - lo > self.ALIGN:
+            mid = (lo + hi) // 2 // self.ALIGN * self.ALIGN
+            if mid <= lo:
+                break
+            lo, hi = (mid, hi) if self.at(mid) <= free else (lo, mid)
+        return lo
+
+
+def _folder_bytes(folder: Path) -> int:
+    """A model folder's files (a faster-whisper or classifier model is a folder)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
 def install_action(recipe: str, backend: str) -> str:
     return f"lemonade backends install {recipe}:{backend}"
 
@@ -204,6 +257,11 @@ class Engine(ABC):
     # Audio containers a transcription engine decodes (names of audio/formats.py); an upload in another
     # one is refused with a 400 before the model loads. WAV is what the spec requires of every engine.
     audio_formats: ClassVar[tuple[str, ...]] = ("wav",)
+    # What a loaded model's processes hold at most, by rule, for an engine without a finer estimate
+    # (`memory_need`): a fixed part (the engine's own process: runtime, libraries) plus this many bytes per
+    # byte of the model's files; measured per engine and written down in docs/memory.md.
+    memory_base_bytes: ClassVar[int] = 0
+    memory_per_weight_byte: ClassVar[float] = 1.0
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
     # Where its models run. False: a process of ours per model, holding a slot of its type. True: a
     # service elsewhere (a cloud provider): no slot, no process, and requests leave through `outbound`.
@@ -324,6 +382,23 @@ class Engine(ABC):
         size it automatically say what automatic means for these files)."""
         ctx = options.get("ctx_size")
         return ctx if isinstance(ctx, int) and ctx > 0 else None
+
+    def memory_need(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
+                    cap_bytes: int | None = None) -> MemoryNeed | None:
+        """The most a load of `model` with these options may hold in host memory, before it starts
+        (docs/memory.md); None where it cannot be told (a remote engine, a GPU backend whose memory
+        is the GPU's). By default the engine's rule on the size of the model's files."""
+        if self.remote:
+            return None
+        weights = 0
+        for paths in files.values():
+            for path in paths:
+                try:
+                    weights += path.stat().st_size if path.is_file() else _folder_bytes(path)
+                except OSError:
+                    continue
+        held = int(self.memory_base_bytes + self.memory_per_weight_byte * weights)
+        return MemoryNeed(held, parts={"weights": weights, "engine": held - weights})
 
     async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""

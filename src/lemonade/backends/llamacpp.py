@@ -26,6 +26,7 @@ from lemonade.backends.engine import (
     EngineUnavailable,
     InstallError,
     Launch,
+    MemoryNeed,
     Option,
     Progress,
     install_action,
@@ -38,7 +39,6 @@ from lemonade.backends.llamacpp_context import (
     ContextChoice,
     auto_context,
     explicit_context,
-    free_memory,
     served_context,
 )
 from lemonade.backends.llamacpp_flags import (
@@ -50,6 +50,7 @@ from lemonade.backends.llamacpp_flags import (
     unknown_flags,
 )
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
+from lemonade.backends.llamacpp_memory import CHECKPOINTS, memory_need, prompt_cache_mib
 from lemonade.backends.llamacpp_rpc import (
     HEALTH_TIMEOUT,
     check_option,
@@ -64,6 +65,7 @@ from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
 from lemonade.llamacpp_settings import worker_list
 from lemonade.system.devices import detect_devices, gpu_usage
+from lemonade.system.memory import read_budget
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -85,15 +87,6 @@ def fallback_template(architecture: str) -> Path:
     return Path(str(TEMPLATES.joinpath(name)))
 
 
-def _parallel(llamacpp_args: str) -> int:
-    """The slots `-np` asks for (llama-server's automatic choice is 4)."""
-    argv = llamacpp_args.split()
-    for flag, value in zip(argv, argv[1:], strict=False):
-        if flag in ("-np", "--parallel") and value.lstrip("-").isdigit() and int(value) > 0:
-            return int(value)
-    return 4
-
-
 def _gpu_free_bytes(backend: str) -> int | None:
     """Free memory of the GPUs a GPU backend runs on: dedicated memory (plus the shared pool of an
     integrated GPU) less what is in use; None on the CPU or when the GPUs do not report it."""
@@ -110,15 +103,23 @@ def _gpu_free_bytes(backend: str) -> int | None:
     return max(0, total - used)
 
 
-def choose_context(options: dict[str, Any], files: dict[str, list[Path]] | None, backend: str = "cpu") -> ContextChoice:
-    """The context to ask llama-server for: `ctx_size` as given, or for -1 the largest that fits the
-    free memory of the device the model runs on, up to its trained length (llamacpp_context.py)."""
+def choose_context(options: dict[str, Any], files: dict[str, list[Path]] | None, backend: str = "cpu",
+                   mode: str = "chat") -> ContextChoice:
+    """The context to ask llama-server for: `ctx_size` as given; for -1 the one the router sized to the
+    memory budget with the other loaded models counted (`resolved_ctx_size`, set for the launch), or,
+    for a model not being loaded, the largest that fits what the budget leaves free now, up to its
+    trained length (llamacpp_context.py)."""
     ctx = options.get("ctx_size", -1)
     if isinstance(ctx, int) and ctx > 0:
         return explicit_context(ctx)
-    main = files["main"][0] if files and files.get("main") else None
-    args = str(options.get("llamacpp_args") or "")
-    return auto_context(main, files, args, free_memory(_gpu_free_bytes(backend)), _parallel(args))
+    sized = options.get("resolved_ctx_size")
+    if isinstance(sized, int) and sized > 0:
+        return ContextChoice(sized, f"automatic: {sized} tokens, the largest context up to the model's trained length "
+                                    "that fits the memory budget with the other loaded models counted")
+    gpu_free = _gpu_free_bytes(backend)
+    budget = read_budget()
+    need = memory_need(files, options, backend, budget.cap_bytes, mode) if files else None
+    return auto_context(need, gpu_free if gpu_free is not None else budget.admissible_bytes)
 
 
 def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
@@ -176,7 +177,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
     load (`choose_context`), else the options' own."""
     main = files["main"][0]
-    ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend).ctx_size
+    ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend, model.mode).ctx_size
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
             "--ctx-size", str(ctx),
             "--alias", model.public, "--metrics", "--slots", "--no-webui"]
@@ -206,6 +207,8 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     workers = worker_list(options.get("rpc_workers") or [])
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
     argv += rpc_args(workers)
+    if model.mode == "chat":
+        argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx)
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
     if "--spec-type" not in user_args:  # user_args come last, so the user's own values still win
         if dflash:
@@ -213,6 +216,14 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
         elif "mtp" in model.labels:
             argv += MTP_ARGS
     return argv + user_args
+
+
+def growth_args(main: Path, llamacpp_args: str, ctx: int) -> list[str]:
+    """Bounds on what llama-server grows to while it serves, which its memory estimate counts
+    (llamacpp_memory.py): the host prompt cache sized to the KV cache (llama-server's default is 8 GiB)
+    and a few context checkpoints per slot (32 by default). A user's own flags come after and win."""
+    cache = prompt_cache_mib(main, llamacpp_args, ctx, read_budget().cap_bytes)
+    return ["--cache-ram", str(cache), "--ctx-checkpoints", str(CHECKPOINTS)]
 
 
 def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[str]:
@@ -404,7 +415,7 @@ class LlamaCppEngine(Engine):
                                extra={"unreachable_workers": [d["address"] for d in down]})
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
-        choice = choose_context(options, files, backend)
+        choice = choose_context(options, files, backend, model.mode)
         argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size)
         user_args = engine_args(options.get("llamacpp_args", ""), binary)
         try:
@@ -472,6 +483,14 @@ class LlamaCppEngine(Engine):
             return {}
         results = await asyncio.gather(*(probe(w, HEALTH_TIMEOUT) for w in users))
         return {"rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
+
+    def memory_need(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
+                    cap_bytes: int | None = None) -> MemoryNeed | None:
+        """From the GGUF header (llamacpp_memory.py), for the backends whose memory is host RAM; a GPU's
+        memory is not accounted (None), as before."""
+        if uses_gpu(backend, detect_devices()):
+            return None
+        return memory_need(files, options, backend, cap_bytes, model.mode)
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         backend = self.requested_backend(options)

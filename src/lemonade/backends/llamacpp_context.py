@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
+from lemonade.backends.engine import MemoryNeed
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 
 log = logging.getLogger("lemonade.llamacpp")
@@ -32,10 +32,6 @@ UNKNOWN_TRAINED_CAP = 32768  # a GGUF that does not state its trained length is 
 MIN_AUTO_CTX = 2048          # below this a chat model is of little use; the load is tried anyway
 CTX_ALIGN = 256              # llama.cpp sizes its KV cache in steps of 256 cells
 GiB = 1 << 30
-# Kept free for the engine's compute buffers, the server and the rest of the system: the larger of
-# these, so a small machine keeps a usable margin and a large one is not left mostly idle.
-RESERVE_BYTES = GiB // 2
-RESERVE_FRACTION = 0.10
 # Bytes per cached element for llama.cpp's `--cache-type-k/-v` types (ggml block sizes / values).
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
                     "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
@@ -105,16 +101,11 @@ def _cache_bytes(llamacpp_args: str) -> tuple[float, float]:
     return k, v
 
 
-def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatch: int = 512) -> KvLayout | None:
-    """The KV cache's cost for this GGUF, or None when its metadata does not say enough. `parallel`
-    sequences each keep a window of a sliding-window layer (plus one micro-batch), as llama.cpp does."""
-    try:
-        meta = read_metadata(main_file, arrays=True)
-    except (OSError, GGUFError):
-        return None
+def layer_rows(meta: dict[str, Any], k_bytes: float = 2.0, v_bytes: float = 2.0) -> tuple[float, float, int] | None:
+    """(bytes per cell over the full-attention layers, bytes per cell over the sliding-window layers,
+    the window) from a GGUF's metadata, the way llama.cpp lays its KV cache out; None when the
+    metadata does not say enough (no layer count, no attention)."""
     arch = str(meta.get("general.architecture", ""))
-    trained = meta.get(f"{arch}.context_length")
-    trained = int(trained) if isinstance(trained, int) and trained > 0 else None
     layers = meta.get(f"{arch}.block_count")
     heads = meta.get(f"{arch}.attention.head_count")
     embd = meta.get(f"{arch}.embedding_length")
@@ -122,7 +113,6 @@ def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatc
         return None
     head_counts = _per_layer(heads, layers, 0)
     kv_heads = _per_layer(meta.get(f"{arch}.attention.head_count_kv", heads), layers, 0)
-    k_bytes, v_bytes = _cache_bytes(llamacpp_args)
     width = (int(embd) // max(head_counts[0], 1)) if isinstance(embd, int) and head_counts[0] else 0
     key_len = int(meta.get(f"{arch}.attention.key_length") or width)
     value_len = int(meta.get(f"{arch}.attention.value_length") or key_len)
@@ -133,7 +123,7 @@ def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatc
     interval = meta.get(f"{arch}.full_attention_interval")
     swa = _swa_layers(arch, meta, layers)
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
-    per_token = fixed = 0.0
+    full = windowed = 0.0
     for il in range(layers):
         if isinstance(interval, int) and interval > 1 and il % interval != interval - 1:
             continue  # a recurrent layer of a hybrid model: its state does not grow with the context
@@ -143,70 +133,56 @@ def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatc
             kl, vl = (swa_key, swa_value) if swa[il] else (key_len, value_len)
             row = kv_heads[il] * (kl * k_bytes + vl * v_bytes)
         if swa[il] and window:
-            fixed += row * (window * max(parallel, 1) + ubatch)
+            windowed += row
         else:
-            per_token += row
-    if per_token <= 0 and fixed <= 0:
+            full += row
+    if full <= 0 and windowed <= 0:
         return None
-    return KvLayout(arch, trained, per_token, fixed)
+    return full, windowed, window
 
 
-def free_memory(on_gpu_bytes: int | None = None) -> int | None:
-    """Bytes free for a model: the GPU's free memory when the model runs there (the caller knows
-    it), else the RAM the system says is available (reclaimable page cache included)."""
-    if on_gpu_bytes is not None:
-        return on_gpu_bytes
+def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatch: int = 512) -> KvLayout | None:
+    """The KV cache's cost for this GGUF, or None when its metadata does not say enough. `parallel`
+    sequences each keep a window of a sliding-window layer (plus one micro-batch), as llama.cpp does."""
     try:
-        return int(psutil.virtual_memory().available)
-    except (OSError, RuntimeError):
+        meta = read_metadata(main_file, arrays=True)
+    except (OSError, GGUFError):
         return None
-
-
-def weights_bytes(files: dict[str, list[Path]]) -> int:
-    total = 0
-    for paths in files.values():
-        for path in paths:
-            try:
-                total += path.stat().st_size
-            except OSError:
-                pass
-    return total
+    rows = layer_rows(meta, *_cache_bytes(llamacpp_args))
+    if rows is None:
+        return None
+    arch = str(meta.get("general.architecture", ""))
+    trained = meta.get(f"{arch}.context_length")
+    trained = int(trained) if isinstance(trained, int) and trained > 0 else None
+    full, windowed, window = rows
+    return KvLayout(arch, trained, full, windowed * (window * max(parallel, 1) + ubatch))
 
 
 def _gib(value: float) -> str:
     return f"{value / GiB:.1f} GiB"
 
 
-def auto_context(main_file: Path | None, files: dict[str, list[Path]] | None, llamacpp_args: str = "",
-                 free: int | None = None, parallel: int = 1) -> ContextChoice:
-    """`ctx_size: -1`: the largest context whose KV cache fits `free` bytes once the weights and a
-    reserve are set aside, up to the trained length, in steps of 256 tokens."""
-    layout = kv_layout(main_file, llamacpp_args, parallel) if main_file is not None else None
-    if layout is None:
+def auto_context(need: MemoryNeed | None, free: int | None) -> ContextChoice:
+    """`ctx_size: -1`: the largest context whose whole estimate (weights, KV cache, buffers and what
+    grows while serving, llamacpp_memory.py) fits `free` bytes, up to the trained length, in steps of
+    256 tokens."""
+    if need is None or not need.ctx:
         return ContextChoice(FALLBACK_CTX, f"automatic: {FALLBACK_CTX} tokens (the model's metadata does not say "
                                            "how large its KV cache is)")
-    trained = layout.trained or UNKNOWN_TRAINED_CAP
-    trained_text = (f"the model's trained length ({layout.trained} tokens)" if layout.trained else
-                    f"{UNKNOWN_TRAINED_CAP} tokens (the model does not state its trained length)")
+    trained = need.ctx
     if free is None:
         ctx = min(trained, FALLBACK_CTX)
         return ContextChoice(ctx, f"automatic: {ctx} tokens (free memory could not be read)")
-    weights = weights_bytes(files or {})
-    reserve = max(RESERVE_BYTES, int(free * RESERVE_FRACTION))
-    usable = free - weights - reserve - layout.fixed
-    fits = int(usable // layout.per_token) if layout.per_token > 0 and usable > 0 else (
-        trained if layout.per_token <= 0 and usable > 0 else 0)
-    per_token = f"{layout.per_token / 1024:.1f} KiB per token" if layout.per_token else "no per-token KV cache"
-    budget = (f"{_gib(free)} free - {_gib(weights)} weights - {_gib(reserve)} reserve leaves room for "
-              f"{fits} tokens at {per_token}")
-    if fits >= trained:
-        return ContextChoice(trained, f"automatic: {trained_text}; {budget}")
-    ctx = max(MIN_AUTO_CTX, fits // CTX_ALIGN * CTX_ALIGN)
-    ctx = min(ctx, trained)
-    if fits < MIN_AUTO_CTX:
-        return ContextChoice(ctx, f"automatic: {ctx} tokens, the smallest useful context, though {budget}; the "
-                                  "load may fail for lack of memory: unload other models or set a smaller ctx_size")
-    return ContextChoice(ctx, f"automatic: {ctx} tokens, the most that fits below {trained_text}; {budget}")
+    fits = need.fit(free)
+    budget = f"{_gib(free)} of memory free for it; {_gib(need.at(trained))} at {trained} tokens"
+    if fits == trained:
+        return ContextChoice(trained, f"automatic: the model's trained length ({trained} tokens); {budget}")
+    if fits is None:
+        ctx = need.ctx_min or min(trained, MIN_AUTO_CTX)
+        return ContextChoice(ctx, f"automatic: {ctx} tokens, the smallest useful context, though it does not fit "
+                                  f"({budget}): unload other models or set a smaller ctx_size")
+    return ContextChoice(fits, f"automatic: {fits} tokens, the most that fits below the trained length "
+                               f"({trained} tokens); {budget}")
 
 
 def explicit_context(ctx_size: int) -> ContextChoice:

@@ -3,7 +3,9 @@
 guide-configuration-README.md: `disable_model_filtering` shows all models regardless of hardware;
 `enable_dgpu_gtt` counts a discrete GPU's GTT (system memory it may map) too. What "hold" means is
 Lemonade's rule: a model fits when its catalog `size` (GB) is at most the larger of the biggest
-single device memory pool and 80 % of system RAM. A device pool is a discrete GPU's VRAM, an
+single device memory pool and 80 % of system RAM, where system RAM is what the server may ever use:
+the machine's RAM, or the limit of the memory cgroup it runs in when that is lower (a container's;
+lemonade.system.memory, the budget every memory decision reads). A device pool is a discrete GPU's VRAM, an
 integrated GPU's larger of its carve-out and its shared (GTT) memory, or, with `enable_dgpu_gtt`,
 VRAM plus GTT for every GPU.
 
@@ -42,10 +44,12 @@ def _pool_gb(gpu: Gpu, dgpu_gtt: bool) -> float:
     return vram
 
 
-def memory_budget(report: DeviceReport, dgpu_gtt: bool = False) -> MemoryBudget:
-    """The budget of the machine `report` describes (lemonade.system.devices reads it)."""
+def memory_budget(report: DeviceReport, dgpu_gtt: bool = False, cap_bytes: int | None = None) -> MemoryBudget:
+    """The budget of the machine `report` describes (lemonade.system.devices reads it); `cap_bytes`: the
+    most the server may use (its cgroup's limit, when lower than the RAM)."""
     pools = [_pool_gb(g, dgpu_gtt) for g in report.gpus]
-    return MemoryBudget(system_ram_gb=report.cpu.memory_bytes / GIB, largest_pool_gb=max(pools, default=0.0))
+    ram = min(report.cpu.memory_bytes, cap_bytes) if cap_bytes else report.cpu.memory_bytes
+    return MemoryBudget(system_ram_gb=ram / GIB, largest_pool_gb=max(pools, default=0.0))
 
 
 def too_big(model: ModelInfo, budget: MemoryBudget) -> str | None:
@@ -55,6 +59,6 @@ def too_big(model: ModelInfo, budget: MemoryBudget) -> str | None:
         return None
     if model.size <= budget.max_model_gb:
         return None
-    return (f"{model.public} needs about {model.size:.1f} GB of memory; this machine offers models up to "
-            f"{budget.max_model_gb:.1f} GB (80 % of {budget.system_ram_gb:.1f} GB RAM, or its largest GPU memory). "
-            "Set disable_model_filtering to list it anyway.")
+    return (f"{model.public} needs about {model.size:.1f} GB of memory; this server offers models up to "
+            f"{budget.max_model_gb:.1f} GB (80 % of the {budget.system_ram_gb:.1f} GB of RAM it may use, or its "
+            "largest GPU memory). Set disable_model_filtering to list it anyway.")

@@ -154,3 +154,85 @@ def _info_cached(path: str, size: int, mtime: float) -> GGUFInfo:
 def gguf_info(path: Path) -> GGUFInfo:
     st = Path(path).stat()
     return _info_cached(str(Path(path).resolve()), st.st_size, st.st_mtime)
+
+
+# ----- tensors: what a load will hold resident ---------------------------------------------------------
+# ggml's type ids (ggml.h `enum ggml_type`), for the ones whose name a rule needs
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
+              11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+              18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
+              25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0",
+              39: "MXFP4"}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    type: str  # ggml's name for it ("Q4_K"), or "type<id>" for one not listed above
+    dims: tuple[int, ...]
+    nbytes: int  # its data in the file
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """What a memory estimate reads of a GGUF: its metadata (arrays of numbers included), the lengths
+    of the arrays it skipped (the vocabulary's size), and its tensors."""
+
+    meta: dict[str, Any]
+    array_lengths: dict[str, int]
+    tensors: tuple[GGUFTensor, ...]
+    file_bytes: int
+
+
+def _read_layout(path: Path) -> GGUFLayout:
+    meta: dict[str, Any] = {}
+    lengths: dict[str, int] = {}
+    size = path.stat().st_size
+    with open(path, "rb", buffering=1 << 16) as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file")
+        if _read(fh, "<I") < 2:
+            raise GGUFError(f"{path}: GGUF version is not supported")
+        n_tensors = _read(fh, "<Q")
+        for _ in range(_read(fh, "<Q")):
+            key = _read_str(fh)
+            vtype = _read(fh, "<I")
+            if vtype in _SCALARS:
+                meta[key] = _read(fh, _SCALARS[vtype])
+            elif vtype == _STRING:
+                meta[key] = _read_str(fh)
+            elif vtype == _ARRAY:
+                start = fh.tell()
+                fh.seek(4, 1)
+                lengths[key] = _read(fh, "<Q")
+                fh.seek(start)
+                value = _read_scalar_array(fh)
+                if value is not None:
+                    meta[key] = value
+            else:
+                _skip_value(fh, vtype)
+        raw = []
+        for _ in range(n_tensors):
+            name = _read_str(fh)
+            n_dims = _read(fh, "<I")
+            dims = tuple(_read(fh, "<Q") for _ in range(n_dims))
+            type_id = _read(fh, "<I")
+            raw.append((name, GGML_TYPES.get(type_id, f"type{type_id}"), dims, _read(fh, "<Q")))
+        align = int(meta.get("general.alignment", 32) or 32)
+        data_start = -(-fh.tell() // align) * align
+    ends = sorted({offset for *_, offset in raw} | {size - data_start})
+    nxt = {offset: ends[i + 1] for i, offset in enumerate(ends[:-1])}
+    tensors = tuple(GGUFTensor(name, kind, dims, max(0, nxt.get(offset, offset) - offset))
+                    for name, kind, dims, offset in raw)
+    return GGUFLayout(meta, lengths, tensors, size)
+
+
+@lru_cache(maxsize=64)
+def _layout_cached(path: str, size: int, mtime: float) -> GGUFLayout:
+    return _read_layout(Path(path))
+
+
+def gguf_layout(path: Path) -> GGUFLayout:
+    """The metadata and tensors of a GGUF file (memoised on path, size and mtime)."""
+    st = Path(path).stat()
+    return _layout_cached(str(Path(path).resolve()), st.st_size, st.st_mtime)

@@ -44,11 +44,13 @@ def _local_engine(recipe: str) -> Any:
     return engine
 
 
-def supported_only(recipes: dict[str, Any]) -> dict[str, Any]:
-    """`recipes` without the backends this machine cannot run (and recipes left with none)."""
+def supported_only(recipes: dict[str, Any], hidden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """`recipes` without the backends this machine cannot run (and recipes left with none), and without
+    the `hidden` ones: recipes none of whose models this server offers (`/v1/system-info`
+    `unavailable_recipes`, as upstream's CLI hides them)."""
     out: dict[str, Any] = {}
     for recipe, info in recipes.items():
-        if not isinstance(info, dict):
+        if not isinstance(info, dict) or recipe in hidden:
             continue
         backends = {b: st for b, st in (info.get("backends") or {}).items() if (st or {}).get("state") != "unsupported"}
         if backends:
@@ -59,14 +61,18 @@ def supported_only(recipes: dict[str, Any]) -> dict[str, Any]:
 @backends_app.callback(invoke_without_command=True)
 def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json: JsonOpt = False,
          show_all: Annotated[bool, typer.Option("--all", help="Also list the recipes and backends this machine "
-                                                "cannot run")] = False) -> None:
+                                                "cannot run, and recipes whose models are all too big for "
+                                                "the memory the server may use")] = False) -> None:
     """Recipes and backends this machine supports, with their state (installed, installable, ...); --all
     lists every recipe and backend."""
     if ctx.invoked_subcommand is not None:
         return
     c = client(host, port, discover=False)
+    hidden: list[str] = []
     if c.is_running():
-        recipes = (c.get("/v1/system-info") or {}).get("recipes") or {}
+        info = c.get("/v1/system-info") or {}
+        recipes = info.get("recipes") or {}
+        hidden = [r for r in info.get("unavailable_recipes") or [] if isinstance(r, str)]
     else:
         from lemonade.paths import cache_dir
 
@@ -74,7 +80,7 @@ def show(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, as_json
                   f"{escape(str(cache_dir()))}.[/dim]", highlight=False)
         recipes = _local_engines().system_info()
     if not show_all:
-        recipes = supported_only(recipes)
+        recipes = supported_only(recipes, hidden)
     if as_json:
         print_json(backend_rows(recipes))
         return

@@ -87,6 +87,9 @@ def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
     if lm.engine.remote:
         status, message, code = lm.engine.unreachable(lm.launch, exc)
         return EngineUnreachable(status, message, type="server_error", code=code)
+    if lm.exit_reason is not None:  # the router knows why (an out-of-memory kill, an exit code)
+        return EngineUnreachable(502, f"The engine for {lm.model.public} ended while answering: {lm.exit_reason}",
+                                 type="server_error", code="backend_crashed")
     code = lm.server.proc.returncode if lm.server.proc else None
     if code is not None:
         return EngineUnreachable(502, f"The engine for {lm.model.public} exited (code {code}) while answering; it is "
@@ -150,6 +153,13 @@ class Proxy:
             return 0
         return await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
 
+    async def _crash(self, lm: LoadedModel, exc: Exception) -> EngineUnreachable:
+        """The error for a request whose engine went away: once the router has seen the process end
+        (a moment at most), it says why, an out-of-memory kill included."""
+        if not lm.engine.remote:
+            await self.router.confirm_crash(lm, wait=1.0)
+        return crash_error(lm, exc)
+
     async def _count_tokens(self, lm: LoadedModel, text: str) -> int | None:
         """Tokens of `text` by the engine's own tokenizer (None: it did not say)."""
         try:
@@ -190,7 +200,7 @@ class Proxy:
             log.info("%s: the client went away; the engine request was cancelled", lm.name)
             raise
         except ENGINE_ERRORS as exc:
-            raise crash_error(lm, exc) from None
+            raise await self._crash(lm, exc) from None
         finally:
             lm.last_progress = time.monotonic()
         if status != 200:
@@ -346,7 +356,7 @@ class Proxy:
                     opened.close()
                 await release()
                 if attempt or not await self.router.confirm_crash(lm):
-                    raise crash_error(lm, exc) from None
+                    raise await self._crash(lm, exc) from None
             except BaseException:
                 if opened is not None:
                     opened.close()
@@ -390,7 +400,7 @@ class Proxy:
                     yield chunk
                     chunk = await anext(chunks, None)
             except ENGINE_ERRORS as exc:
-                err = crash_error(lm, exc)
+                err = await self._crash(lm, exc)
                 log.error("%s", err.message)
                 if span is not None:
                     span.fail(err.message)

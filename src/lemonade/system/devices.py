@@ -583,10 +583,14 @@ def memory_use() -> MemoryUse:
         used = gpu_usage().vram_used_bytes
         if used is not None:
             return MemoryUse(used, total_vram, "vram")
-    import psutil
+    from lemonade.system.memory import read_budget
 
-    mem = psutil.virtual_memory()
-    return MemoryUse(mem.total - mem.available, mem.total, "ram")
+    # Host RAM within the server's memory cgroup, when a cgroup limit is what binds (a container)
+    budget = read_budget()
+    cgroup = budget.cgroup
+    if cgroup is not None and cgroup.limit_bytes is not None and cgroup.limit_bytes < budget.ram_bytes:
+        return MemoryUse(cgroup.working_set_bytes, cgroup.limit_bytes, "ram")
+    return MemoryUse(budget.ram_bytes - budget.available_bytes, budget.ram_bytes, "ram")
 
 
 # --- small helpers -----------------------------------------------------------------------------

@@ -71,6 +71,13 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
     providers = svc.cloud.describe()
     if providers:  # omitted when no provider is installed (api-lemonade.md)
         info["cloud"] = {"providers": providers}
+    # The memory budget every memory decision reads (docs/memory.md), and the recipes it leaves no model of
+    memory = svc.router.budget()
+    info.update(memory.describe())
+    info["memory_budget_set_by_cgroup"] = memory.source == "cgroup" or memory.cap_bytes < memory.ram_bytes
+    unavailable = svc.unavailable_recipes(await asyncio.to_thread(svc.memory_budget))
+    info["unavailable_recipes"] = list(unavailable)
+    info["unavailable_recipe_reasons"] = unavailable
     if include_paths:
         info["cache_dir"] = str(svc.cache_dir)
         info["config_dir"] = str(svc.config_dir)

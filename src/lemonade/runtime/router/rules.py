@@ -14,7 +14,12 @@ The rules (Lemonade's multi-model guide, and the queue that keeps swaps fair):
 - the model that leaves is one nobody waits for, else the most disposable by eviction score
   (idle time over load cost); a busy one drains first; every slot pinned → 409;
 - a routing helper used directly by a user moves to the standard pool, whose least recently used
-  unpinned model of the type leaves to make room (409 when every one is pinned: nothing changes).
+  unpinned model of the type leaves to make room (409 when every one is pinned: nothing changes);
+- memory (docs/memory.md): a load starts only when its estimate fits what the budget leaves free
+  after every loaded, loading and stopping model is counted at the most it may hold; idle unpinned
+  models leave first (most disposable first, any type), busy ones drain; with `ctx_size: -1` it gets
+  the largest context that fits. What cannot fit even then is refused before any process starts:
+  507 `insufficient_memory`, naming what it needs, what is free and what would make it fit.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lemonade.backends.engine import MemoryNeed
 from lemonade.errors import APIError
 from lemonade.runtime.router.state import HELPER, STANDARD, ModelState
 
@@ -40,6 +46,8 @@ class Resident(Protocol):
     def usable(self) -> bool: ...
     @property
     def evict_weight(self) -> float: ...
+    @property
+    def held_bytes(self) -> int: ...
     state: ModelState
     residency: str
     active: int
@@ -58,6 +66,7 @@ class Wanted(Protocol):
     def type(self) -> str: ...
     helper: bool
     remote: bool
+    need: MemoryNeed | None
 
 
 # ----- decisions -------------------------------------------------------------------------------------
@@ -75,12 +84,15 @@ class Admit:
 @dataclass(frozen=True)
 class Load:
     waiter: Any  # its model starts loading into a slot (or no slot: helper, remote, unlimited type)
+    ctx: int | None = None  # the context that fits the memory budget (its estimate's asked one, or the largest)
+    bytes: int = 0  # what the load is counted for until it is loaded
 
 
 @dataclass(frozen=True)
 class Evict:
     model: Any  # taken out of service now, stopped once idle
     for_name: str  # the model it makes room for
+    memory: bool = False  # room in memory, not a slot
 
 
 @dataclass(frozen=True)
@@ -177,10 +189,21 @@ class _Sim:
         return self.lm.type == mtype and self.residency == STANDARD and not self.lm.remote
 
 
+@dataclass(frozen=True)
+class Memory:
+    """The memory budget as the planner reads it: what our engines may hold together now (the budget
+    less a reserve), what set it (for messages), and the bytes each load under way is counted for."""
+
+    budget: int
+    source: str = "the memory budget"
+    loading: Mapping[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class Queue:
     """What the planner reads: the waiting requests (FIFO), the loaded models by name, the loads under
-    way (name -> the slot type they count in), the processes still stopping, and the limits."""
+    way (name -> the slot type they count in), the processes still stopping, the limits, and the
+    memory budget (None: no memory check, as for a GPU the server does not account)."""
 
     waiters: Sequence[Wanted]
     residents: Mapping[str, Resident]
@@ -190,6 +213,7 @@ class Queue:
     batch: int
     now: float
     public: Callable[[Any], str] = field(default=lambda x: x.name)  # how an error names a model
+    memory: Memory | None = None
 
 
 def admits(lm: Resident, q: Queue, *, helper: bool = False) -> bool:
@@ -223,19 +247,36 @@ def _contended(mtype: str, q: Queue, sims: Mapping[str, _Sim], waiters: Sequence
                for w in (q.waiters if waiters is None else waiters))
 
 
+@dataclass
+class _Leaving:
+    """A process stopping (before the plan, or evicted in it): it holds its slot and memory until gone."""
+
+    type: str
+    standard: bool
+    name: str
+    bytes: int
+
+
 def plan(q: Queue) -> list[Decision]:
     """Everything that should happen now for the waiting requests, in the order to carry it out."""
     sims = _sims(q)
     waiters = list(q.waiters)
     loading = dict(q.loading)
-    retiring = [(lm.type, lm.residency == STANDARD and not lm.remote, lm.name) for lm in q.retiring]
+    loading_bytes = dict(q.memory.loading) if q.memory is not None else {}
+    retiring = [_Leaving(lm.type, lm.residency == STANDARD and not lm.remote, lm.name, lm.held_bytes)
+                for lm in q.retiring]
     out: list[Decision] = []
 
     def contended(mtype: str) -> bool:
         return _contended(mtype, q, sims, waiters, loading)
 
+    def leave(s: _Sim) -> None:
+        s.gone = True
+        retiring.append(_Leaving(s.lm.type, s.standard(s.lm.type), s.lm.name, s.lm.held_bytes))
+
+    short = _memory_waiting(q, sims, waiters, loading, loading_bytes, retiring)
     for s in sims.values():
-        if s.state is ModelState.DRAINING and not contended(s.lm.type):
+        if s.state is ModelState.DRAINING and not contended(s.lm.type) and not short:
             s.state = ModelState.READY
             out.append(Undrain(s.lm))
 
@@ -260,8 +301,7 @@ def plan(q: Queue) -> list[Decision]:
                     out.append(Refuse(w, exc, all_of_model=False))
                     continue
             for victim in evict:
-                sims[victim.name].gone = True
-                retiring.append((victim.type, True, victim.name))
+                leave(sims[victim.name])
             s.residency = want
             out.append(Admit(w, s.lm, move_to=want, evict=tuple(evict)))
         s.served += 1
@@ -274,6 +314,7 @@ def plan(q: Queue) -> list[Decision]:
     decided: set[str] = set()
     seen: set[str] = set()
     refused: set[str] = set()
+    memory_decided = False  # one memory decision per pass: the next sees what it freed
     for w in list(waiters):
         name, mtype = w.name, w.type
         if name in seen or name in refused or (mtype in decided and not w.helper):
@@ -281,14 +322,29 @@ def plan(q: Queue) -> list[Decision]:
         seen.add(name)
         if name in loading or _has_process(name, sims):
             continue
-        if any(r[2] == name for r in retiring):
+        if any(r.name == name for r in retiring):
             if not w.helper:
                 decided.add(mtype)  # its old process is still stopping; load again once it is gone
             continue
         limit = q.limit(mtype)
         if limit == -1 or w.remote or w.helper or _occupied(mtype, sims, loading, retiring) < limit:
-            loading[name] = "remote" if w.remote else HELPER if w.helper else mtype
-            out.append(Load(w))
+            if memory_decided and w.need is not None and q.memory is not None:
+                continue
+            decisions = _memory_room(w, q, sims, loading_bytes, retiring, waiters)
+            if decisions and isinstance(decisions[0], Load):
+                loading[name] = "remote" if w.remote else HELPER if w.helper else mtype
+                loading_bytes[name] = decisions[0].bytes
+            elif w.need is not None:
+                memory_decided = True
+            for d in decisions:
+                out.append(d)
+                if isinstance(d, Evict):
+                    leave(sims[d.model.name])
+                elif isinstance(d, Drain):
+                    sims[d.model.name].state = ModelState.DRAINING
+                elif isinstance(d, Refuse):
+                    refused.add(name)
+                    waiters = [x for x in waiters if x.name != name]
             continue
         decided.add(mtype)
         decision = _make_room(w, q, sims, loading, retiring, waiters)
@@ -299,28 +355,108 @@ def plan(q: Queue) -> list[Decision]:
             refused.add(name)
             waiters = [x for x in waiters if x.name != name]
         elif isinstance(decision, Evict):
-            sims[decision.model.name].gone = True
-            retiring.append((mtype, True, decision.model.name))
+            leave(sims[decision.model.name])
         elif isinstance(decision, Drain):
             sims[decision.model.name].state = ModelState.DRAINING
     return out
 
 
-def _occupied(mtype: str, sims: Mapping[str, _Sim], loading: Mapping[str, str],
-              retiring: Sequence[tuple[str, bool, str]]) -> int:
+# ----- memory ------------------------------------------------------------------------------------------
+def _free(q: Queue, sims: Mapping[str, _Sim], loading_bytes: Mapping[str, int],
+          retiring: Sequence[_Leaving]) -> int:
+    """What the budget leaves free once every loaded, loading and stopping model is counted."""
+    assert q.memory is not None
+    held = sum(s.lm.held_bytes for s in sims.values() if not s.gone and not s.lm.remote)
+    return q.memory.budget - held - sum(loading_bytes.values()) - sum(r.bytes for r in retiring)
+
+
+def _memory_waiting(q: Queue, sims: Mapping[str, _Sim], waiters: Sequence[Wanted], loading: Mapping[str, str],
+                    loading_bytes: Mapping[str, int], retiring: Sequence[_Leaving]) -> bool:
+    """Does a request wait for memory (its load does not fit what is free)? Then a model that drained
+    to make room stays drained."""
+    if q.memory is None:
+        return False
+    free = _free(q, sims, loading_bytes, retiring)
+    return any(w.need is not None and w.name not in loading and not _has_process(w.name, sims)
+               and w.need.fit(free) is None for w in waiters)
+
+
+def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: Mapping[str, int],
+                 retiring: Sequence[_Leaving], waiters: Sequence[Wanted]) -> list[Decision]:
+    """For a load that has its slot: [Load] when its estimate fits what is free (with the context that
+    fits), else what makes room in memory (evictions, drains; nothing while stopping processes will
+    free enough), or a 507 refusal when even every unpinned model leaving would not be enough."""
+    need = w.need
+    if need is None or q.memory is None:
+        return [Load(w)]
+    free = _free(q, sims, loading_bytes, retiring)
+    ctx = need.fit(free)
+    if ctx is not None:
+        return [Load(w, ctx or None, need.at(ctx or None))]
+    if retiring and need.fit(free + sum(r.bytes for r in retiring)) is not None:
+        return []  # what is stopping will free enough
+    waiting = {x.name for x in waiters}
+    movable = [s for s in sims.values() if not s.gone and s.usable and not s.lm.pinned and not s.lm.remote]
+    movable.sort(key=lambda s: (s.active > 0, s.lm.name in waiting, -score(s.lm, q.now, s.last_use)))
+    chosen: list[_Sim] = []
+    room = free + sum(r.bytes for r in retiring)
+    for s in movable:
+        if need.fit(room) is not None:
+            break
+        chosen.append(s)
+        room += s.lm.held_bytes
+    if need.fit(room) is None:
+        if need.fit(room + sum(loading_bytes.values())) is not None:
+            return []  # a load under way may leave again once it has served its waiters
+        return [Refuse(w, insufficient_memory(w, q, sims, free))]
+    return [Evict(s.lm, w.name, memory=True) if s.active == 0 else Drain(s.lm)
+            for s in chosen if s.active == 0 or s.state is not ModelState.DRAINING]
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def insufficient_memory(w: Wanted, q: Queue, sims: Mapping[str, _Sim], free: int) -> APIError:
+    """507: the load cannot fit; what it needs, what is free, and what would make it fit."""
+    assert w.need is not None and q.memory is not None
+    need = w.need
+    lowest = need.at(need.ctx_min if need.ctx_min is not None else need.ctx)
+    parts = ", ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in need.parts.items() if v >= 2**20)
+    pinned = [s for s in sims.values() if not s.gone and s.usable and s.lm.pinned and not s.lm.remote]
+    unpinned = sum(s.lm.held_bytes for s in sims.values() if not s.gone and s.usable and not s.lm.pinned
+                   and not s.lm.remote)
+    best = free + unpinned  # every unpinned model unloaded
+    hints = []
+    if need.ctx:
+        smaller = MemoryNeed(need.fixed, need.terms, need.ctx, MemoryNeed.ALIGN, need.parts).fit(best)
+        if smaller:
+            hints.append(f"a smaller ctx_size ({smaller} tokens would fit)")
+        hints.append("fewer slots (-np N in llamacpp_args)")
+    if pinned and need.fit(best + sum(s.lm.held_bytes for s in pinned)) is not None:
+        hints.append("unloading pinned " + ", ".join(f"{q.public(s.lm)} ({_mib(s.lm.held_bytes)})" for s in pinned))
+    hints.append("more memory for this server")
+    context = f" at {need.ctx_min if need.auto else need.ctx} tokens of context" if need.ctx else ""
+    return APIError(507, f"Cannot load {q.public(w)}: it needs about {_mib(lowest)}{context} ({parts}), and "
+                    f"{_mib(max(0, best))} of the {_mib(q.memory.budget)} this server may use ({q.memory.source}) "
+                    f"can be made free. What would make it fit: {'; '.join(hints)}.", type="server_error",
+                    code="insufficient_memory")
+
+
+def _occupied(mtype: str, sims: Mapping[str, _Sim], loading: Mapping[str, str], retiring: Sequence[_Leaving]) -> int:
     """Standard slots of the type taken: resident, loading and still stopping (helpers take none)."""
     names = {n for n, s in sims.items() if not s.gone and s.standard(mtype)}
     names |= {n for n, t in loading.items() if t == mtype}
-    return len(names) + sum(1 for t, std, _ in retiring if std and t == mtype)
+    return len(names) + sum(1 for r in retiring if r.standard and r.type == mtype)
 
 
 def _make_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading: Mapping[str, str],
-               retiring: Sequence[tuple[str, bool, str]], waiters: Sequence[Wanted]) -> Decision | None:
+               retiring: Sequence[_Leaving], waiters: Sequence[Wanted]) -> Decision | None:
     """The one step that frees a standard slot of `w`'s type, or None while one is already freeing."""
     mtype = w.type
     same = [s for s in sims.values() if not s.gone and s.standard(mtype)]
     candidates = [s for s in same if not s.lm.pinned]
-    leaving = any(std and t == mtype for t, std, _ in retiring)
+    leaving = any(r.standard and r.type == mtype for r in retiring)
     if not candidates:
         if mtype not in loading.values() and not leaving:
             return Refuse(w, slots_pinned(q.public(w), q.limit(mtype), mtype, (q.public(s.lm) for s in same)))

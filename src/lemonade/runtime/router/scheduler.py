@@ -46,7 +46,7 @@ from typing import Any
 
 import lemonade.runtime.router.rules as rules
 from lemonade.backends.base import BackendStartError
-from lemonade.backends.engine import Engine, EngineUnavailable
+from lemonade.backends.engine import Engine, EngineUnavailable, MemoryNeed
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.errors import APIError
@@ -59,6 +59,7 @@ from lemonade.runtime.router.housekeeping import Housekeeping
 from lemonade.runtime.router.prepare import Preparation
 from lemonade.runtime.router.state import HELPER, STANDARD, LoadedModel, ModelState, Options, QueueStats, Waiter
 from lemonade.system.devices import MemoryUse, memory_use
+from lemonade.system.memory import MemoryBudget, cgroup_memory, read_budget
 from lemonade.util.ports import free_port
 
 log = logging.getLogger("lemonade.router")
@@ -80,11 +81,13 @@ class Router:
         self.stats = QueueStats()
         self._queue: list[Waiter] = []
         self._loading: dict[str, str] = {}  # model name -> the slot type it counts in: loads under way
+        self._loading_bytes: dict[str, int] = {}  # model name -> the memory its load is counted for
         self._retiring: list[LoadedModel] = []  # leaving; still hold their slot until stopped
         self._preparation = Preparation(config, files_for)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.housekeeping = Housekeeping(self, memory)
         self.closed = False
+        self._oom_kills = self._oom_count()  # the cgroup's OOM kill counter, to tell an OOM kill from other deaths
         self.gate = ExclusiveGate()  # a running job's hold on every model (runtime/exclusive.py)
         # Names of the models registered routing policies call (Services sets it): only those become helpers.
         self.needed_helpers: Callable[[], set[str]] = set
@@ -117,6 +120,10 @@ class Router:
         so a helper that just chose a candidate never becomes the implicit user-facing model."""
         live = [lm for lm in self.models(mode) if recipe is None or lm.model.recipe == recipe]
         return next((lm for lm in live if lm.residency == STANDARD), live[0] if live else None)
+
+    def processes(self) -> list[LoadedModel]:
+        """Every engine process of ours: loaded models and those still stopping."""
+        return [*self.loaded.values(), *self._retiring]
 
     def describe(self) -> list[dict[str, Any]]:
         return [lm.describe() for lm in self.models(usable=False)]
@@ -166,9 +173,40 @@ class Router:
         (what an exclusive job waits for before it starts, runtime/exclusive.py)."""
         return not self._queue and not self._loading and all(lm.active == 0 for lm in self.loaded.values())
 
-    def _queue_view(self) -> rules.Queue:
+    def _queue_view(self, memory: bool = False) -> rules.Queue:
+        """What the rules read; `memory`: with the memory budget read now (only a decision that may
+        start a load needs it, never the fast path)."""
         return rules.Queue(self._queue, self.loaded, self._loading, self._retiring, self.limit_for,
-                           int(self.config.get("swap_batch")), time.time(), public=lambda x: x.model.public)
+                           int(self.config.get("swap_batch")), time.time(), public=lambda x: x.model.public,
+                           memory=self._memory_view() if memory else None)
+
+    # ----- memory (docs/memory.md) ------------------------------------------------------------------
+    def budget(self) -> MemoryBudget:
+        """The memory budget now, with what our engines hold as last measured."""
+        held = sum(lm.memory_bytes or 0 for lm in self.processes())
+        return read_budget(held)
+
+    def _memory_view(self) -> rules.Memory:
+        budget = self.budget()
+        source = {"cgroup": f"the memory cgroup's limit of {budget.cap_bytes / 2**30:.2f} GiB",
+                  "ram": "the machine's RAM", "available": "the memory the system has available"}[budget.source]
+        return rules.Memory(budget.admissible_bytes, source, dict(self._loading_bytes))
+
+    async def _estimate(self, model: ModelInfo, engine: Engine, options: dict[str, Any]) -> MemoryNeed | None:
+        """What a load of `model` would hold at most (None: the engine cannot tell; no memory check)."""
+        try:
+            files = await self._files_for(model)
+            backend = engine.ready_backend(engine.requested_backend(options))
+            cap = self.budget().cap_bytes
+            return await asyncio.to_thread(engine.memory_need, model, files, options, backend, cap)
+        except Exception as exc:  # an estimate that fails must not stop the load (it is then not admitted by memory)
+            log.warning("No memory estimate for %s: %s", model.name, exc)
+            return None
+
+    @staticmethod
+    def _oom_count() -> int | None:
+        cgroup = cgroup_memory()
+        return cgroup.oom_kills if cgroup is not None else None
 
     # ----- acquiring a model for one request ---------------------------------------------------
     @contextlib.asynccontextmanager
@@ -243,12 +281,17 @@ class Router:
         self.housekeeping.start()
         engine = self.engine_for(model)
         await self._preparation.prepare(model, engine, options)
+        need = None
+        if not engine.remote and self.resident(model.name) is None and model.name not in self._loading:
+            options = options() if callable(options) else options  # the options its load will use
+            need = await self._estimate(model, engine, options)
         if len(self._queue) >= self.config.get("max_queue_depth"):
             self.stats.rejected += 1
             raise APIError(503, f"The server is busy: {len(self._queue)} requests are already waiting for a model "
                            "slot. Retry shortly, or raise max_loaded_models so fewer models have to take turns.",
                            code="queue_full", headers={"Retry-After": "5"})
-        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future(), helper, engine.remote)
+        waiter = Waiter(model, options, pinned, asyncio.get_running_loop().create_future(), helper, engine.remote,
+                        need)
         self._queue.append(waiter)
         self.stats.waits += 1
         self._dispatch()
@@ -332,7 +375,9 @@ class Router:
         if self.closed:
             return
         self._queue = [w for w in self._queue if not w.future.done()]
-        for decision in rules.plan(self._queue_view()):
+        needs_memory = any(w.need is not None and w.name not in self._loading and w.name not in self.loaded
+                           for w in self._queue)
+        for decision in rules.plan(self._queue_view(memory=needs_memory)):
             if isinstance(decision, rules.Undrain):
                 decision.model.state = ModelState.READY
             elif isinstance(decision, rules.Admit):
@@ -343,16 +388,25 @@ class Router:
                 self._take(lm, w.pinned)
                 w.future.set_result(lm)
             elif isinstance(decision, rules.Load):
-                self._begin_load(decision.waiter)
+                self._begin_load(decision.waiter, decision.ctx, decision.bytes)
             elif isinstance(decision, rules.Evict):
                 victim = decision.model
-                log.info("Evicting %s (least recently used %s) to make room for %s (%d request(s) waiting)",
-                         victim.name, victim.type, decision.for_name,
-                         sum(1 for x in self._queue if x.model.name == decision.for_name))
+                waiting = sum(1 for x in self._queue if x.model.name == decision.for_name)
+                if decision.memory:
+                    self.stats.memory_evictions += 1
+                    log.info("Evicting %s (%.0f MiB, the most disposable idle model) to make memory room for %s "
+                             "(%d request(s) waiting)", victim.name, victim.held_bytes / 2**20, decision.for_name,
+                             waiting)
+                else:
+                    log.info("Evicting %s (least recently used %s) to make room for %s (%d request(s) waiting)",
+                             victim.name, victim.type, decision.for_name, waiting)
                 self._evict(victim)
             elif isinstance(decision, rules.Drain):
                 decision.model.state = ModelState.DRAINING  # evicted once its requests finish, if still needed
             elif isinstance(decision, rules.Refuse):
+                if decision.error.code == "insufficient_memory":
+                    self.stats.memory_refusals += 1
+                    log.warning("%s", decision.error.message)
                 if decision.all_of_model:
                     self._fail_waiters(decision.waiter.model.name, decision.error)
                 else:
@@ -371,18 +425,30 @@ class Router:
                 x.future.set_exception(exc)
 
     # ----- loading ---------------------------------------------------------------------------------
-    def _begin_load(self, w: Waiter) -> None:
+    def _begin_load(self, w: Waiter, ctx: int | None = None, held: int = 0) -> None:
         # A remote model's load, and a helper's, is counted under no standard slot type (they take none).
         self._loading[w.model.name] = "remote" if w.remote else HELPER if w.helper else w.model.type
+        self._loading_bytes[w.model.name] = held
         pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
         self.prune_helpers()  # as Lemonade does before every load: stale helpers leave first
-        self._spawn(self._load(w.model, w.options, pinned, HELPER if w.helper else STANDARD))  # a pin survives a crash
+        self._spawn(self._load(w.model, w.options, pinned, HELPER if w.helper else STANDARD,  # a pin survives a crash
+                               w.need, ctx))
 
-    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None, residency: str = STANDARD) -> None:
+    async def _load(self, model: ModelInfo, options: Options, pinned: bool | None, residency: str = STANDARD,
+                    need: MemoryNeed | None = None, ctx: int | None = None) -> None:
+        opts = options() if callable(options) else options
+        if need is not None and need.auto and ctx:
+            opts = {**opts, "resolved_ctx_size": ctx}  # ctx_size -1: the context the memory budget leaves
         try:
-            lm = await self._start(model, options() if callable(options) else options, bool(pinned), residency)
+            try:
+                lm = await self._start(model, opts, bool(pinned), residency)
+            except APIError as exc:
+                if not await self._unload_all_for_retry(model, exc):
+                    raise
+                lm = await self._start(model, opts, bool(pinned), residency)
         except BaseException as exc:
             self._loading.pop(model.name, None)
+            self._loading_bytes.pop(model.name, None)
             err = exc if isinstance(exc, APIError) else APIError(500, f"Failed to load model {model.public}: {exc}",
                                                                   type="server_error", code="model_load_error")
             self._fail_waiters(model.name, err)
@@ -391,6 +457,8 @@ class Router:
                 raise
             return
         self._loading.pop(model.name, None)
+        self._loading_bytes.pop(model.name, None)
+        lm.need, lm.ctx = need, ctx or lm.context_length
         if self.closed:
             await lm.server.stop()
             return
@@ -427,16 +495,44 @@ class Router:
         log.info("Loaded %s in %.2fs (pid %s)", model.name, elapsed, launch.server.pid)
         return lm
 
+    async def _unload_all_for_retry(self, model: ModelInfo, exc: APIError) -> bool:
+        """Lemonade's failed-load rule (multi-model guide, Eviction Policy 3): a load that failed for any
+        reason but a missing file unloads every model and is tried once more. A pin outranks the rule:
+        pinned models stay. False (nothing done) when the rule does not apply."""
+        missing = "no such file" in exc.message.lower() or "not found" in exc.message.lower()
+        if exc.code != "model_load_error" or missing or self.closed:
+            return False
+        others = [lm for lm in self.loaded.values() if not lm.pinned]
+        log.warning("Loading %s failed (%s); unloading %s and trying once more", model.public,
+                    exc.message.splitlines()[0][:300], ", ".join(lm.name for lm in others) or "no other model")
+        await asyncio.gather(*(self.retire(lm) for lm in others))
+        return True
+
     # ----- leaving ----------------------------------------------------------------------------------
     def _crashed(self, lm: LoadedModel, code: int) -> None:
         if self.loaded.get(lm.name) is lm:
             del self.loaded[lm.name]
+            oom = self._oom_killed(code)
+            how = (f"was killed by the kernel's out-of-memory killer (holding {(lm.peak_bytes or 0) / 2**20:.0f} MiB)"
+                   if oom else f"exited with code {code}")
             self.crashed[lm.name] = {"model_name": lm.model.public, "pid": lm.server.pid, "exit_code": code,
-                                     "time": time.time(), "pinned": lm.pinned,
-                                     "message": f"{lm.engine.process} for {lm.model.public} exited with code "
-                                                f"{code}; it is started again on the next request"}
+                                     "time": time.time(), "pinned": lm.pinned, "oom_killed": oom,
+                                     "message": f"{lm.engine.process} for {lm.model.public} {how}; it is started "
+                                                "again on the next request"}
+            lm.exit_reason = self.crashed[lm.name]["message"]
             self._on_change()
             self._dispatch()
+
+    def _oom_killed(self, code: int) -> bool:
+        """Was an engine that exited with `code` killed by the OOM killer? A SIGKILL while the cgroup's
+        OOM kill counter went up."""
+        count = self._oom_count()
+        went_up = count is not None and self._oom_kills is not None and count > self._oom_kills
+        self._oom_kills = count
+        if code == -9 and went_up:
+            self.stats.oom_kills += 1
+            return True
+        return False
 
     async def confirm_crash(self, lm: LoadedModel, wait: float = 2.0) -> bool:
         """After a failed connection: True (and the model forgotten) when its process has exited."""

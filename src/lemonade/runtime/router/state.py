@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lemonade.backends.engine import Engine, Launch
+from lemonade.backends.engine import Engine, Launch, MemoryNeed
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.options import RESIDENCY_OPTIONS
@@ -52,6 +52,11 @@ class LoadedModel:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     kv: KvPool | None = None  # the engine's shared KV cache, when its slots share one (runtime/kv_pool.py)
     residency: str = STANDARD  # STANDARD or HELPER: which slot pool the process counts in
+    need: MemoryNeed | None = None  # the estimate it was admitted with (None: the engine gives none)
+    ctx: int | None = None  # the context the estimate is for
+    memory_bytes: int | None = None  # its process tree's memory, as last measured (PSS, else RSS)
+    peak_bytes: int = 0  # the most it was measured to hold
+    exit_reason: str | None = None  # why its process ended, once the router knows (an OOM kill, an exit code)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -112,6 +117,17 @@ class LoadedModel:
         return not self.retiring and self.server.alive
 
     @property
+    def estimate_bytes(self) -> int | None:
+        return self.need.at(self.ctx) if self.need is not None else None
+
+    @property
+    def held_bytes(self) -> int:
+        """What it counts for against the memory budget: the most it may grow to, by the estimate, or
+        what it was measured to hold when that is more (a measurement replaces an estimate that fell
+        short, for this model and configuration)."""
+        return max(self.estimate_bytes or 0, self.peak_bytes)
+
+    @property
     def evict_weight(self) -> float:
         return float(self.options.get("evict_weight_factor") or 1.0)
 
@@ -145,6 +161,8 @@ class LoadedModel:
             "load_seconds": round(self.load_seconds, 3),
             "downsized": self.downsized,
             **({"context_length": self.context_length} if self.context_length is not None else {}),
+            "memory_estimate_bytes": self.estimate_bytes,
+            "memory_bytes": self.memory_bytes,
             **({"kv_cache": self.kv.describe()} if self.kv is not None else {}),
         }
 
@@ -159,6 +177,7 @@ class Waiter:
     future: asyncio.Future[LoadedModel]
     helper: bool = False  # a routing policy's call: loads into the routing-helper pool
     remote: bool = False  # served by a cloud provider: takes no slot
+    need: MemoryNeed | None = None  # what its load would hold (None: not estimated, no memory check)
     since: float = field(default_factory=time.monotonic)
 
     @property
@@ -183,3 +202,6 @@ class QueueStats:
     watchdog_kills: int = 0
     pressure_samples: int = 0  # device memory readings taken for pressure eviction
     pressure_evictions: int = 0  # unloads because memory use passed auto_evict_threshold_pct
+    memory_evictions: int = 0  # unloads to make memory room for a load
+    memory_refusals: int = 0  # loads refused with 507 insufficient_memory
+    oom_kills: int = 0  # engines the kernel's out-of-memory killer ended

@@ -1,0 +1,297 @@
+"""What a llama-server process may grow to, worked out from the GGUF header before it starts.
+
+The parts, as llama-server b11312 allocates them (its log names each buffer; docs/memory.md has the
+measurements this module was checked against):
+
+- **weights**: every tensor of the model file(s), resident through the file mapping; on the CPU
+  backend llama.cpp also copies the matrix weights of some quantisation types into a repacked
+  layout its kernels read faster (`CPU_REPACK`), which is anonymous memory on top;
+- **KV cache**: cleared (so touched) at start; full-attention layers hold every cell of the context,
+  sliding-window layers `n_swa x (slots if unified else 1) + n_ubatch` cells (per stream when the
+  cache is not unified), at the `--cache-type-k/-v` element sizes;
+- **output buffer**: the logits of one token per slot;
+- **compute buffer**: the intermediate tensors of the worst-case micro-batch, plus the attention
+  masks, which grow with the context;
+- **what grows while it serves**: the host-memory prompt cache (`--cache-ram`, 8 GiB by default in
+  llama-server; we set it, so it is bounded) and the context checkpoints of sliding-window and
+  recurrent models (`--ctx-checkpoints` per slot, 32 by default; we set it too);
+- **the process itself**: code, threads, the tokenizer's tables.
+
+A draft model and a vision projector add their own weights and buffers. The sum is the most the
+engine may hold; the router admits a load only when it fits the memory budget
+(lemonade.system.memory) and measures the engine after it starts.
+"""
+
+from __future__ import annotations
+
+import platform
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lemonade.backends.engine import MemoryNeed
+from lemonade.backends.llamacpp_context import (
+    CACHE_TYPE_BYTES,
+    FALLBACK_CTX,
+    MIN_AUTO_CTX,
+    UNKNOWN_TRAINED_CAP,
+    layer_rows,
+)
+from lemonade.catalog.gguf_meta import GGUFError, GGUFLayout, gguf_layout
+
+MiB = 1 << 20
+# Set by us at every launch unless the user's flags set them (backends/llamacpp.py): the prompt cache
+# holds as much as the KV cache itself, within PROMPT_CACHE_SHARE of the budget's cap; each slot keeps
+# at most CHECKPOINTS context checkpoints (sliding-window and recurrent models only).
+PROMPT_CACHE_SHARE = 0.10
+CHECKPOINTS = 2
+# Measured on llama-server b11312, x86-64 (docs/memory.md, "Calibration"): the process without its
+# buffers (code, threads, heap: 15-17 MiB for MiniLM and a tiny Qwen3), and what the tokenizer's tables
+# add per vocabulary entry (Gemma 3's 262,144 entries: about 25 MiB more).
+PROCESS_BYTES = 16 * MiB
+PER_VOCAB_BYTES = 100
+# The compute buffer: per token of the micro-batch, f32 values alive at the worst point of the graph,
+# bounded by these multiples of the embedding, feed-forward and query widths (llama-server reports
+# 36 KB a token for Gemma 3 270M, 12 KB for MiniLM, 2 KB for a tiny Qwen3; the rule gives 46, 31 and
+# 3 KB), plus the attention masks: one f16 value per micro-batch token per KV cell of a stream.
+COMPUTE_EMBD_FLOATS = 4
+COMPUTE_FF_FLOATS = 3
+COMPUTE_QUERY_FLOATS = 3
+MASK_BYTES = 2
+# Quantisation types whose matrix weights llama.cpp's CPU backend repacks (ggml-cpu/repack.cpp), by CPU
+REPACKED_X86 = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+REPACKED_X86_AVX512 = REPACKED_X86 | {"Q2_K"}
+REPACKED_ARM = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "MXFP4", "Q8_0"})
+NOT_MATMUL = ("token_embd.", "per_layer_token_embd.")  # read by row lookups, never repacked
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The llama-server flags that change what it allocates."""
+
+    slots: int = 4
+    unified: bool = True
+    ubatch: int = 512
+    k_bytes: float = 2.0
+    v_bytes: float = 2.0
+    swa_full: bool = False
+    flash_attn: bool = True
+    cache_ram_mib: int | None = None  # given by the user (-1: no limit); None: ours
+    checkpoints: int | None = None  # given by the user; None: ours
+
+
+def engine_flags(args: str) -> EngineFlags:
+    """Read the flags that matter here from `llamacpp_args` (the user's, the profile's, the admin's)."""
+    try:
+        argv = shlex.split(args or "")
+    except ValueError:
+        argv = []
+    values: dict[str, str] = {}
+    switches: set[str] = set()
+    for i, token in enumerate(argv):
+        flag, eq, inline = token.partition("=")
+        nxt = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        values.setdefault(flag, nxt)
+        switches.add(flag)
+
+    def number(*names: str) -> int | None:
+        for name in names:
+            raw = values.get(name, "")
+            if raw.lstrip("-").isdigit():
+                return int(raw)
+        return None
+
+    slots = number("-np", "--parallel")
+    auto = slots is None or slots < 0  # llama-server's automatic choice: 4 slots sharing one cache
+    unified = auto or bool(switches & {"-kvu", "--kv-unified"})
+    if switches & {"-no-kvu", "--no-kv-unified"}:
+        unified = False
+    batch = number("-b", "--batch-size") or 2048
+    ubatch = min(number("-ub", "--ubatch-size") or 512, batch)
+    fa = values.get("-fa", values.get("--flash-attn", "auto")).lower()
+    return EngineFlags(
+        slots=4 if auto else max(1, slots or 1), unified=unified, ubatch=ubatch,
+        k_bytes=CACHE_TYPE_BYTES.get(values.get("-ctk", values.get("--cache-type-k", "f16")).lower(), 2.0),
+        v_bytes=CACHE_TYPE_BYTES.get(values.get("-ctv", values.get("--cache-type-v", "f16")).lower(), 2.0),
+        swa_full="--swa-full" in switches, flash_attn=fa not in ("off", "0", "false", "disabled"),
+        cache_ram_mib=number("-cram", "--cache-ram"),
+        checkpoints=number("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"))
+
+
+def repacked_types(backend: str) -> frozenset[str]:
+    """The weight types this machine's CPU backend repacks (none on a GPU backend: the weights live there)."""
+    if backend not in ("cpu", "system"):
+        return frozenset()
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return REPACKED_ARM
+    if machine in ("x86_64", "amd64"):
+        from lemonade.system.devices import detect_devices
+
+        flags = set(detect_devices().cpu.isa)
+        if "avx2" not in flags:
+            return frozenset()
+        return REPACKED_X86_AVX512 if "avx512f" in flags else REPACKED_X86
+    return frozenset()
+
+
+def weights_bytes(layout: GGUFLayout, repack: frozenset[str]) -> tuple[int, int]:
+    """(tensor data in the file, the repacked copies the CPU backend adds)."""
+    data = sum(t.nbytes for t in layout.tensors)
+    extra = sum(t.nbytes for t in layout.tensors if t.type in repack and len(t.dims) >= 2 and t.dims[1] % 8 == 0
+                and not t.name.startswith(NOT_MATMUL))
+    return data, extra
+
+
+def _layouts(paths: list[Path]) -> list[GGUFLayout]:
+    out = []
+    for path in paths:
+        if path.name.lower().endswith(".gguf"):
+            try:
+                out.append(gguf_layout(path))
+            except (OSError, GGUFError):
+                continue
+    return out
+
+
+def _file_bytes(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: str = "cpu",
+                cap_bytes: int | None = None, mode: str = "chat") -> MemoryNeed | None:
+    """The most this load may hold, or None when the main file cannot be read as a GGUF. `cap_bytes`:
+    the most the server could ever use here (the budget's cap), which bounds the prompt cache;
+    `mode`: the model's deployment mode (an embedding or reranking model keeps no KV cache to speak of)."""
+    mains = _layouts(files.get("main") or [])
+    if not mains:
+        return None
+    meta = mains[0].meta
+    arch = str(meta.get("general.architecture", ""))
+    flags = engine_flags(str(options.get("llamacpp_args") or ""))
+    repack = repacked_types(backend)
+    data = extra = 0
+    for layout in mains:
+        d, e = weights_bytes(layout, repack)
+        data, extra = data + d, extra + e
+    vocab = int(meta.get(f"{arch}.vocab_size") or mains[0].array_lengths.get("tokenizer.ggml.tokens", 0))
+    embd = int(meta.get(f"{arch}.embedding_length") or 0)
+    ff = meta.get(f"{arch}.feed_forward_length")
+    ff = max(ff) if isinstance(ff, list) and ff else int(ff or 4 * embd) if not isinstance(ff, list) else 4 * embd
+    heads = int(_first(meta.get(f"{arch}.attention.head_count")) or 1)
+    query = heads * int(meta.get(f"{arch}.attention.key_length") or (embd // heads if heads else embd))
+    embeddings = mode in ("embeddings", "reranking")
+    rows = layer_rows(meta, flags.k_bytes, flags.v_bytes)
+    trained = meta.get(f"{arch}.context_length")
+    trained = int(trained) if isinstance(trained, int) and trained > 0 else None
+
+    # the context: as asked, or with -1 anything from the smallest useful one to the trained length
+    asked = options.get("ctx_size", -1)
+    if isinstance(asked, int) and asked > 0:
+        ctx, ctx_min = asked, None
+    else:
+        ctx = trained or (UNKNOWN_TRAINED_CAP if rows is not None else FALLBACK_CTX)
+        ctx_min = min(MIN_AUTO_CTX, ctx)
+
+    ub = flags.ubatch
+    terms: list[tuple[float, int | None]] = []
+    parts: dict[str, int] = {"weights": data, "repacked_weights": extra}
+    kv, masks, checkpoint_bytes = ([], [], 0.0) if embeddings else _kv_terms(rows, flags)
+    terms += masks + kv
+    if kv and not flags.flash_attn:  # K x Q scores, materialised without flash attention
+        terms.append((4.0 * ub * heads / (1 if flags.unified else flags.slots), None))
+    recurrent = _recurrent_state(meta, arch) * flags.slots
+    if recurrent:
+        parts["recurrent_state"] = recurrent
+        checkpoint_bytes += recurrent / flags.slots
+    parts["output"] = flags.slots * vocab * 4  # one token's logits per slot (embedding models' too)
+    parts["compute"] = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query)
+    parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab
+
+    # what grows while it serves: both bounded by the flags we set at launch
+    if checkpoint_bytes and not embeddings:
+        n = flags.checkpoints if flags.checkpoints is not None else CHECKPOINTS
+        parts["context_checkpoints"] = int(max(0, n) * flags.slots * checkpoint_bytes)
+    if kv:  # the prompt cache: as much as the KV cache (llama-server's `--cache-ram`, which we set)
+        if flags.cache_ram_mib is None:
+            terms.extend(kv)
+        elif flags.cache_ram_mib >= 0:
+            parts["prompt_cache"] = flags.cache_ram_mib * MiB
+        else:  # -1, no limit but its own: the context's worth of tokens
+            terms.extend(kv)
+
+    projector = _file_bytes(files.get("mmproj") or [])
+    if projector:  # its encoder runs one image at a time: buffers of about a third of its weights (docs/memory.md)
+        parts["mmproj"] = projector + projector // 3
+    if files.get("draft"):  # a draft model: its own weights, buffers and KV cache, for the same slots and context
+        draft = memory_need({"main": files["draft"]}, {**options, "llamacpp_args": f"-np {flags.slots}"},
+                            backend, cap_bytes, mode)
+        if draft is not None:
+            parts["draft"] = draft.fixed
+            terms.extend(draft.terms)
+    fixed = sum(parts.values())
+    return MemoryNeed(fixed, tuple(terms), ctx, ctx_min, parts)
+
+
+def _kv_terms(rows: tuple[float, float, int] | None, flags: EngineFlags
+              ) -> tuple[list[tuple[float, int | None]], list[tuple[float, int | None]], float]:
+    """(the KV cache's terms, the attention masks' terms, one slot's context checkpoint in bytes)."""
+    if rows is None:
+        return [], [], 0.0
+    full, swa, window = rows
+    ub = flags.ubatch
+    streams = 1 if flags.unified else flags.slots  # a mask covers one stream's cells
+    kv: list[tuple[float, int | None]] = [(full, None)]  # full-attention layers: every cell of the context
+    masks: list[tuple[float, int | None]] = [(MASK_BYTES * ub / streams, None)]
+    checkpoint = 0.0
+    if swa:
+        per_stream = _pad(window * (flags.slots if flags.unified else 1) + ub)
+        cells = per_stream * streams
+        kv.append((swa, None if flags.swa_full else cells))  # a window per slot, fewer for a small context
+        masks.append((MASK_BYTES * ub / streams, None if flags.swa_full else cells))
+        checkpoint = swa * window
+    return kv, masks, checkpoint
+
+
+def prompt_cache_mib(main: Path, llamacpp_args: str, ctx: int, cap_bytes: int | None) -> int:
+    """`--cache-ram` for a load at context `ctx`: the KV cache's size at that context (what
+    `memory_need` counted for the prompt cache), within PROMPT_CACHE_SHARE of the cap. 0 turns the cache
+    off: nothing worth keeping."""
+    try:
+        meta = gguf_layout(main).meta
+    except (OSError, GGUFError):
+        return 0
+    flags = engine_flags(llamacpp_args)
+    kv, _, _ = _kv_terms(layer_rows(meta, flags.k_bytes, flags.v_bytes), flags)
+    size = sum(rate * (ctx if cap is None else min(ctx, cap)) for rate, cap in kv)
+    if cap_bytes is not None:
+        size = min(size, PROMPT_CACHE_SHARE * cap_bytes)
+    return int(size) // MiB
+
+
+def _pad(cells: int) -> int:
+    return -(-cells // 256) * 256
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, list) and value else value
+
+
+def _recurrent_state(meta: dict[str, Any], arch: str) -> int:
+    """Bytes of one sequence's recurrent state (Mamba-style and linear-attention layers), f32."""
+    d_inner = meta.get(f"{arch}.ssm.inner_size")
+    d_state = meta.get(f"{arch}.ssm.state_size")
+    d_conv = meta.get(f"{arch}.ssm.conv_kernel")
+    layers = meta.get(f"{arch}.block_count")
+    if not all(isinstance(v, int) and v > 0 for v in (d_inner, d_state, d_conv, layers)):
+        return 0
+    interval = meta.get(f"{arch}.full_attention_interval")
+    recurrent_layers = layers - (layers // interval if isinstance(interval, int) and interval > 1 else 0)
+    return int(recurrent_layers * 4 * (d_inner * d_state + (d_conv - 1) * (d_inner + 2 * d_state)))
