@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import GEMMA_NAME, cli_env, free_port, lemonade, ok, served_folder
+from tests.helpers import GEMMA_NAME, cli_env, config_dir_of, free_port, lemonade, ok, served_folder
 
 NO_SERVER = "Could not connect to Lemonade server"
 
@@ -58,20 +58,22 @@ def test_commands_that_need_a_server_say_how_to_start_one(nowhere, args):
 
 
 def test_config_on_disk_without_a_server(nowhere):
-    cache = Path(nowhere["LEMONADE_CACHE_DIR"])
+    folder = Path(nowhere["LEMONADE_CONFIG_DIR"])
     proc = ok(lemonade("config", "set", "llamacpp.args=--slot-save-path /x", "max_loaded_models=2", env=nowhere))
     assert "max_loaded_models = 2" in proc.stdout and "No server running" in proc.stderr
-    assert json.loads((cache / "config.json").read_text()) == {"llamacpp": {"args": "--slot-save-path /x"},
+    assert json.loads((folder / "config.json").read_text()) == {"llamacpp": {"args": "--slot-save-path /x"},
                                                                "max_loaded_models": 2}
     assert ok(lemonade("config", "get", "max_loaded_models", env=nowhere)).stdout.strip() == "2"
     assert ok(lemonade("config", "get", "llamacpp.args", env=nowhere)).stdout.strip() == "--slot-save-path /x"
     everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)
-    assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "prefer_system": False,
-                                      "rpc_workers": [], "cpu_bin": "builtin", "vulkan_bin": "builtin",
-                                      "rocm_bin": "builtin", "cuda_bin": "builtin"}
+    assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "device": "",
+                                      "prefer_system": False, "rpc_workers": [], "cpu_bin": "builtin",
+                                      "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
+                                      "cpu_args": "", "system_args": "", "vulkan_args": "", "rocm_args": "",
+                                      "cuda_args": "", "metal_args": ""}
     assert everything["port"] == 13305  # defaults are filled in
     ok(lemonade("config", "set", "offline=true", "sdcpp.cfg_scale=5", env=nowhere))
-    saved = json.loads((cache / "config.json").read_text())
+    saved = json.loads((folder / "config.json").read_text())
     assert saved["offline"] is True and saved["sdcpp"] == {"cfg_scale": 5.0} and saved["max_loaded_models"] == 2
 
 
@@ -88,7 +90,7 @@ def test_config_on_disk_without_a_server(nowhere):
     (["ctx_size=4096", "log_level=loud"], "log_level"),  # one bad value: nothing is written
 ])
 def test_config_set_refuses_invalid_and_leaves_the_file_alone(nowhere, args, named):
-    path = Path(nowhere["LEMONADE_CACHE_DIR"]) / "config.json"
+    path = Path(nowhere["LEMONADE_CONFIG_DIR"]) / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"max_loaded_models": 3}))
     before = path.read_bytes(), path.stat().st_mtime_ns
@@ -474,8 +476,8 @@ def test_backends_uninstall_through_the_server(make_server, tmp_path, llama_back
 def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
     """`port` in config.json is where these commands look for the server (no flags, no env)."""
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "config.json").write_text(json.dumps({"port": gemma_server.port}))
+    config_dir_of(cache).mkdir()
+    (config_dir_of(cache) / "config.json").write_text(json.dumps({"port": gemma_server.port}))
     exported = tmp_path / "exported.json"
     exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF", "recipe": "llamacpp",
                                     "checkpoint": "no-such-org/No-Such-Model-GGUF:Q4_0"}))

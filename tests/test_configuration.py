@@ -76,6 +76,38 @@ def test_default_layout_old_files_moved_and_a_cache_clean_up_forgets_nothing(mak
     assert (home / ".cache" / "lemonade").is_dir()  # caches come back where they belong
 
 
+def test_a_cache_dir_alone_moves_only_the_cache(make_server, tmp_path):
+    """LEMONADE_CACHE_DIR without LEMONADE_CONFIG_DIR: engines and downloads go there, the configuration
+    stays in the platform's config dir, as in Lemonade's server (its get_config_dir does not read the
+    variable), so a clean-up of the moved cache resets nothing. Settings an older version of this
+    server kept in that cache dir are moved over at the first start. (`lemond CACHE_DIR` keeps both
+    together: tests/test_lemond.py.)"""
+    home, cache = tmp_path / "home", tmp_path / "elsewhere"
+    config_dir = home / ".config" / "lemonade"
+    cache.mkdir()
+    (cache / "config.json").write_text(json.dumps({"max_loaded_models": 2}))  # where an older version kept it
+    env = {"HOME": str(home), "LEMONADE_CONFIG_DIR": "", "XDG_CONFIG_HOME": "", "STATE_DIRECTORY": ""}
+    before = cli("config", "set", "ctx_size=2048", url="http://127.0.0.1:9",  # no server yet: the file itself
+                 extra_env={**env, "LEMONADE_CACHE_DIR": str(cache)})
+    assert before.returncode == 0, before.stderr
+    assert json.loads((config_dir / "config.json").read_text()) == {"max_loaded_models": 2, "ctx_size": 2048}
+    assert not (cache / "config.json").exists()
+    srv = make_server(cache=cache, env=env)
+    with srv.client() as c:
+        info = c.get("/v1/system-info", params={"include_paths": True}).json()
+        assert info["config_dir"] == str(config_dir) and info["cache_dir"] == str(cache)
+        assert c.get("/internal/config").json()["ctx_size"] == 2048
+        assert c.post("/v1/models/register", json=USER_MODEL).status_code == 200
+    assert (config_dir / "user_models.json").is_file() and not (cache / "user_models.json").exists()
+    assert (cache / "backends").is_dir()  # the cache is where it was asked to be
+    srv.stop()
+    shutil.rmtree(cache)
+    again = make_server(cache=cache, env=env)
+    with again.client() as c:
+        assert c.get("/internal/config").json()["max_loaded_models"] == 2
+        assert "Tiny-Kept" in {m["id"] for m in c.get("/v1/models", params={"show_all": True}).json()["data"]}
+
+
 def test_a_move_cut_short_is_finished_at_the_next_start(make_server, tmp_path):
     """The state a crash between "copied" and "old one removed" leaves: both copies. The server uses
     the config dir's, removes the old one and says so; nothing is lost or doubled."""

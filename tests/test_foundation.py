@@ -35,7 +35,8 @@ def test_live_get_and_head(server):
 
 def test_second_server_on_busy_port_exits_naming_the_port(server, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(server.port)],
-                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "LEMONADE_CONFIG_DIR": str(tmp_path),
+                               "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert str(server.port) in proc.stderr and "in use" in proc.stderr
@@ -47,7 +48,8 @@ def test_websocket_port_equal_to_the_server_port_is_refused(tmp_path):
     port = free_port()
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port),
                            "--websocket-port", str(port)],
-                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "LEMONADE_CONFIG_DIR": str(tmp_path),
+                               "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert f"cannot be the server's port {port}" in proc.stderr and "auto" in proc.stderr
