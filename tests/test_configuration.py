@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lemonade.config import deep_merge, flatten
 from tests.helpers import GEMMA_NAME, served_folder, wait_for
 
 USER_MODEL = {"model_name": "user.Tiny-Kept", "recipe": "llamacpp", "checkpoint": "someone/Tiny-GGUF:Q4_0"}
@@ -201,24 +202,46 @@ GUIDE_EXAMPLE_CONFIG = {
 }
 
 
+# A user's tuning in the keys of that example: backend-specific engine flags, the llama.cpp device,
+# inhibit_suspend (the example prints them empty or at their defaults).
+TUNED = {"inhibit_suspend": False,
+         "llamacpp": {"cpu_args": "--no-warmup", "vulkan_args": "-ub 64", "rocm_args": "-b 512", "device": ""},
+         "sdcpp": {"cpu_args": "--vae-tiling", "vulkan_args": "--diffusion-fa", "rocm_args": "", "cuda_args": ""},
+         "whispercpp": {"cpu_args": "-bs 5", "npu_args": ""}}
+
+
 def test_the_guides_example_config_json(make_server, gemma_dir):
-    srv = make_server(config=GUIDE_EXAMPLE_CONFIG, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    """A Lemonade user's config.json with every key of the guide starts this server: what it uses takes
+    effect, what it does not have is named in one warning, and no key is lost when the server
+    writes the file again."""
+    example = deep_merge(GUIDE_EXAMPLE_CONFIG, TUNED)
+    srv = make_server(config=example, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with srv.client() as c:
         params = c.get("/v1/params").json()
         assert params["global_timeout"] == 600 and params["models_dir"] == "auto"
         assert params["llamacpp"]["prefer_system"] is True and params["sdcpp"]["steps"] == 20
+        assert {k: v for k, v in params["llamacpp"].items() if k in TUNED["llamacpp"]} == TUNED["llamacpp"]
+        assert {k: params[s][k] for s in ("sdcpp", "whispercpp") for k in TUNED[s]} == \
+            {k: v for s in ("sdcpp", "whispercpp") for k, v in TUNED[s].items()}
+        assert params["inhibit_suspend"] is False
         # "models_dir": "auto" follows the Hugging Face cache, so the pinned model list still works
         assert c.get("/v1/models").status_code == 200
         reply = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 4,
                                                       "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        assert "--no-warmup" in loaded(c)[GEMMA_NAME]["launch_command"]  # cpu_args: the backend in use
         # Kokoro runs on kokoro-onnx here: its one *_bin value is builtin, and another one says why
         assert params["kokoro"]["cpu_bin"] == "builtin" and params["whispercpp"]["cpu_bin"] == "builtin"
         refused = c.post("/v1/params", json={"kokoro": {"cpu_bin": "/usr/local/bin"}})
         assert refused.status_code == 400 and "kokoro-onnx" in refused.text, refused.text
+        assert c.post("/internal/set", json={"max_loaded_models": 2}).status_code == 200  # the file is written
     warning = next(line for line in srv.log().splitlines() if "Ignoring settings in" in line)
-    assert "acestep.backend" in warning and "flm.args" in warning
+    assert "acestep.backend" in warning and "flm.args" in warning and "they stay in the file" in warning
     assert "kokoro" not in warning and "sdcpp.cpu_bin" not in warning and "whispercpp.cpu_bin" not in warning
+    for key in flatten(TUNED):
+        assert key not in warning, key
+    on_disk = json.loads((srv.config_dir / "config.json").read_text())
+    assert flatten(on_disk) == {**flatten(example), "max_loaded_models": 2}  # every key kept, as written
 
 
 # ----- GET/POST /v1/params --------------------------------------------------------------------------

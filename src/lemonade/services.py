@@ -16,12 +16,13 @@ import httpx
 from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.cloud_providers import CloudProviders
-from lemonade.backends.engine import Engine
+from lemonade.backends.engine import Engine, EngineUnavailable
 from lemonade.backends.native_build import stop_builds
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
-from lemonade.config import BIN_SECTIONS, Config, ConfigError
+from lemonade.catalog.gguf_meta import GGUFError, gguf_info
+from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
@@ -67,6 +68,8 @@ class Services:
         self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
         self.options.model_defaults = self._catalog_options
+        self.options.architecture_of = self._architecture_of
+        self.options.backend_of = self._backend_of
         self.stats = Stats()
         self.policies = Policies()  # parsed collection.router policies (api/openai/routing.py)
         self.metrics = Metrics()
@@ -91,14 +94,19 @@ class Services:
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
-                config.add_check(engine.options[engine.args_option].config_key, self._args_check(engine))
+                key = engine.options[engine.args_option].config_key
+                config.add_check(key, self._args_check(engine))
+                section = key.rsplit(".", 1)[0]
+                for backend in BACKEND_ARGS.get(section, ()):
+                    config.add_check(f"{section}.{backend}_args", self._args_check(engine, backend))
 
     @staticmethod
-    def _args_check(engine: Engine) -> Callable[[str], None]:
-        """The server-wide `*.args` is the admin's: any flag but ours, if the installed engine knows it."""
+    def _args_check(engine: Engine, backend: str | None = None) -> Callable[[str], None]:
+        """The server-wide `*.args` (and `*.<backend>_args`) are the admin's: any flag but ours, if the
+        installed engine (that backend's, for `<backend>_args`) knows it."""
         def check(value: str) -> None:
             try:
-                engine.check_args(value, trusted=True)
+                engine.check_args(value, trusted=True, backend=backend if backend in engine.backends else None)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         return check
@@ -179,6 +187,30 @@ class Services:
             if lm is not None:
                 return lm.model
             raise model_not_found(name) from None
+
+    def _architecture_of(self, model_name: str) -> str | None:
+        """The GGUF `general.architecture` of a downloaded model's main file (the key of its
+        architecture defaults); None before the download or for other formats."""
+        model = self.catalog.find(model_name)
+        files = self.catalog.local_files(model) if model is not None and not model.is_collection else None
+        main = (files or {}).get("main") or []
+        if not main or not main[0].name.lower().endswith(".gguf"):
+            return None
+        try:
+            return gguf_info(main[0]).architecture or None
+        except (OSError, GGUFError):
+            return None
+
+    def _backend_of(self, recipe: str, options: dict[str, Any]) -> str | None:
+        """The backend a load with these options runs on (the router asks the engine the same way)."""
+        engine = self.engines.get(recipe)
+        if engine is None or not engine.available:
+            return None
+        requested = engine.requested_backend(options)
+        try:
+            return engine.ready_backend(requested)
+        except EngineUnavailable:
+            return requested  # the load is refused for that reason; the options are still those of `requested`
 
     def _catalog_options(self, model_name: str) -> dict[str, Any]:
         """A built-in model's `recipe_options` from the catalog (user definitions keep theirs in
