@@ -39,6 +39,7 @@ from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 from lemonade.system.devices import detect_devices
+from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -82,8 +83,12 @@ class Services:
                                                           keepalive_expiry=2.0))
         self.engine_client = EngineClient()
         self.remote_http = RemoteHttp(read_timeout=lambda: float(config.get("global_timeout")))
+        # inhibit_suspend: a logind lock while the router has work (system/suspend.py), watched while models are loaded
+        self.suspend = SuspendGuard(SuspendInhibitor(), busy=lambda: not self.router.drained(),
+                                    enabled=lambda: bool(config.get("inhibit_suspend")),
+                                    watching=lambda: bool(self.router.loaded))
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
-                             client=self.engine_client)
+                             client=self.engine_client, on_change=self.suspend.wake)
         self.router.needed_helpers = self.routing_helpers
         self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
@@ -374,6 +379,7 @@ class Services:
         self.cloud.stop()
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
+        await self.suspend.aclose()
         await self.router.shutdown()
         await self.engine_client.aclose()
         await self.remote_http.aclose()
