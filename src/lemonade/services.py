@@ -61,6 +61,7 @@ class Services:
         self.admin_key = admin_key
         self.allowed_origins = allowed_origins  # LEMONADE_ALLOWED_ORIGINS (api/origins.py)
         self.websocket_port: int | None = None  # the dedicated WebSocket port, once `serve` listens on it
+        self.stop_server: Callable[[], None] | None = None  # ends `serve` as a signal would (/internal/shutdown)
         values = config.values
         self.catalog = Catalog(self.config_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)
