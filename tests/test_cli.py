@@ -264,6 +264,27 @@ def test_status_load_unload(env, gemma_server):
     assert proc.returncode == 1 and "404" in proc.stderr and GEMMA_NAME in proc.stderr
 
 
+def test_load_warns_when_every_slot_of_its_type_is_pinned(make_server, gemma_dir, tmp_path):
+    """guide-configuration-multi-model.md, "Pre-emptive Warnings": `lemonade load` checks /v1/health
+    first and says when the load will fail because every slot of the model's type is pinned. Two
+    names for Gemma's file make two models competing for the one `llm` slot."""
+    extra = tmp_path / "two"
+    extra.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (extra / name).symlink_to(gemma_dir / f"{GEMMA_NAME}.gguf")
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(extra)})
+    env = cli_env(tmp_path / "cli", srv.url)
+    assert "Warning" not in ok(lemonade("load", "a", "--pinned", env=env)).stderr
+    blocked = lemonade("load", "b", env=env)
+    assert blocked.returncode != 0
+    assert ("Warning: all 1 slot(s) for 'llm' models are occupied by pinned models (a), so loading b will fail. "
+            "Free one first: lemonade unpin a") in blocked.stderr, blocked.stderr
+    assert "pinned" in blocked.stderr.split("Warning", 1)[1].split("\n", 1)[1]  # and the server's refusal follows
+    assert "Warning" not in ok(lemonade("load", "a", env=env)).stderr  # loaded already: it keeps its slot
+    ok(lemonade("unpin", "a", env=env))
+    assert "Warning" not in ok(lemonade("load", "b", env=env)).stderr
+
+
 def test_load_refusals_come_from_the_server(env):
     proc = lemonade("load", "No-Such-Model-GGUF", env=env)
     assert proc.returncode == 1 and "No-Such-Model-GGUF" in proc.stderr and "404" in proc.stderr
