@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> dict:
         (cache / "config.json").write_text(json.dumps({"offline": True}))
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-        env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "PYTHONPATH": str(ROOT / "src")})
+        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "HF_HOME": str(cache / "hf"),
+                    "PYTHONPATH": str(ROOT / "src")})
         proc = procs.start(serve_argv(port), env=env, log=root / "server.log")
         url = f"http://127.0.0.1:{port}"
         wait_ok(url + "/live", proc, 60)

@@ -203,7 +203,8 @@ def backend_dir() -> Path:
 
 def lemonade_env(cache: Path, models: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-    env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_EXTRA_MODELS_DIR": str(models),
+    env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache),
+                "LEMONADE_EXTRA_MODELS_DIR": str(models),
                 "HF_HOME": str(cache / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"})
     return env
 

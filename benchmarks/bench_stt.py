@@ -217,7 +217,8 @@ def main() -> None:
         link.symlink_to(python.parent.parent.parent, target_is_directory=True)
         seed_hf_cache(cache / "hf", ct2_folder())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-        env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "HF_HUB_OFFLINE": "1",
+        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "HF_HOME": str(cache / "hf"),
+                    "HF_HUB_OFFLINE": "1",
                     "PYTHONUNBUFFERED": "1"})
         port = free_port()
         helper = None

@@ -103,7 +103,8 @@ def ensure_backend(recipe: str) -> Path:
 
 def start_server(cache: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-    env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "LEMONADE_OFFLINE": "1"})
+    env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "HF_HOME": str(cache / "hf"),
+                "LEMONADE_OFFLINE": "1"})
     log = open(cache / "server.log", "ab")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

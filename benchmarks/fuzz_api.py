@@ -322,6 +322,9 @@ def main() -> int:
                 continue
             if args.only and not any(op.path.startswith(p) for p in args.only):
                 continue
+            if op.path == "/internal/shutdown":
+                figures.excluded[op.label] = "stops the server it fuzzes; tests/test_shutdown.py"
+                continue
             if not args.all_prefixes and op.path.startswith(OTHER_PREFIXES):
                 figures.excluded.setdefault(
                     "/api/v1/*, /v0/*, /api/v0/* copies",

@@ -19,7 +19,8 @@
 # one; an older one is upgraded inside .venv).
 #
 # Extra arguments go to `lemonade chat` (e.g. --max-tokens 200). Environment: LEMONADE_VENV,
-# LEMONADE_CACHE_DIR (default ~/.cache/lemonade), PYTHON (interpreter to create the venv with).
+# LEMONADE_CACHE_DIR (default ~/.cache/lemonade; the settings stay in ~/.config/lemonade, or
+# LEMONADE_CONFIG_DIR), PYTHON (interpreter to create the venv with).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -131,6 +131,13 @@ def answers_live(port: int, host: str = "127.0.0.1") -> bool:
         conn.close()
 
 
+def config_dir_of(cache: Path) -> Path:
+    """The config dir the suite gives a test cache dir: its own, beside it (`<cache>-config`). Every
+    server and CLI run of the suite sets both: LEMONADE_CACHE_DIR alone leaves the configuration in
+    the platform's config dir (paths.py), which for a test would be the user's ~/.config/lemonade."""
+    return cache.with_name(cache.name + "-config")
+
+
 class ServerFactory:
     def __init__(self, tmp_path_factory: pytest.TempPathFactory, backend: Path | None) -> None:
         self.tmp = tmp_path_factory
@@ -144,7 +151,7 @@ class ServerFactory:
         cache = cache or self.tmp.mktemp("lemonade-cache")
         # Persistent JSON goes to a config dir of its own next to the cache dir (found again when a test
         # restarts a server on the same cache), never to the user's ~/.config/lemonade.
-        config_dir = cache.with_name(cache.name + "-config")
+        config_dir = config_dir_of(cache)
         for recipe in engines:
             installed = self.backend if recipe == "llamacpp" else TEST_CACHE / "backends" / recipe / "cpu"
             link = cache / "backends" / recipe / "cpu"
@@ -236,9 +243,11 @@ def served_folder(root: Path) -> Iterator[str]:
 # ----- the CLI ----------------------------------------------------------------------------------------------
 
 def cli_env(cache: Path, url: str | None = None, **extra: str) -> dict[str, str]:
-    """A clean environment: our own cache dir, the server URL, wide tables (no wrapping)."""
+    """A clean environment: our own cache dir and config dir (the cache dir alone would leave the
+    configuration in the user's ~/.config/lemonade, as Lemonade does), the server URL, wide tables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
-    env.update({"LEMONADE_CACHE_DIR": str(cache), "HF_HOME": str(cache / "hf"), "COLUMNS": "250",
+    env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(config_dir_of(cache)),
+                "HF_HOME": str(cache / "hf"), "COLUMNS": "250",
                 "PYTHONUNBUFFERED": "1",
                 # a server the CLI starts in the background sends no discovery beacons (as test servers)
                 "LEMONADE_BROADCAST": "false"})

@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -261,9 +262,13 @@ def _write_tiny_reranker(path: Path, seed: int = 1234) -> None:
     tensors["cls.bias"] = rand(n_embd, scale=0.1)
     tensors["cls.output.weight"] = rand(1, n_embd, scale=1.0)  # one relevance score per pair
     tensors["cls.output.bias"] = rand(1, scale=0.1)
+    _finish(writer, tensors)
+
+
+def _finish(writer: Any, tensors: dict[str, Any]) -> None:
+    """Add the tensors to a GGUFWriter whose metadata is set, and write the file."""
     for name, data in tensors.items():
         writer.add_tensor(name, data)
-
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -281,6 +286,78 @@ def tiny_reranker_gguf() -> Path:
         _check_gguf(tmp, "bert", expect_pooling=4)
 
     return _cached("tiny-reranker", key, RERANKER_FILE, build)
+
+
+# --- a tiny random-weight Qwen3 ---------------------------------------------------------------------
+
+QWEN3_FILE = "tiny-random-qwen3.gguf"
+QWEN3_DIMS = {"n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "n_layer": 2, "n_ctx": 2048}
+_QWEN3_WORDS = ["hello", "world", "the", "a", "is", "of", "lemon", "paris", "capital", "france"]
+
+
+def _write_tiny_qwen3(path: Path, seed: int = 4321) -> None:
+    """A 2-layer model of llama.cpp's `qwen3` architecture with random weights (seeded): what the
+    pinned llama-server needs to load it and generate (src/models/qwen3.cpp: q/k norms per head, no
+    biases, output tied to the embeddings), with a small SentencePiece vocabulary (its 256 byte
+    tokens spell any text). It answers gibberish: it exists so that options keyed by the `qwen3`
+    architecture (catalog/architecture_defaults.py) reach a real engine."""
+    import gguf
+    import numpy as np
+
+    d = QWEN3_DIMS
+    n_embd, n_head, n_kv, n_ff = d["n_embd"], d["n_head"], d["n_head_kv"], d["n_ff"]
+    head = n_embd // n_head
+    vocab = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581" + w for w in _QWEN3_WORDS]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
+        [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(_QWEN3_WORDS)
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:  # numpy (rows, cols) is GGUF's {cols, rows}
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_name("tiny-random-qwen3")
+    writer.add_description("Random weights, for testing option layering on a real engine only.")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(d["n_ctx"])
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(d["n_layer"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(vocab)
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-1.0 - i for i in range(len(_QWEN3_WORDS))])
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    tensors = {"token_embd.weight": rand(len(vocab), n_embd), "output_norm.weight": np.ones(n_embd, np.float32)}
+    for i in range(d["n_layer"]):
+        tensors.update({
+            f"blk.{i}.attn_norm.weight": np.ones(n_embd, np.float32),
+            f"blk.{i}.attn_q.weight": rand(n_head * head, n_embd),
+            f"blk.{i}.attn_k.weight": rand(n_kv * head, n_embd),
+            f"blk.{i}.attn_v.weight": rand(n_kv * head, n_embd),
+            f"blk.{i}.attn_output.weight": rand(n_embd, n_head * head),
+            f"blk.{i}.attn_q_norm.weight": np.ones(head, np.float32),
+            f"blk.{i}.attn_k_norm.weight": np.ones(head, np.float32),
+            f"blk.{i}.ffn_norm.weight": np.ones(n_embd, np.float32),
+            f"blk.{i}.ffn_gate.weight": rand(n_ff, n_embd),
+            f"blk.{i}.ffn_up.weight": rand(n_ff, n_embd),
+            f"blk.{i}.ffn_down.weight": rand(n_embd, n_ff),
+        })
+    _finish(writer, tensors)
+
+
+def tiny_qwen3_gguf() -> Path:
+    """The tiny random-weight Qwen3 GGUF; regenerated whenever its generator changes."""
+    key = _digest([b"tiny-qwen3-v1", inspect.getsource(_write_tiny_qwen3).encode(),
+                   repr(sorted(QWEN3_DIMS.items())).encode(), importlib.metadata.version("gguf").encode()])
+    return _cached("tiny-qwen3", key, QWEN3_FILE, lambda tmp, _folder: _write_tiny_qwen3(tmp))
 
 
 # --- fixtures (usable from any test module via `pytest_plugins = ["tests.models"]`) ---------------

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import GEMMA_NAME, cli_env, free_port, lemonade, ok, served_folder
+from tests.helpers import GEMMA_NAME, cli_env, config_dir_of, free_port, lemonade, ok, served_folder
 
 NO_SERVER = "Could not connect to Lemonade server"
 
@@ -58,20 +58,22 @@ def test_commands_that_need_a_server_say_how_to_start_one(nowhere, args):
 
 
 def test_config_on_disk_without_a_server(nowhere):
-    cache = Path(nowhere["LEMONADE_CACHE_DIR"])
+    folder = Path(nowhere["LEMONADE_CONFIG_DIR"])
     proc = ok(lemonade("config", "set", "llamacpp.args=--slot-save-path /x", "max_loaded_models=2", env=nowhere))
     assert "max_loaded_models = 2" in proc.stdout and "No server running" in proc.stderr
-    assert json.loads((cache / "config.json").read_text()) == {"llamacpp": {"args": "--slot-save-path /x"},
+    assert json.loads((folder / "config.json").read_text()) == {"llamacpp": {"args": "--slot-save-path /x"},
                                                                "max_loaded_models": 2}
     assert ok(lemonade("config", "get", "max_loaded_models", env=nowhere)).stdout.strip() == "2"
     assert ok(lemonade("config", "get", "llamacpp.args", env=nowhere)).stdout.strip() == "--slot-save-path /x"
     everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)
-    assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "prefer_system": False,
-                                      "rpc_workers": [], "cpu_bin": "builtin", "vulkan_bin": "builtin",
-                                      "rocm_bin": "builtin", "cuda_bin": "builtin"}
+    assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "device": "",
+                                      "prefer_system": False, "rpc_workers": [], "cpu_bin": "builtin",
+                                      "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
+                                      "cpu_args": "", "system_args": "", "vulkan_args": "", "rocm_args": "",
+                                      "cuda_args": "", "metal_args": ""}
     assert everything["port"] == 13305  # defaults are filled in
     ok(lemonade("config", "set", "offline=true", "sdcpp.cfg_scale=5", env=nowhere))
-    saved = json.loads((cache / "config.json").read_text())
+    saved = json.loads((folder / "config.json").read_text())
     assert saved["offline"] is True and saved["sdcpp"] == {"cfg_scale": 5.0} and saved["max_loaded_models"] == 2
 
 
@@ -88,7 +90,7 @@ def test_config_on_disk_without_a_server(nowhere):
     (["ctx_size=4096", "log_level=loud"], "log_level"),  # one bad value: nothing is written
 ])
 def test_config_set_refuses_invalid_and_leaves_the_file_alone(nowhere, args, named):
-    path = Path(nowhere["LEMONADE_CACHE_DIR"]) / "config.json"
+    path = Path(nowhere["LEMONADE_CONFIG_DIR"]) / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"max_loaded_models": 3}))
     before = path.read_bytes(), path.stat().st_mtime_ns
@@ -260,6 +262,27 @@ def test_status_load_unload(env, gemma_server):
     assert not psutil.pid_exists(loaded["pid"]) or psutil.Process(loaded["pid"]).status() == psutil.STATUS_ZOMBIE
     proc = lemonade("unload", GEMMA_NAME, env=env)
     assert proc.returncode == 1 and "404" in proc.stderr and GEMMA_NAME in proc.stderr
+
+
+def test_load_warns_when_every_slot_of_its_type_is_pinned(make_server, gemma_dir, tmp_path):
+    """guide-configuration-multi-model.md, "Pre-emptive Warnings": `lemonade load` checks /v1/health
+    first and says when the load will fail because every slot of the model's type is pinned. Two
+    names for Gemma's file make two models competing for the one `llm` slot."""
+    extra = tmp_path / "two"
+    extra.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (extra / name).symlink_to(gemma_dir / f"{GEMMA_NAME}.gguf")
+    srv = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(extra)})
+    env = cli_env(tmp_path / "cli", srv.url)
+    assert "Warning" not in ok(lemonade("load", "a", "--pinned", env=env)).stderr
+    blocked = lemonade("load", "b", env=env)
+    assert blocked.returncode != 0
+    assert ("Warning: all 1 slot(s) for 'llm' models are occupied by pinned models (a), so loading b will fail. "
+            "Free one first: lemonade unpin a") in blocked.stderr, blocked.stderr
+    assert "pinned" in blocked.stderr.split("Warning", 1)[1].split("\n", 1)[1]  # and the server's refusal follows
+    assert "Warning" not in ok(lemonade("load", "a", env=env)).stderr  # loaded already: it keeps its slot
+    ok(lemonade("unpin", "a", env=env))
+    assert "Warning" not in ok(lemonade("load", "b", env=env)).stderr
 
 
 def test_load_refusals_come_from_the_server(env):
@@ -474,8 +497,8 @@ def test_backends_uninstall_through_the_server(make_server, tmp_path, llama_back
 def test_model_commands_use_the_configured_port(gemma_server, tmp_path, args):
     """`port` in config.json is where these commands look for the server (no flags, no env)."""
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "config.json").write_text(json.dumps({"port": gemma_server.port}))
+    config_dir_of(cache).mkdir()
+    (config_dir_of(cache) / "config.json").write_text(json.dumps({"port": gemma_server.port}))
     exported = tmp_path / "exported.json"
     exported.write_text(json.dumps({"model_name": "No-Such-Model-GGUF", "recipe": "llamacpp",
                                     "checkpoint": "no-such-org/No-Such-Model-GGUF:Q4_0"}))

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.helpers import ServerFactory, cli_env, free_port, lemonade, ok
+from tests.helpers import ServerFactory, cli_env, config_dir_of, free_port, lemonade, ok
 
 BEACON_WAIT = 6  # scan seconds: beacons leave every 2 s, so several are sent in that time
 
@@ -124,8 +124,8 @@ def test_the_cli_finds_a_local_server_by_its_beacon(servers, beacon_port, tmp_pa
     announces itself on this machine is used; --no-discovery, or any address given, turns that off."""
     srv = beaconing(servers, beacon_port)
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "config.json").write_text(json.dumps({"port": free_port()}))  # nobody listens there
+    config_dir_of(cache).mkdir()
+    (config_dir_of(cache) / "config.json").write_text(json.dumps({"port": free_port()}))  # nobody listens there
     env = cli_env(cache, LEMONADE_BEACON_PORT=beacon_port)
     proc = ok(lemonade("status", env=env))
     assert f"running at {srv.url}" in proc.stdout and "announced itself" in proc.stderr

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lemonade.config import deep_merge, flatten
 from tests.helpers import GEMMA_NAME, served_folder, wait_for
 
 USER_MODEL = {"model_name": "user.Tiny-Kept", "recipe": "llamacpp", "checkpoint": "someone/Tiny-GGUF:Q4_0"}
@@ -74,6 +75,38 @@ def test_default_layout_old_files_moved_and_a_cache_clean_up_forgets_nothing(mak
         cfg = c.get("/internal/config").json()
         assert cfg["max_loaded_models"] == 2 and cfg["ctx_size"] == 2048
     assert (home / ".cache" / "lemonade").is_dir()  # caches come back where they belong
+
+
+def test_a_cache_dir_alone_moves_only_the_cache(make_server, tmp_path):
+    """LEMONADE_CACHE_DIR without LEMONADE_CONFIG_DIR: engines and downloads go there, the configuration
+    stays in the platform's config dir, as in Lemonade's server (its get_config_dir does not read the
+    variable), so a clean-up of the moved cache resets nothing. Settings an older version of this
+    server kept in that cache dir are moved over at the first start. (`lemond CACHE_DIR` keeps both
+    together: tests/test_lemond.py.)"""
+    home, cache = tmp_path / "home", tmp_path / "elsewhere"
+    config_dir = home / ".config" / "lemonade"
+    cache.mkdir()
+    (cache / "config.json").write_text(json.dumps({"max_loaded_models": 2}))  # where an older version kept it
+    env = {"HOME": str(home), "LEMONADE_CONFIG_DIR": "", "XDG_CONFIG_HOME": "", "STATE_DIRECTORY": ""}
+    before = cli("config", "set", "ctx_size=2048", url="http://127.0.0.1:9",  # no server yet: the file itself
+                 extra_env={**env, "LEMONADE_CACHE_DIR": str(cache)})
+    assert before.returncode == 0, before.stderr
+    assert json.loads((config_dir / "config.json").read_text()) == {"max_loaded_models": 2, "ctx_size": 2048}
+    assert not (cache / "config.json").exists()
+    srv = make_server(cache=cache, env=env)
+    with srv.client() as c:
+        info = c.get("/v1/system-info", params={"include_paths": True}).json()
+        assert info["config_dir"] == str(config_dir) and info["cache_dir"] == str(cache)
+        assert c.get("/internal/config").json()["ctx_size"] == 2048
+        assert c.post("/v1/models/register", json=USER_MODEL).status_code == 200
+    assert (config_dir / "user_models.json").is_file() and not (cache / "user_models.json").exists()
+    assert (cache / "backends").is_dir()  # the cache is where it was asked to be
+    srv.stop()
+    shutil.rmtree(cache)
+    again = make_server(cache=cache, env=env)
+    with again.client() as c:
+        assert c.get("/internal/config").json()["max_loaded_models"] == 2
+        assert "Tiny-Kept" in {m["id"] for m in c.get("/v1/models", params={"show_all": True}).json()["data"]}
 
 
 def test_a_move_cut_short_is_finished_at_the_next_start(make_server, tmp_path):
@@ -169,24 +202,46 @@ GUIDE_EXAMPLE_CONFIG = {
 }
 
 
+# A user's tuning in the keys of that example: backend-specific engine flags, the llama.cpp device,
+# inhibit_suspend (the example prints them empty or at their defaults).
+TUNED = {"inhibit_suspend": False,
+         "llamacpp": {"cpu_args": "--no-warmup", "vulkan_args": "-ub 64", "rocm_args": "-b 512", "device": ""},
+         "sdcpp": {"cpu_args": "--vae-tiling", "vulkan_args": "--diffusion-fa", "rocm_args": "", "cuda_args": ""},
+         "whispercpp": {"cpu_args": "-bs 5", "npu_args": ""}}
+
+
 def test_the_guides_example_config_json(make_server, gemma_dir):
-    srv = make_server(config=GUIDE_EXAMPLE_CONFIG, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
+    """A Lemonade user's config.json with every key of the guide starts this server: what it uses takes
+    effect, what it does not have is named in one warning, and no key is lost when the server
+    writes the file again."""
+    example = deep_merge(GUIDE_EXAMPLE_CONFIG, TUNED)
+    srv = make_server(config=example, env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)})
     with srv.client() as c:
         params = c.get("/v1/params").json()
         assert params["global_timeout"] == 600 and params["models_dir"] == "auto"
         assert params["llamacpp"]["prefer_system"] is True and params["sdcpp"]["steps"] == 20
+        assert {k: v for k, v in params["llamacpp"].items() if k in TUNED["llamacpp"]} == TUNED["llamacpp"]
+        assert {k: params[s][k] for s in ("sdcpp", "whispercpp") for k in TUNED[s]} == \
+            {k: v for s in ("sdcpp", "whispercpp") for k, v in TUNED[s].items()}
+        assert params["inhibit_suspend"] is False
         # "models_dir": "auto" follows the Hugging Face cache, so the pinned model list still works
         assert c.get("/v1/models").status_code == 200
         reply = c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 4,
                                                       "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        assert "--no-warmup" in loaded(c)[GEMMA_NAME]["launch_command"]  # cpu_args: the backend in use
         # Kokoro runs on kokoro-onnx here: its one *_bin value is builtin, and another one says why
         assert params["kokoro"]["cpu_bin"] == "builtin" and params["whispercpp"]["cpu_bin"] == "builtin"
         refused = c.post("/v1/params", json={"kokoro": {"cpu_bin": "/usr/local/bin"}})
         assert refused.status_code == 400 and "kokoro-onnx" in refused.text, refused.text
+        assert c.post("/internal/set", json={"max_loaded_models": 2}).status_code == 200  # the file is written
     warning = next(line for line in srv.log().splitlines() if "Ignoring settings in" in line)
-    assert "acestep.backend" in warning and "flm.args" in warning
+    assert "acestep.backend" in warning and "flm.args" in warning and "they stay in the file" in warning
     assert "kokoro" not in warning and "sdcpp.cpu_bin" not in warning and "whispercpp.cpu_bin" not in warning
+    for key in flatten(TUNED):
+        assert key not in warning, key
+    on_disk = json.loads((srv.config_dir / "config.json").read_text())
+    assert flatten(on_disk) == {**flatten(example), "max_loaded_models": 2}  # every key kept, as written
 
 
 # ----- GET/POST /v1/params --------------------------------------------------------------------------

@@ -35,7 +35,8 @@ def test_live_get_and_head(server):
 
 def test_second_server_on_busy_port_exits_naming_the_port(server, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(server.port)],
-                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "LEMONADE_CONFIG_DIR": str(tmp_path),
+                               "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert str(server.port) in proc.stderr and "in use" in proc.stderr
@@ -47,7 +48,8 @@ def test_websocket_port_equal_to_the_server_port_is_refused(tmp_path):
     port = free_port()
     proc = subprocess.run([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port),
                            "--websocket-port", str(port)],
-                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          env={"LEMONADE_CACHE_DIR": str(tmp_path), "LEMONADE_CONFIG_DIR": str(tmp_path),
+                               "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert f"cannot be the server's port {port}" in proc.stderr and "auto" in proc.stderr
@@ -419,6 +421,8 @@ def test_every_route_needs_its_key(make_server):
             "admin": {"Authorization": "Bearer admin"}}
     with srv.client(timeout=60) as c:
         for method, path in http:
+            if path == "/internal/shutdown":  # with the admin key it stops the server: asked last, below
+                continue
             got = {name: c.request(method, path, headers=headers, content=b"{}" if method != "GET" else None)
                    .status_code for name, headers in keys.items()}
             if path in OPEN_ROUTES:
@@ -449,6 +453,9 @@ def test_every_route_needs_its_key(make_server):
                 if first == "auth.ok":
                     ws.send(json.dumps({"type": "auth", "token": "sekret"}))
                 assert json.loads(ws.recv(timeout=5))["type"] == first, path
+    with srv.client(timeout=60) as c:
+        got = {name: c.post("/internal/shutdown", headers=headers).status_code for name, headers in keys.items()}
+    assert got == {"none": 401, "wrong": 401, "api": 401, "admin": 200}
 
 
 def test_admin_key_alone_leaves_api_open_and_metrics_open(make_server):

@@ -379,7 +379,7 @@ def test_mcp_generate_image_writes_into_the_sandbox(server, sandbox):
 
 
 def test_cli_generate_and_upscale(server, tmp_path):
-    env = {**os.environ, "LEMONADE_CACHE_DIR": str(server.cache)}
+    env = {**os.environ, "LEMONADE_CACHE_DIR": str(server.cache), "LEMONADE_CONFIG_DIR": str(server.config_dir)}
     cli = [sys.executable, "-m", "lemonade.cli.main"]
     out = tmp_path / "cli.png"
     done = subprocess.run([*cli, "generate", "a lemon", "-m", MODEL, "-o", str(out), "--size", "64x64", "--steps", "1",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lemonade.cli.chat import runaway
-from tests.helpers import GEMMA_NAME, cli_env
+from tests.helpers import GEMMA_NAME, cli_env, config_dir_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_quickstart_refuses_a_server_of_another_installation(gemma_server, tmp_p
     assert "Checking the llama.cpp engine" not in proc.stderr
     with gemma_server.client() as c:
         assert c.get("/v1/health").json()["all_models_loaded"] == before
-    assert not (mine / "config.json").exists()
+    assert not (config_dir_of(mine) / "config.json").exists()  # nothing was configured either
 
 
 def test_transcript_of_a_conversation():

@@ -86,7 +86,7 @@ class Host:
 
     def start_worker(self, cache: Path, log_dir: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEMONADE_")}
-        env.update({"LEMONADE_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"})
+        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "PYTHONUNBUFFERED": "1"})
         self.output = log_dir / f"{self.ns}.log"
         with open(self.output, "w") as log:
             self.worker = subprocess.Popen(

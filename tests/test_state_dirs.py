@@ -25,8 +25,10 @@ def test_default_locations_follow_the_guide():
 
 @pytest.mark.parametrize(("env", "config", "cache"), [
     ({"LEMONADE_CONFIG_DIR": "/c", "LEMONADE_CACHE_DIR": "/k"}, "/c", "/k"),
-    # a custom cache dir alone keeps everything together (a portable or isolated install)
-    ({"LEMONADE_CACHE_DIR": "/k"}, "/k", "/k"),
+    # a custom cache dir alone moves only the cache, as Lemonade's server does: the configuration stays
+    # in the platform's config dir (`lemond CACHE_DIR` keeps both together: tests/test_lemond.py)
+    ({"LEMONADE_CACHE_DIR": "/k"}, "/home/u/.config/lemonade", "/k"),
+    ({"LEMONADE_CACHE_DIR": "/k", "XDG_CONFIG_HOME": "/x/conf"}, "/x/conf/lemonade", "/k"),
     # the packaged systemd service: StateDirectory= and CacheDirectory=
     ({"STATE_DIRECTORY": "/var/lib/lemonade", "CACHE_DIRECTORY": "/var/cache/lemonade"},
      "/var/lib/lemonade", "/var/cache/lemonade"),

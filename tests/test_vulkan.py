@@ -92,3 +92,31 @@ def test_stats_stay_truthful_on_a_software_device(vulkan_server: Server):
     stats = httpx.get(vulkan_server.url + "/v1/system-stats").json()
     if not detect_devices().gpus:
         assert stats["gpu_percent"] is None and stats["vram_gb"] is None  # lavapipe is no GPU to measure
+
+
+def test_the_server_wide_device_and_vulkan_args_apply_to_vulkan_loads(vulkan_server: Server):
+    """`llamacpp.device` and `llamacpp.vulkan_args` (guide-configuration-README.md) reach llama-server
+    when a model runs on the vulkan backend; on the cpu backend its own `cpu_args` apply and no device
+    (it has none). Set live with /internal/set, as `lemonade config set` does."""
+    settings = {"device": "Vulkan0", "vulkan_args": "-ub 128", "cpu_args": "--no-warmup"}
+    with vulkan_server.client() as c:
+        assert c.post("/internal/set", json={"llamacpp": settings}).status_code == 200
+        try:
+            c.post("/v1/unload", json={})
+            resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "vulkan", "ctx_size": 1024})
+            assert resp.status_code == 200, resp.text
+            [loaded] = c.get("/v1/health").json()["all_models_loaded"]
+            argv = loaded["launch_command"]
+            assert argv[argv.index("--device") + 1] == "Vulkan0" and argv[argv.index("-ub") + 1] == "128"
+            assert "--no-warmup" not in argv
+            complete(OpenAI(base_url=vulkan_server.url + "/v1", api_key="unused"))
+
+            c.post("/v1/unload", json={})
+            resp = c.post("/v1/load", json={"model_name": GEMMA_NAME, "llamacpp_backend": "cpu", "ctx_size": 1024})
+            assert resp.status_code == 200, resp.text
+            [loaded] = c.get("/v1/health").json()["all_models_loaded"]
+            argv = loaded["launch_command"]
+            assert "--no-warmup" in argv and "--device" not in argv and "128" not in argv
+        finally:
+            c.post("/internal/set", json={"llamacpp": dict.fromkeys(settings, "")})
+            c.post("/v1/unload", json={})

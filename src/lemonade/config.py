@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,8 @@ DEFAULTS: dict[str, Any] = {
     # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
     # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
     # your own build (backends/llamacpp_bins.py)
-    "llamacpp": {"backend": "auto", "args": "", "prefer_system": False, "rpc_workers": [],
+    # device: llama.cpp device names every model is offloaded to (`Vulkan0`, `CUDA0,CUDA1`); "" = llama-server's choice
+    "llamacpp": {"backend": "auto", "args": "", "device": "", "prefer_system": False, "rpc_workers": [],
                  "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
     "whispercpp": {"backend": "cpu", "args": "", "cpu_bin": "builtin"},  # *_bin: backends/native_bins.py
     # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
@@ -76,7 +77,18 @@ DEFAULTS: dict[str, Any] = {
                            "batch_timeout_s": 1.0, "max_retries": 0, "retry_backoff_base_s": 5.0},
                   "session": {"headers": {"id": [], "client": []}}},
     "auto_tune": True,  # apply the hardware archetype's performance profile at load (autotune/)
+    "inhibit_suspend": True,  # keep the OS from suspending while inference runs (system/suspend.py; Linux/logind)
 }
+
+# `<section>.<backend>_args`: an engine's server-wide flags for one of its backends, used instead of
+# `<section>.args` when not empty (guide-configuration-README.md, "Backend Configuration"; the options
+# layer picks them for the backend a load runs on, runtime/options.py). Every backend each engine
+# lists, and every such key of Lemonade's example config.json, so a migrated file keeps them all.
+BACKEND_ARGS = {"llamacpp": ("cpu", "system", "vulkan", "rocm", "cuda", "metal"),
+                "whispercpp": ("cpu", "vulkan", "npu"), "sdcpp": ("cpu", "vulkan", "rocm", "cuda"),
+                "vllm": ("rocm", "cuda")}
+for _section, _backends in BACKEND_ARGS.items():
+    DEFAULTS[_section].update({f"{backend}_args": "" for backend in _backends})
 
 BIN_SECTIONS = ("llamacpp", "whispercpp", "sdcpp")  # engines whose `<backend>_bin` selects a build
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal", "none")
@@ -166,12 +178,11 @@ def validate_value(key: str, value: Any) -> Any:
             raise ConfigError(f"Config key '{key}' can only be \"builtin\": Kokoro runs on kokoro-onnx in a private "
                               f"Python environment in this Lemonade, not on a binary of yours; got {json.dumps(value)}")
         return value
-    if key.endswith("_bin") and key.split(".", 1)[0] in BIN_SECTIONS:
-        from lemonade.llamacpp_settings import check_bin_value
-
+    check = _engine_setting_check(key)
+    if check is not None:
         if not isinstance(value, str):
             raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
-        problem = check_bin_value(key, value)
+        problem = check(key, value)
         if problem:
             raise ConfigError(f"Config key {problem}")
         return value
@@ -189,6 +200,18 @@ def validate_value(key: str, value: Any) -> Any:
         raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
     _check_range(key, value)
     return value
+
+
+def _engine_setting_check(key: str) -> Callable[[str, str], str | None] | None:
+    """The check of an engine's string setting that needs more than its type (llamacpp_settings.py):
+    `*_bin` values, llama.cpp device names; None for other keys."""
+    from lemonade.llamacpp_settings import check_bin_value, check_device
+
+    if key == "llamacpp.device":
+        return check_device
+    if key.endswith("_bin") and key.split(".", 1)[0] in BIN_SECTIONS:
+        return check_bin_value
+    return None
 
 
 def _cloud_providers(value: Any) -> list[dict[str, Any]]:
@@ -252,7 +275,7 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key '{key}' must be 0 or more, got {value}")
     if key == "telemetry.otlp.endpoint" and not value.startswith(("http://", "https://")):
         raise ConfigError(f"Config key '{key}' must be an http:// or https:// URL, got '{value}'")
-    if key.startswith("sdcpp.") and key != "sdcpp.backend" and key != "sdcpp.args" and value <= 0:
+    if key.startswith("sdcpp.") and not isinstance(value, str) and value <= 0:  # steps, cfg_scale, width, height
         raise ConfigError(f"Config key '{key}' must be positive, got {value}")
 
 
@@ -358,10 +381,11 @@ SYSTEM_DEFAULTS_PATH = Path("/usr/share/lemonade/defaults.json")  # distro packa
 DEFAULTS_PATH_ENV = "LEMONADE_DEFAULTS_PATH"  # a defaults.json anywhere (non-FHS packagers: Nix, Guix)
 
 
-def _clean_tree(raw: Any, source: Path, notes: list[str]) -> dict[str, Any]:
+def _clean_tree(raw: Any, source: Path, notes: list[str], kept: dict[str, Any] | None = None) -> dict[str, Any]:
     """The valid settings of a hand-written JSON file (config.json, a defaults.json). Unknown or
     invalid keys are left out rather than fatal, so one typo does not stop the server; `notes` gets
-    a line naming them (the server logs it once logging is set up)."""
+    a line naming them (the server logs it once logging is set up), and `kept`, when given, their
+    values as they were, so that rewriting the file loses none of them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source} must hold a JSON object; fix or delete it")
     clean: dict[str, Any] = {}
@@ -371,9 +395,11 @@ def _clean_tree(raw: Any, source: Path, notes: list[str]) -> dict[str, Any]:
             _set_path(clean, key, validate_value(key, value))
         except ConfigError as exc:
             skipped.append(f"{key} ({exc})" if key in _DEFAULT_LEAVES else key)
+            if kept is not None:
+                _set_path(kept, key, value)
     if skipped:
-        notes.append(f"Ignoring settings in {source} that this Lemonade does not know or cannot use: "
-                     + "; ".join(skipped))
+        notes.append(f"Ignoring settings in {source} that this Lemonade does not know or cannot use (they stay in "
+                     "the file): " + "; ".join(skipped))
     return clean
 
 
@@ -407,6 +433,9 @@ class Config:
         env = dict(os.environ if environ is None else environ)
         self.notes: list[str] = []  # warnings about the files read, logged by the server at startup
         self.defaults = layered_defaults(env, self.notes)
+        # What config.json holds that this server does not use (another Lemonade's keys, a value it
+        # refuses): kept as it is when the file is written again, never dropped.
+        self._kept: dict[str, Any] = {}
         self._file = self._load_file()
         self._overrides = deep_merge(_env_overrides(env), cli_overrides or {})
         if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
@@ -426,7 +455,7 @@ class Config:
             raw = read_json(self.path, {})
         except ValueError as exc:
             raise ConfigError(f"{self.path} is not valid JSON ({exc}); fix or delete it") from None
-        return _clean_tree(raw, self.path, self.notes)
+        return _clean_tree(raw, self.path, self.notes, self._kept)
 
     def _effective(self) -> dict[str, Any]:
         """The merged layers, computed once per change: `get` runs on hot paths (the router's
@@ -475,8 +504,9 @@ class Config:
             new_file = copy.deepcopy(self._file)
             for key, value in flat.items():
                 _set_path(new_file, key, value)
-            atomic_write_json(self.path, new_file)
-            self._file = new_file
+            kept = _without(self._kept, flat)
+            atomic_write_json(self.path, deep_merge(kept, new_file))
+            self._file, self._kept = new_file, kept
             self._runtime = _without(self._runtime, flat)
             self._merged = None
         self._notify(flat)

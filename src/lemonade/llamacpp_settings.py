@@ -1,7 +1,7 @@
-"""What the llama.cpp settings accept: RPC worker lists and `*_bin` values.
+"""What the llama.cpp settings accept: RPC worker lists, `*_bin` values and device names.
 
-Config validation (config.py) checks `llamacpp.rpc_workers` and `llamacpp.<backend>_bin` with
-these, and the llama.cpp engine (backends/llamacpp*.py) reads the values with the same functions;
+Config validation (config.py) checks `llamacpp.rpc_workers`, `llamacpp.<backend>_bin` and
+`llamacpp.device` with these, and the llama.cpp engine (backends/llamacpp*.py) reads the values with the same functions;
 they live below both, so the config layer needs no engine to check a value.
 """
 
@@ -16,6 +16,17 @@ DEFAULT_PORT = 50052  # upstream's default for ggml-rpc-server
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a llama.cpp release tag ("b8664")
+_DEVICE_RE = re.compile(r"(none|[A-Za-z][A-Za-z_-]*\d*)(,[A-Za-z][A-Za-z_-]*\d*)*")
+
+
+def check_device(what: str, value: str) -> str | None:
+    """Why `value` is not a llama.cpp device list, or None: device names as `llama-server
+    --list-devices` prints them (`Vulkan0`, `CUDA1`, `ROCm0`, `MTL0`; a comma list; `none`), or empty
+    for llama-server's own choice. Anything else would only fail when the engine starts."""
+    if value and not _DEVICE_RE.fullmatch(value):
+        return (f"'{what}' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 (see llama-server "
+                f"--list-devices), or empty for the default; got '{value}'")
+    return None
 
 
 class WorkerSpecError(ValueError):

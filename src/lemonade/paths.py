@@ -11,10 +11,13 @@ Two folders with different lifetimes:
 Overrides, first match wins:
 
 - cache dir: `LEMONADE_CACHE_DIR`, systemd's `CACHE_DIRECTORY`, `$XDG_CACHE_HOME/lemonade`, `~/.cache/lemonade`
-- config dir: `LEMONADE_CONFIG_DIR`; then, when `LEMONADE_CACHE_DIR` is set, that same folder (a
-  portable or isolated install keeps all of its files together, as upstream's `lemond <cache_dir>`
-  without a `config_dir` does); then systemd's `STATE_DIRECTORY` (the packaged service's
+- config dir: `LEMONADE_CONFIG_DIR`, systemd's `STATE_DIRECTORY` (the packaged service's
   `/var/lib/lemonade`), `$XDG_CONFIG_HOME/lemonade`, `~/.config/lemonade`.
+
+`LEMONADE_CACHE_DIR` alone moves only the cache: the configuration stays where it was, as in
+Lemonade's server (its `get_config_dir` does not read that variable), so cleaning up a moved cache
+never resets the server. A portable install that keeps both together says so: `lemond CACHE_DIR`
+(a cache dir given as an argument without a config dir, cli/lemond.py) or both variables.
 
 State written by older versions into the cache dir is moved over by `lemonade.legacy_state`.
 """
@@ -52,7 +55,7 @@ def cache_dir(environ: Mapping[str, str] | None = None, *, create: bool = True) 
 def config_dir(environ: Mapping[str, str] | None = None, *, create: bool = True) -> Path:
     """The Lemonade config dir (created on first use unless `create` is False)."""
     env = os.environ if environ is None else environ
-    raw = (env.get("LEMONADE_CONFIG_DIR") or env.get("LEMONADE_CACHE_DIR") or env.get("STATE_DIRECTORY")
+    raw = (env.get("LEMONADE_CONFIG_DIR") or env.get("STATE_DIRECTORY")
            or (os.path.join(env["XDG_CONFIG_HOME"], "lemonade") if env.get("XDG_CONFIG_HOME") else None)
            or os.path.join(_home(env), ".config", "lemonade"))
     return _resolve(raw, create)

@@ -228,6 +228,7 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     follower = Follower(uvicorn.Config(websocket_only(app, port), lifespan="off", log_level="warning",
                                        access_log=False, timeout_graceful_shutdown=5, ws_ping_interval=20))
     server.follower = (follower, ws_sock)
+    services.stop_server = server.request_exit  # POST /internal/shutdown: the same way out as Ctrl-C
     log.info("WebSockets (/realtime, /logs/stream, /spans/stream) also on the dedicated port %d",
              services.websocket_port)
     try:

@@ -16,12 +16,13 @@ import httpx
 from lemonade.autotune.tuner import AutoTune
 from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.cloud_providers import CloudProviders
-from lemonade.backends.engine import Engine
+from lemonade.backends.engine import Engine, EngineUnavailable
 from lemonade.backends.native_build import stop_builds
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
-from lemonade.config import BIN_SECTIONS, Config, ConfigError
+from lemonade.catalog.gguf_meta import GGUFError, gguf_info
+from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
@@ -38,6 +39,7 @@ from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.stats import Stats
 from lemonade.system.devices import detect_devices
+from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -59,6 +61,7 @@ class Services:
         self.admin_key = admin_key
         self.allowed_origins = allowed_origins  # LEMONADE_ALLOWED_ORIGINS (api/origins.py)
         self.websocket_port: int | None = None  # the dedicated WebSocket port, once `serve` listens on it
+        self.stop_server: Callable[[], None] | None = None  # ends `serve` as a signal would (/internal/shutdown)
         values = config.values
         self.catalog = Catalog(self.config_dir, values["extra_models_dir"], values["models_dir"])
         self.engines = Engines(self.cache_dir, config)
@@ -67,6 +70,8 @@ class Services:
         self.autotune = AutoTune(self.cache_dir, config, engines=self.engines)
         self.options.tuning = self.autotune.values
         self.options.model_defaults = self._catalog_options
+        self.options.architecture_of = self._architecture_of
+        self.options.backend_of = self._backend_of
         self.stats = Stats()
         self.policies = Policies()  # parsed collection.router policies (api/openai/routing.py)
         self.metrics = Metrics()
@@ -79,8 +84,12 @@ class Services:
                                                           keepalive_expiry=2.0))
         self.engine_client = EngineClient()
         self.remote_http = RemoteHttp(read_timeout=lambda: float(config.get("global_timeout")))
+        # inhibit_suspend: a logind lock while the router has work (system/suspend.py), watched while models are loaded
+        self.suspend = SuspendGuard(SuspendInhibitor(), busy=lambda: not self.router.drained(),
+                                    enabled=lambda: bool(config.get("inhibit_suspend")),
+                                    watching=lambda: bool(self.router.loaded))
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
-                             client=self.engine_client)
+                             client=self.engine_client, on_change=self.suspend.wake)
         self.router.needed_helpers = self.routing_helpers
         self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
@@ -91,14 +100,19 @@ class Services:
         config.on_change(self._config_changed)
         for engine in self.engines:
             if engine.args_option and engine.available:
-                config.add_check(engine.options[engine.args_option].config_key, self._args_check(engine))
+                key = engine.options[engine.args_option].config_key
+                config.add_check(key, self._args_check(engine))
+                section = key.rsplit(".", 1)[0]
+                for backend in BACKEND_ARGS.get(section, ()):
+                    config.add_check(f"{section}.{backend}_args", self._args_check(engine, backend))
 
     @staticmethod
-    def _args_check(engine: Engine) -> Callable[[str], None]:
-        """The server-wide `*.args` is the admin's: any flag but ours, if the installed engine knows it."""
+    def _args_check(engine: Engine, backend: str | None = None) -> Callable[[str], None]:
+        """The server-wide `*.args` (and `*.<backend>_args`) are the admin's: any flag but ours, if the
+        installed engine (that backend's, for `<backend>_args`) knows it."""
         def check(value: str) -> None:
             try:
-                engine.check_args(value, trusted=True)
+                engine.check_args(value, trusted=True, backend=backend if backend in engine.backends else None)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         return check
@@ -198,6 +212,30 @@ class Services:
             if lm is not None:
                 return lm.model
             raise model_not_found(name) from None
+
+    def _architecture_of(self, model_name: str) -> str | None:
+        """The GGUF `general.architecture` of a downloaded model's main file (the key of its
+        architecture defaults); None before the download or for other formats."""
+        model = self.catalog.find(model_name)
+        files = self.catalog.local_files(model) if model is not None and not model.is_collection else None
+        main = (files or {}).get("main") or []
+        if not main or not main[0].name.lower().endswith(".gguf"):
+            return None
+        try:
+            return gguf_info(main[0]).architecture or None
+        except (OSError, GGUFError):
+            return None
+
+    def _backend_of(self, recipe: str, options: dict[str, Any]) -> str | None:
+        """The backend a load with these options runs on (the router asks the engine the same way)."""
+        engine = self.engines.get(recipe)
+        if engine is None or not engine.available:
+            return None
+        requested = engine.requested_backend(options)
+        try:
+            return engine.ready_backend(requested)
+        except EngineUnavailable:
+            return requested  # the load is refused for that reason; the options are still those of `requested`
 
     def _catalog_options(self, model_name: str) -> dict[str, Any]:
         """A built-in model's `recipe_options` from the catalog (user definitions keep theirs in
@@ -360,6 +398,7 @@ class Services:
         self.cloud.stop()
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
+        await self.suspend.aclose()
         await self.router.shutdown()
         await self.engine_client.aclose()
         await self.remote_http.aclose()

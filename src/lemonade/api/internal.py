@@ -1,12 +1,15 @@
-"""`/internal/*`: server control (config, aliases), guarded by `LEMONADE_ADMIN_API_KEY`."""
+"""`/internal/*`: server control (config, aliases, shutdown), guarded by `LEMONADE_ADMIN_API_KEY`."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.background import BackgroundTask
 
 from lemonade.api.errors import APIError, bad_request
 from lemonade.catalog.catalog import RegistrationError
@@ -14,6 +17,7 @@ from lemonade.config import ConfigError, nested
 from lemonade.services import Services
 
 router = APIRouter(prefix="/internal", tags=["internal"])
+log = logging.getLogger("lemonade.server")
 
 
 @router.get("/config")
@@ -132,3 +136,18 @@ async def flush_telemetry(request: Request) -> dict[str, Any]:
         raise APIError(502, "Some trace spans could not be exported in time; check that the OTLP receiver at "
                        f"{svc.config.get('telemetry.otlp.endpoint')} answers", code="telemetry_flush_failed")
     return {"status": "flushed"}
+
+
+@router.post("/shutdown")
+async def shutdown(request: Request) -> JSONResponse:
+    """Stop the server, as Lemonade's `/internal/shutdown` does: a running job is interrupted and
+    recorded as such (resumable), every engine process is stopped before the answer is sent (a caller
+    that goes on finds none left; requests still waiting get 503 `shutting_down`), then the server
+    exits through its normal shutdown (download state saved, queued trace spans sent) with status 0."""
+    svc: Services = request.app.state.services
+    log.info("Shutdown requested (POST /internal/shutdown): stopping %d engine process(es)", len(svc.router.loaded))
+    await request.app.state.jobs.aclose()
+    await svc.router.shutdown()
+    if svc.stop_server is None:  # an app built without `serve` (tests, benchmarks): its owner stops it
+        log.warning("No server loop to stop: the engines are stopped, the app keeps answering")
+    return JSONResponse({"status": "shutting down"}, background=BackgroundTask(svc.stop_server or (lambda: None)))

@@ -117,6 +117,9 @@ class OptionsView(Doc):
     saved: dict[str, Any]
     effective: dict[str, Any]
     defaults: dict[str, Any]
+    layers: dict[str, list[str]]  # where each effective value came from (runtime/options.py LAYERS)
+    architecture: str | None  # the GGUF architecture of the model's file; null before the download
+    architecture_defaults: dict[str, Any]
 
 
 class ModelFiles(Doc):
@@ -349,6 +352,10 @@ class Flushed(Doc):
     status: Literal["flushed"]
 
 
+class ShuttingDown(Doc):
+    status: Literal["shutting down"]
+
+
 # ----- cloud providers ---------------------------------------------------------------------------
 class AuthState(Doc):
     env_var_set: bool
@@ -445,6 +452,7 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("delete", "/internal/aliases/{alias}"): Alias,
     ("post", "/mcp"): JsonRpcReply,
     ("post", "/internal/telemetry/flush"): Flushed,
+    ("post", "/internal/shutdown"): ShuttingDown,
     ("post", "/cloud/auth"): CloudKeySet,
     ("delete", "/cloud/auth/{provider}"): CloudKeyCleared,
 }

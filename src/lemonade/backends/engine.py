@@ -83,7 +83,8 @@ class BackendState:
 
 @dataclass(frozen=True)
 class Option:
-    """One recipe option: its JSON type, where layer 3 (server config) takes it from, and a check."""
+    """One recipe option: its JSON type, the config key the server-wide layer takes it from
+    (runtime/options.py), and a check."""
 
     type: type | tuple[type, ...]
     config_key: str | None = None

@@ -63,7 +63,7 @@ from lemonade.backends.llamacpp_rpc import (
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import worker_list
+from lemonade.llamacpp_settings import check_device, worker_list
 from lemonade.system.devices import detect_devices, gpu_usage
 from lemonade.system.memory import read_budget
 
@@ -257,16 +257,9 @@ def _check_backend(value: str) -> str | None:
     return None
 
 
-_DEVICE_RE = re.compile(r"(none|[A-Za-z][A-Za-z_-]*\d*)(,[A-Za-z][A-Za-z_-]*\d*)*")
-
-
 def _check_device(value: str) -> str | None:
-    """llama.cpp device names (`Vulkan0`, `CUDA1`, `ROCm0`, `MTL0`; a comma list; `none`), as
-    `llama-server --list-devices` prints them: anything else would only fail at start."""
-    if value and not _DEVICE_RE.fullmatch(value):
-        return (f"Option 'llamacpp_device' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 "
-                f"(see llama-server --list-devices), or empty for the default; got '{value}'")
-    return None
+    problem = check_device("llamacpp_device", value)
+    return f"Option {problem}" if problem else None
 
 
 def _check_args(value: str) -> str | None:
@@ -285,7 +278,7 @@ class LlamaCppEngine(Engine):
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
-        "llamacpp_device": Option(str, None, default="", check=_check_device),
+        "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
         # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over (llamacpp_rpc.py)
         "rpc_workers": Option(list, "llamacpp.rpc_workers", check=check_option),
     }

@@ -174,6 +174,15 @@ class ServerClient:
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return self.request("GET", path, params=params)
 
+    def peek(self, path: str, timeout: float = 5.0) -> Any:
+        """JSON of a successful GET, or None whatever went wrong, without a word: for checks a
+        command makes on the side (a warning it may print), never for what it was asked to do."""
+        try:
+            status, content = self._exchange("GET", path, None, None, timeout=timeout)
+            return json.loads(content) if status == 200 and content else None
+        except (OSError, http_client.HTTPException, ValueError):
+            return None
+
     def post(self, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
         return self.request("POST", path, body, params)
 

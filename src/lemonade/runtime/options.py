@@ -1,9 +1,17 @@
-"""Recipe options and their priority chain (lemonade.md, "Setting Priority").
+"""Recipe options and their priority chain (lemonade.md, "Setting Priority"; custom-models.md,
+"Settings Priority").
 
 1. values in the load request, 2. the model's entry in `recipe_options.json` (over the built-in
-catalog entry's own `recipe_options`, e.g. a vLLM model's tool-call parser), 3. server config
-(file, env, flags), 4. the auto-tune profile of this machine's archetype (`autotune/`; only keys
-the user left at their default), 5. built-in defaults. A request value of `null` skips layer 2 for that key.
+catalog entry's own `recipe_options`, e.g. a vLLM model's tool-call parser), 3. the model's
+architecture defaults (`catalog/architecture_defaults.py`: keyed by the GGUF architecture of its
+file), 4. server config (file, env, flags, `/v1/params`), 5. the auto-tune profile of this
+machine's archetype (`autotune/`; only keys the user left at their default), 6. built-in defaults.
+A request value of `null` skips layer 2 for that key.
+
+`*_args` are merged flag by flag (`merge_args`, on by default): the request's, else the model's
+over its architecture's, over the server-wide flags, which are `<section>.<backend>_args` for the
+backend the load runs on when that is set, else `<section>.args` (guide-configuration-README.md).
+With `merge_args: false` the highest layer that gives flags is used alone.
 This module is the only place that knows the chain; `/v1/load`, `/v1/models/{id}/options` and
 backend argument building all go through `resolve()`.
 """
@@ -21,12 +29,18 @@ from typing import Any
 from lemonade.backends.engine import Option, is_number
 from lemonade.backends.registry import all_option_names, args_options, recipe_modes, recipe_options
 from lemonade.backends.tuning import backend_option
-from lemonade.config import Config
+from lemonade.catalog.architecture_defaults import for_architecture
+from lemonade.config import BACKEND_ARGS, Config
 from lemonade.errors import APIError
+from lemonade.recipes import file_format
 from lemonade.util.atomic import atomic_write_json, read_json
 
 log = logging.getLogger("lemonade.options")
 UNSET = object()  # "not in the request" as opposed to an explicit null
+# Where an effective option came from, highest first (`/v1/models/{id}/options` `layers`): the load
+# request, recipe_options.json, the built-in model's own options, the architecture defaults, the
+# server's configuration as set by the user, the auto-tune profile, the built-in (or packaged) defaults.
+LAYERS = ("request", "saved", "model", "architecture", "config", "auto_tune", "default")
 
 
 def _non_negative(name: str) -> Any:
@@ -84,6 +98,16 @@ def merge_args(global_args: str, model_args: str) -> str:
     return shlex.join([t for g in kept + model_groups for t in g])
 
 
+def _layered(parts: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """`*_args` texts given highest layer first, merged flag by flag (a higher layer's flag wins), and
+    the names of the layers that gave any."""
+    text = ""
+    for part, _ in reversed(parts):
+        if part:
+            text = merge_args(text, part) if text else part
+    return text, [name for part, name in parts if part and name]
+
+
 def tuned_in_force(tuned: dict[str, Any], effective: dict[str, Any]) -> dict[str, Any]:
     """Of auto-tune's options, those the effective options still hold (for `*_args`: the profile's
     flags that kept their value)."""
@@ -136,6 +160,10 @@ class RecipeOptions:
         self.tuning: Callable[[str, str, str | None], dict[str, Any]] | None = None
         # A built-in model's own `recipe_options` (catalog), under the saved ones: model name -> options.
         self.model_defaults: Callable[[str], dict[str, Any]] = lambda _name: {}
+        # The GGUF architecture of a model's file (None: not downloaded, or not a GGUF): model name -> name.
+        self.architecture_of: Callable[[str], str | None] = lambda _name: None
+        # The backend a load with these effective options runs on: (recipe, options) -> backend name.
+        self.backend_of: Callable[[str, dict[str, Any]], str | None] = lambda _recipe, _options: None
 
     def migrate_keys(self, canonical_key: Callable[[str], str | None]) -> int:
         """Rewrite keys written under an older naming to the model's canonical id, in one atomic write
@@ -172,7 +200,7 @@ class RecipeOptions:
             self._saved = new
 
     def defaults(self, recipe: str) -> dict[str, Any]:
-        """Layers 3 and 4: server config over built-in defaults."""
+        """Layers 4 and 6: server config over built-in defaults."""
         out: dict[str, Any] = {}
         for key, spec in options_for(recipe).items():
             out[key] = self.config.get(spec.config_key) if spec.config_key else spec.default
@@ -189,43 +217,101 @@ class RecipeOptions:
 
     def resolve(self, model_name: str, recipe: str, request: dict[str, Any] | None = None,
                 saved: dict[str, Any] | None = None, *, for_load: bool = True) -> dict[str, Any]:
-        """The effective options: request > saved > config > auto-tune > defaults, args merged per
-        merge_args. Auto-tune fills only what the user left alone: a key given in the request or the
-        saved options, or set in the config (file, env, flags), keeps the user's value; for `*_args`
-        the profile's flags go under the server-wide ones, flag by flag. `for_load`: a saved option
-        that today's checks refuse stops the load with a 400 saying so (views pass False: they show
-        the options without it)."""
+        """The effective options (see the module's docstring for the chain)."""
+        return self.resolve_layers(model_name, recipe, request, saved, for_load=for_load)[0]
+
+    def resolve_layers(self, model_name: str, recipe: str, request: dict[str, Any] | None = None,
+                       saved: dict[str, Any] | None = None, *,
+                       for_load: bool = True) -> tuple[dict[str, Any], dict[str, list[str]]]:
+        """The effective options and, for each, the layers its value came from (`LAYERS`; several
+        for merged `*_args`). Auto-tune fills only what the user left alone: a key given in the
+        request, the saved options or the architecture defaults, or set in the config (file, env,
+        flags), keeps that value; for `*_args` the profile's flags go under the server-wide ones,
+        flag by flag. `for_load`: a saved option that today's checks refuse stops the load with a
+        400 saying so (views pass False: they show the options without it)."""
         request = request or {}
         specs = options_for(recipe)
         own = {k: v for k, v in self.model_defaults(model_name).items() if k in specs}
-        saved = self._usable(model_name, recipe, {**own, **(self.saved(model_name) if saved is None else saved)},
-                             strict=for_load, overridden=set(request))
+        entry = self.saved(model_name) if saved is None else saved
+        saved = self._usable(model_name, recipe, {**own, **entry}, strict=for_load, overridden=set(request))
+        arch = self.architecture_options(model_name, recipe)
         effective = self.defaults(recipe)
+        layers = {key: ["config" if spec.config_key and self.config.user_set(spec.config_key) else "default"]
+                  for key, spec in specs.items()}
         user: dict[str, Any] = {}
         for key in effective:
             if key in request and request[key] is not None:
-                user[key] = request[key]
+                user[key], layers[key] = request[key], ["request"]
             elif key in saved and request.get(key, UNSET) is UNSET:
-                user[key] = saved[key]
+                user[key], layers[key] = saved[key], ["saved" if key in entry else "model"]
         tuned = self._tuned(model_name, recipe, effective, user)
         args_keys = args_options()
         for key, value in tuned.items():
             spec = specs.get(key)
             if key in args_keys or spec is None or (spec.config_key and self.config.user_set(spec.config_key)):
                 continue
-            effective[key] = value
+            effective[key], layers[key] = value, ["auto_tune"]
+        for key, value in arch.items():
+            if key not in args_keys and key not in user:
+                effective[key], layers[key] = value, ["architecture"]
         effective.update(user)
         for args_key, config_key in args_keys.items():
-            if args_key not in effective:
-                continue
-            global_args = self.config.get(config_key)
-            if tuned.get(args_key):
-                global_args = merge_args(tuned[args_key], global_args)  # the server-wide flags win
-            if args_key not in user:
-                effective[args_key] = global_args
-            elif effective["merge_args"] and user[args_key] != global_args:
-                effective[args_key] = merge_args(global_args, user[args_key])
-        return effective
+            if args_key in effective:
+                effective[args_key], layers[args_key] = self._args(
+                    args_key, self._server_args_key(recipe, config_key, effective), request, saved, entry, arch,
+                    tuned.get(args_key) or "", bool(effective["merge_args"]))
+        return effective, layers
+
+    def _args(self, key: str, config_key: str, request: dict[str, Any], saved: dict[str, Any],
+              entry: dict[str, Any], arch: dict[str, Any], tuned: str, merge: bool) -> tuple[str, list[str]]:
+        """One `*_args` option and the layers its flags came from. Two scopes, as in Lemonade: the
+        model's (the request's flags, else the saved ones over the architecture's) over the server's
+        (the admin's `config_key` over the auto-tune profile's)."""
+        admin = str(self.config.get(config_key) or "")
+        server, server_layers = _layered([(admin, "config" if self.config.user_set(config_key) else "default"),
+                                          (tuned, "auto_tune")])
+        if key in request and request[key] is not None:
+            model, model_layers = str(request[key]), ["request"]
+            given = True  # even "": this load asks for no per-model flags
+        else:
+            mine = saved.get(key) if request.get(key, UNSET) is UNSET else None
+            parts = [(str(mine or ""), "saved" if key in entry else "model"),
+                     (str(arch.get(key) or ""), "architecture")]
+            model, model_layers = _layered(parts if merge else [next((p for p in parts if p[0]), ("", ""))])
+            given = bool(model)
+        if not merge:  # the highest scope that gives flags, alone
+            return (model, model_layers) if given else (server, server_layers or ["default"])
+        return _layered([(model, ""), (server, "")])[0], (model_layers + server_layers) or ["default"]
+
+    def _server_args_key(self, recipe: str, config_key: str, effective: dict[str, Any]) -> str:
+        """`<section>.<backend>_args` for the backend this load runs on when it holds flags, else
+        `<section>.args`. The backend is only worked out when some backend of the engine has flags of
+        its own (by default none has: nothing to decide)."""
+        section = config_key.rsplit(".", 1)[0]
+        variants = [f"{section}.{b}_args" for b in BACKEND_ARGS.get(section, ())]
+        if not any(self.config.get(k) for k in variants):
+            return config_key
+        specific = f"{section}.{self.backend_of(recipe, effective)}_args"
+        return specific if specific in variants and self.config.get(specific) else config_key
+
+    def architecture_options(self, model_name: str, recipe: str) -> dict[str, Any]:
+        """The architecture defaults of a model's file (`architecture_of`) that its recipe takes. A
+        shipped entry is checked like a saved option; a value refused is left out with a warning (never a
+        `*_backend`: the file must not choose the backend)."""
+        shipped = for_architecture(self.architecture_of(model_name)) if file_format(recipe) == "gguf" else {}
+        takes = options_for(recipe)
+        out: dict[str, Any] = {}
+        for key, value in shipped.items():
+            if key not in takes:
+                continue  # another recipe's option (an architecture can be served by several)
+            try:
+                if key.endswith("_backend"):
+                    raise OptionsError(f"Option '{key}' is not an architecture default: the backend is chosen by "
+                                       "the user and the machine")
+                out[key] = validate_option(recipe, key, value)
+            except OptionsError as exc:
+                log.warning("Architecture default %s of %s skipped: %s", key, model_name, exc)
+        return out
 
     def _tuned(self, model_name: str, recipe: str, effective: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
         """The auto-tune layer for this load: the profile's options for the backend the load will use

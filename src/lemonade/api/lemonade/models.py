@@ -34,19 +34,28 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
 
 # ----- per-model options ---------------------------------------------------------------------------
 
-def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any], effective: dict[str, Any],
+def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any],
+                 resolved: tuple[dict[str, Any], dict[str, list[str]]],
                  base_url_key: bool) -> dict[str, Any]:
+    """The options of one model by layer (api-lemonade.md), plus what Lemonade's answer leaves implicit:
+    `layers`, the layer(s) each effective value came from (runtime/options.py LAYERS), and the
+    `architecture` of the model's file with its shipped defaults (null before the download)."""
+    effective, layers = resolved
     body = {"model_name": model.public, **effective}
     defaults = {"model_name": model.public,
                 **svc.options.resolve(model.name, model.recipe, saved={}, for_load=False)}
     payload = json.dumps(dict(sorted(body.items())), separators=(",", ":")).replace("'", "'\\''")
     auth = ' -H "Authorization: Bearer $LEMONADE_API_KEY"' if base_url_key else ""
+    architecture = svc.options.architecture_of(model.name)
     view: dict[str, Any] = {
         "model_name": model.public,
         "recipe": model.recipe,
         "saved": saved,
         "effective": dict(sorted(body.items())),
         "defaults": dict(sorted(defaults.items())),
+        "layers": dict(sorted(layers.items())),
+        "architecture": architecture,
+        "architecture_defaults": svc.options.architecture_options(model.name, model.recipe) if architecture else {},
         "load_command": f"curl -X POST $LEMONADE_BASE_URL/v1/load -H \"Content-Type: application/json\"{auth} "
                         f"-d '{payload}'",
     }
@@ -68,8 +77,8 @@ async def get_options(request: Request, model_id: str) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = _model_for_options(svc, model_id)
     saved = svc.options.saved(model.name)
-    effective = svc.options.resolve(model.name, model.recipe, for_load=False)
-    return options_view(svc, model, saved, effective, bool(svc.api_key))
+    resolved = svc.options.resolve_layers(model.name, model.recipe, for_load=False)
+    return options_view(svc, model, saved, resolved, bool(svc.api_key))
 
 
 @router.post("/models/{model_id}/options")
@@ -83,8 +92,8 @@ async def set_options(request: Request, model_id: str, body: OptionsRequest = Bo
     except OptionsError as exc:
         raise bad_request(str(exc)) from None
     entry = svc.options.merge_saved(model.name, changes, dry_run=dry_run)
-    effective = svc.options.resolve(model.name, model.recipe, saved=entry, for_load=False)
-    return options_view(svc, model, svc.options.saved(model.name), effective, bool(svc.api_key))
+    resolved = svc.options.resolve_layers(model.name, model.recipe, saved=entry, for_load=False)
+    return options_view(svc, model, svc.options.saved(model.name), resolved, bool(svc.api_key))
 
 
 @router.delete("/models/{model_id}/options")
@@ -92,8 +101,8 @@ async def reset_options(request: Request, model_id: str) -> dict[str, Any]:
     svc: Services = request.app.state.services
     model = _model_for_options(svc, model_id)
     svc.options.reset(model.name)
-    effective = svc.options.resolve(model.name, model.recipe, for_load=False)
-    return options_view(svc, model, {}, effective, bool(svc.api_key))
+    resolved = svc.options.resolve_layers(model.name, model.recipe, for_load=False)
+    return options_view(svc, model, {}, resolved, bool(svc.api_key))
 
 
 # ----- files ---------------------------------------------------------------------------------------
