@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "ctx_size": -1,
     "max_loaded_models": 1,  # or a map per model type, e.g. {"llm": 2, "transcription": 1}
     "auto_evict": False,  # unload models idle longer than their evict_idle_timeout, or under memory pressure
-    "auto_evict_threshold_pct": 0.90,  # with auto_evict: device memory use (fraction) that evicts (runtime/router.py)
+    "auto_evict_threshold_pct": 0.90,  # with auto_evict: memory use (fraction) that evicts (router/housekeeping.py)
     "global_timeout": 600,  # seconds: an engine start may take; a cloud provider may stay silent
     "max_queue_depth": 256,  # requests waiting for a model slot; more get 503 + Retry-After
     "swap_batch": 32,  # requests a model serves before it yields its slot to a waiting model

@@ -87,7 +87,7 @@ class Services:
         # inhibit_suspend: a logind lock while the router has work (system/suspend.py), watched while models are loaded
         self.suspend = SuspendGuard(SuspendInhibitor(), busy=lambda: not self.router.drained(),
                                     enabled=lambda: bool(config.get("inhibit_suspend")),
-                                    watching=lambda: bool(self.router.loaded))
+                                    watching=lambda: bool(self.router.processes()))
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
                              client=self.engine_client, on_change=self.suspend.wake)
         self.router.needed_helpers = self.routing_helpers

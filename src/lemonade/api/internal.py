@@ -145,7 +145,8 @@ async def shutdown(request: Request) -> JSONResponse:
     that goes on finds none left; requests still waiting get 503 `shutting_down`), then the server
     exits through its normal shutdown (download state saved, queued trace spans sent) with status 0."""
     svc: Services = request.app.state.services
-    log.info("Shutdown requested (POST /internal/shutdown): stopping %d engine process(es)", len(svc.router.loaded))
+    log.info("Shutdown requested (POST /internal/shutdown): stopping %d engine process(es)",
+             len(svc.router.processes()))
     await request.app.state.jobs.aclose()
     await svc.router.shutdown()
     if svc.stop_server is None:  # an app built without `serve` (tests, benchmarks): its owner stops it

@@ -9,7 +9,7 @@
   request's load (the `/v1/load` stream sets it; everything else logs progress only).
 - `routing_dependency`: True while a routing policy calls one of its helper models (a router LLM,
   a classifier, an embedder) for a `collection.router` request, so the router keeps that model in
-  the routing-helper pool instead of a user-facing slot (runtime/router.py, "Residency classes").
+  the routing-helper pool instead of a user-facing slot (runtime/router/scheduler.py, "Residency classes").
 """
 
 from __future__ import annotations

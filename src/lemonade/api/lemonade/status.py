@@ -23,7 +23,7 @@ def services(request: Request) -> Services:
 async def health(request: Request) -> dict[str, Any]:
     svc = services(request)
     view = text_view(request.scope, svc)
-    recent = svc.router.most_recent()  # a standard model before a routing helper (runtime/router.py)
+    recent = svc.router.most_recent()  # a standard model before a routing helper (runtime/router/scheduler.py)
     models = svc.router.models(usable=False)
     loaded = [{**(m := lm.describe()), "launch_command": [view(arg) for arg in m["launch_command"]],
                # the auto-tune profile and overrides each loaded model runs with
@@ -34,7 +34,7 @@ async def health(request: Request) -> dict[str, Any]:
         "version": __version__,
         "model_loaded": recent.model.public if recent is not None else (loaded[0]["model_name"] if loaded else None),
         "all_models_loaded": loaded,
-        "pinned_models": svc.router.pinned_counts(),  # the standard pool's; helpers' below (router.py)
+        "pinned_models": svc.router.pinned_counts(),  # the standard pool's; helpers. below (runtime/router/)
         "pinned_helper_models": svc.router.pinned_helper_counts(),
         "max_models": svc.router.limits(),
         "telemetry": svc.telemetry.state(),

@@ -11,7 +11,7 @@ chat model asked for label scores; `semantic_similarity` an embedding model; `ll
 greedy and under the reply contract's JSON schema as a grammar (`response_format`), so even a small
 model answers in contract and only chooses the label. Those calls are routing dependencies: the
 router keeps their models in its routing-helper pool, out of the user-facing slots
-(runtime/router.py, "Residency classes").
+(runtime/router/scheduler.py, "Residency classes").
 """
 
 from __future__ import annotations
