@@ -38,6 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 from websockets.asyncio.client import ClientConnection, connect
 
 from lemonade.util.ports import free_port  # noqa: F401 - the suite's ports come from the product's own rule
+from tests.cgroups import MemoryCgroup, join
 
 # ----- servers ----------------------------------------------------------------------------------------------
 
@@ -53,7 +54,10 @@ GEMMA_ID = "extra." + GEMMA_NAME
 class Server:
     """One `lemonade serve` subprocess."""
 
-    def __init__(self, cache: Path, port: int, env: dict[str, str], args: list[str]) -> None:
+    def __init__(self, cache: Path, port: int, env: dict[str, str], args: list[str],
+                 cgroup: MemoryCgroup | None = None) -> None:
+        """`cgroup`: a memory cgroup (tests/cgroups.py) the server joins before it starts, so it and
+        every engine it starts count against the cgroup's cap."""
         self.cache = cache
         self.config_dir = Path(env.get("LEMONADE_CONFIG_DIR") or cache)  # config.json, user_models.json, ...
         self.port = port
@@ -62,7 +66,8 @@ class Server:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port), *args],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=(lambda: join(cgroup)) if cgroup is not None else None)
         self.known_children: set[int] = set()
 
     def wait_live(self, timeout: float = 30.0) -> None:
@@ -146,8 +151,10 @@ class ServerFactory:
 
     def __call__(self, *, env: dict[str, str] | None = None, args: list[str] | None = None,
                  cache: Path | None = None, config: dict[str, Any] | None = None, port: int | None = None,
-                 wait: bool = True, engines: tuple[str, ...] = ("llamacpp", "fasterwhisper")) -> Server:
-        """`engines`: installed backends of the test cache to link into the server's cache dir."""
+                 wait: bool = True, engines: tuple[str, ...] = ("llamacpp", "fasterwhisper"),
+                 cgroup: MemoryCgroup | None = None) -> Server:
+        """`engines`: installed backends of the test cache to link into the server's cache dir;
+        `cgroup`: a memory cgroup to start the server in (tests/cgroups.py)."""
         cache = cache or self.tmp.mktemp("lemonade-cache")
         # Persistent JSON goes to a config dir of its own next to the cache dir (found again when a test
         # restarts a server on the same cache), never to the user's ~/.config/lemonade.
@@ -174,7 +181,7 @@ class ServerFactory:
         # must never find a test's server; tests of the beacons turn them on (LEMONADE_BROADCAST="").
         full_env["LEMONADE_BROADCAST"] = "false"
         full_env.update(env or {})
-        server = Server(cache, port or free_port(), full_env, args or [])
+        server = Server(cache, port or free_port(), full_env, args or [], cgroup)
         self.servers.append(server)
         if wait:
             server.wait_live()

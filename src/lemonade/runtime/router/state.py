@@ -163,6 +163,7 @@ class LoadedModel:
             **({"context_length": self.context_length} if self.context_length is not None else {}),
             "memory_estimate_bytes": self.estimate_bytes,
             "memory_bytes": self.memory_bytes,
+            "memory_peak_bytes": self.peak_bytes or None,
             **({"kv_cache": self.kv.describe()} if self.kv is not None else {}),
         }
 
