@@ -31,6 +31,7 @@ from lemonade.labels import (
 )
 from lemonade.model_info import ModelInfo
 from lemonade.recipes import file_format
+from lemonade.routing.cost import COST_FIELDS, field_problem
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -370,8 +371,12 @@ class Catalog:
             raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
         keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
                 "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested",
-                "version", "routing", "system_prompt")
+                "version", "routing", "system_prompt", *COST_FIELDS)
         definition = {k: body[k] for k in keys if k in body and body[k] is not None}
+        for key in COST_FIELDS:  # what a router decision reports this model costs (routing/cost.py)
+            problem = field_problem(key, definition[key]) if key in definition else None
+            if problem:
+                raise RegistrationError(f"Model '{name}': {problem}")
         return build_model(name, definition, "user")
 
     def register(self, body: dict[str, Any]) -> ModelInfo:
