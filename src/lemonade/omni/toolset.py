@@ -2,9 +2,12 @@
 
 The collection's LLM is its first component that deploys as `chat`. A built-in tool is offered only
 when a component can run it (openai.md "Server-side tools", custom-models.md's role table; the
-tool's runner in `media.RUNNERS` decides): an `image` model for `generate_image`, a `tts` model for
-`text_to_speech`, each with an engine this server has. The client's own tools are added after
-ours; a client tool named like one of ours is dropped (ours run on the server, theirs never would).
+tool's runner in `media.RUNNERS` decides): an `image` model for `generate_image`, one labelled `edit`
+for `edit_image`, a `tts` model for `text_to_speech`, a `transcription` model for `transcribe_audio`,
+a chat model with vision for `analyze_image`, each with an engine this server has. `analyze_image`
+is for an LLM that cannot see: one that can gets the user's pictures in its own messages instead.
+The client's own tools are added after ours; a client tool named like
+one of ours is dropped (ours run on the server, theirs never would).
 """
 
 from __future__ import annotations
@@ -53,9 +56,12 @@ def build(svc: Services, collection: ModelInfo, client_tools: list[dict[str, Any
     runs_on: dict[str, ModelInfo] = {}
     lines: list[str] = []
     guidance: list[str] = []
+    llm_sees = svc.accepts_images(llm)
     for definition in OMNI_TOOLS:
         runner = RUNNERS.get(definition["function"]["name"])
-        component = next((m for m in parts if runner.serves(svc, m)), None) if runner is not None else None
+        if runner is None or (llm_sees and definition["function"]["name"] == "analyze_image"):
+            continue
+        component = next((m for m in parts if runner.serves(svc, m)), None)
         if component is None:
             continue  # no component can run it (or this server cannot run the tool at all)
         function = copy.deepcopy(definition["function"])

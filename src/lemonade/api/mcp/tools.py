@@ -410,7 +410,7 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         await svc.ready_collection(model)
         toolset = omni_toolset.build(svc, model, request.get("tools"))
         answer = None
-        async for event in omni_loop.run(svc, toolset, request):
+        async for event in omni_loop.run(svc, toolset, request, omni_loop.prepare(svc, toolset, request)):
             if isinstance(event, omni_loop.Answer):
                 answer = event
     except APIError as exc:
