@@ -291,6 +291,12 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
             elif key in told:
                 must_answer = True
                 result = "Skipped: this exact call already ran in this turn; answer the user with its result above."
+            elif name in toolset.mcp:  # a connected MCP server's tool: its result is text for the LLM
+                server_id, tool = toolset.mcp[name]
+                log.info("omni %s: %s on MCP server %s", toolset.collection.public, tool, server_id)
+                result = await svc.mcp.call_as_text(server_id, tool, args)
+                if not result.startswith("Error:"):
+                    told.add(key)
             else:
                 component = toolset.runs_on[name]
                 log.info("omni %s: %s on %s", toolset.collection.public, name, component.public)
