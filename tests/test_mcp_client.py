@@ -195,10 +195,18 @@ def test_omni_collection_calls_the_mcp_tools(server, http, script, tmp_path):
                                        "components": [GEMMA_NAME]}).status_code == 200
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="admin-key", max_retries=0, timeout=600)
     remember = {"type": "function", "function": {"name": "mcp_omni-notes__remember"}}
+    # An earlier exchange for the 270M model to copy: on its own it writes a note until max_tokens.
+    call = {"id": "r0", "type": "function",
+            "function": {"name": "mcp_omni-notes__remember", "arguments": json.dumps({"note": "I like coffee."})}}
+    earlier = [{"role": "user", "content": "Remember that I like coffee."},
+               {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "r0", "content": "Noted."},
+               {"role": "assistant", "content": "I noted that you like coffee."}]
+    asked = {"role": "user", "content": "Remember that I like tea."}
     answer = client.chat.completions.create(model="user.NoteKit", max_tokens=48, temperature=0, tool_choice=remember,
-                                            messages=[{"role": "user", "content": "Remember that I like tea."}])
+                                            messages=[*earlier, asked])
     assert answer.choices[0].finish_reason in ("stop", "length")
-    assert notes.is_file() and notes.read_text().strip(), "the MCP tool was not called"
+    assert notes.is_file() and "tea" in notes.read_text(), "the MCP tool was not called with the note"
     http.post("/internal/mcp/servers/omni-notes/disconnect")
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="user.NoteKit", max_tokens=4, tool_choice=remember,

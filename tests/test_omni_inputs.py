@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from pathlib import Path
 
 import openai
@@ -58,9 +59,10 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
 
 
-def voice(text: str, tmp_path: Path) -> dict:
+def voice(text: str, folder: Path) -> dict:
     """`text` spoken by espeak-ng, as a chat `input_audio` part."""
-    wav = speak(text, tmp_path / "voice.wav")
+    folder.mkdir(parents=True, exist_ok=True)
+    wav = speak(text, folder / "voice.wav")
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(),
                                                    "format": "wav"}}
 
@@ -72,25 +74,33 @@ def picture(color: tuple[int, int, int]) -> dict:
                                                .decode()}}
 
 
+def heard_before(said: str, n: int, tmp_path: Path) -> list[dict]:
+    """An earlier exchange: the user sent speech and asked what they said, the assistant called
+    transcribe_audio and answered with the transcript. With two of them (one leaves it calling the
+    tool again), the 270M model answers a third the same way."""
+    call = {"id": f"t{n}", "type": "function",
+            "function": {"name": "transcribe_audio", "arguments": json.dumps({"language": "en"})}}
+    return [{"role": "user", "content": [{"type": "text", "text": "What did I say?"},
+                                         voice(said, tmp_path / str(n))]},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"t{n}", "content": f"Transcription: {said}"},
+            {"role": "assistant", "content": f"You said: {said}"}]
+
+
 def test_transcribe_audio_hears_the_users_voice_message(client, server, tmp_path):
-    """The user sends speech (`input_audio`); the LLM sees "[User provided audio file #2]" and calls
-    transcribe_audio; Whisper transcribes the latest audio (not the earlier one), and the LLM answers
+    """The user sends speech (`input_audio`); the LLM sees "[User provided audio file #3]" and calls
+    transcribe_audio; Whisper transcribes the latest audio (not an earlier one), and the LLM answers
     with the transcript: the sentence's words are in the answer, which only the audio held."""
-    earlier = [{"role": "user", "content": [{"type": "text", "text": "What did I say?"},
-                                            voice("Good morning everyone.", tmp_path)]},
-               {"role": "assistant", "content": "", "tool_calls": [
-                   {"id": "t0", "type": "function",
-                    "function": {"name": "transcribe_audio", "arguments": json.dumps({"language": "en"})}}]},
-               {"role": "tool", "tool_call_id": "t0", "content": "Transcription: Good morning everyone."},
-               {"role": "assistant", "content": "You said: Good morning everyone."}]
-    asked = {"role": "user", "content": [{"type": "text", "text": "What did I say?"}, voice(SENTENCE, tmp_path)]}
+    earlier = heard_before("Good morning everyone.", 1, tmp_path) + heard_before("I am hungry.", 2, tmp_path)
+    asked = {"role": "user", "content": [{"type": "text", "text": "What did I say?"},
+                                         voice(SENTENCE, tmp_path / "3")]}
     resp = client.chat.completions.create(model=EAR_KIT, messages=[*earlier, asked], tool_choice=HEAR,
                                           max_tokens=48, temperature=0)
     answer = resp.choices[0].message.content or ""
     said = words(SENTENCE)
     heard = [w for w in said if w in words(answer)]
     assert len(heard) >= 0.6 * len(said), answer
-    assert "good morning" not in answer.lower(), answer  # the earlier audio was not the one transcribed
+    assert "morning" not in answer.lower() and "hungry" not in answer.lower(), answer  # not an earlier clip
     with server.client() as http:
         metrics = http.get("/metrics").text
     assert any(line.startswith("lemonade_") and WHISPER in line and "audio/transcriptions" in line
@@ -100,14 +110,32 @@ def test_transcribe_audio_hears_the_users_voice_message(client, server, tmp_path
 def test_analyze_image_shows_the_picture_to_the_vision_component(client, server):
     """The LLM cannot see (Gemma 270M without a projector): the user's picture becomes "[User provided
     image #1]" for it, and its analyze_image call sends the picture with its question to the
-    collection's vision model, whose llama-server encodes it (its own log says so)."""
+    collection's vision model. How the picture is shown to arrive: the projector turns it into
+    IMAGE_TOKENS embeddings, so the prompt the vision model's llama-server evaluated (its own log) is
+    at least that much longer than the same question without a picture."""
+    from tests.vision_projector import IMAGE_TOKENS
+
     seq, _ = engine_lines_since(server, 0, "")
+    # An earlier exchange, its picture already a placeholder (as a client that keeps no old pictures
+    # sends it): without one to copy, the 270M model writes a question that never ends. "describe" is
+    # upstream's word for a general description.
+    call = {"id": "a0", "type": "function", "function": {
+        "name": "analyze_image", "arguments": json.dumps({"image_url": "#1", "question": "describe"})}}
+    earlier = [{"role": "user", "content": "[User provided image #1]\nWhat is in it?"},
+               {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "a0", "content": "Image analysis: A red square."},
+               {"role": "assistant", "content": "It is a red square."}]
     asked = {"role": "user", "content": [picture((250, 220, 40)), {"type": "text", "text": "What is in it?"}]}
-    resp = client.chat.completions.create(model=EYE_KIT, messages=[asked], tool_choice=LOOK, max_tokens=48,
-                                          temperature=0)
+    resp = client.chat.completions.create(model=EYE_KIT, messages=[*earlier, asked], tool_choice=LOOK,
+                                          max_tokens=48, temperature=0)
     assert resp.choices[0].finish_reason in ("stop", "length")
     _, lines = engine_lines_since(server, seq, f"engine.llama-server:{VISION}")
-    assert any("image" in line and ("encoded" in line or "processed" in line) for line in lines), lines[-20:]
+    evaluated = [int(m.group(1)) for line in lines
+                 for m in [re.search(r"prompt eval time = .* / +(\d+) tokens", line)] if m]
+    assert evaluated, "the vision model was not asked: " + "\n".join(lines[-10:])
+    text_only = client.chat.completions.create(model=VISION, max_tokens=1, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Describe this image."}]}])
+    assert evaluated[0] >= text_only.usage.prompt_tokens + IMAGE_TOKENS, (evaluated, text_only.usage)
 
 
 def test_an_llm_that_sees_gets_the_picture_itself(server):

@@ -4,11 +4,12 @@ One place for them, so the chat endpoint and MCP `lemonade_omni` offer the colle
 tools: upstream Lemonade's five (its toolDefinitions.json). Upstream's server runs the three that make
 media and leaves `transcribe_audio` and `analyze_image` to its desktop app; this server runs all five,
 those two with upstream's descriptions and parameters, so a planner tuned for them calls them alike
-(`analyze_image`'s `image_url` also takes `#N`, the user's Nth picture). A tool is offered only when
-the collection has a component that can run it (`toolset.py`, `media.RUNNERS`). The prompt is a
-template: `{tool_list}` becomes one line per offered tool, `{tool_guidance}` the guidance of the
-offered tools only, so the LLM is never told about a tool it does not have. A collection may carry
-its own `system_prompt` template with both placeholders (custom-models.md).
+(but `analyze_image`'s `image_url` is `#N`, the user's Nth picture: the LLM never sees the data). A
+tool is offered only when the collection has a component that can run it (`toolset.py`,
+`media.RUNNERS`). The prompt is a template: `{tool_list}` becomes one line per offered tool,
+`{tool_guidance}` the guidance of the offered tools only, so the LLM is never told about a tool it
+does not have. A collection may carry its own `system_prompt` template with both placeholders
+(custom-models.md).
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ OMNI_TOOLS: list[dict[str, Any]] = [
             "parameters": {
                 "type": "object", "required": ["image_url", "question"], "additionalProperties": False,
                 "properties": {
-                    "image_url": {"type": "string", "description": "The image to analyze: '#N' for '[User provided "
-                                                                  "image #N]', or its base64 data URI"},
+                    # upstream: "The URL or base64 data URI of the image"; an LLM here sees placeholders,
+                    # never the data (loop.py), so it names the picture, and a grammar keeps it short
+                    "image_url": {"type": "string", "pattern": "^#[1-9][0-9]{0,2}$",
+                                  "description": "The image to analyze: '#N' for '[User provided image #N]'"},
                     "question": {"type": "string", "description": "The question to answer about the image, or "
                                                                  "'describe' for a general description"},
                 },

@@ -7,10 +7,11 @@ LLM as `tool` messages and the next round starts. A round that calls client tool
 with `finish_reason: "tool_calls"` (the client runs them and resumes); a round without tool calls
 is the answer. A call repeated with the same arguments is not run again, and a round of nothing
 but such repeats ends the loop (small models repeat a call instead of answering); a repeated call
-whose result was text (a transcript, an analysis) makes the next round answer (`tool_choice:
-"none"`), since that text is the LLM's to pass on. A later round
+whose result was text (a transcript, an analysis) makes the next round answer (no tools offered),
+since that text is the LLM's to pass on. A later round
 that the engine fails (5xx) once media exist ends the loop with those media rather than losing
-them to the LLM's closing words. At most `MAX_ROUNDS` LLM calls are made.
+them to the LLM's closing words; without media it is asked once more, to answer without tools. At
+most `MAX_ROUNDS` LLM calls are made.
 
 Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
 short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
@@ -224,6 +225,15 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any] | None:
     return args if isinstance(args, dict) else None
 
 
+def _replayable(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as the next rounds send it back: arguments that are not a JSON object (a call cut by
+    max_tokens) become `{}`, since llama-server refuses a conversation holding unparsable arguments
+    (the tool's result already tells the LLM what was wrong)."""
+    if _arguments(call) is not None:
+        return call
+    return {**call, "function": {**(call.get("function") or {}), "arguments": "{}"}}
+
+
 async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
               prepared: Prepared) -> AsyncIterator[Media | Answer]:
     """Run the loop for one chat request (the validated body, as a dict, and what `prepare` made of
@@ -244,12 +254,12 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
     for round_no in range(MAX_ROUNDS):
         if round_no == 0:
             tool_choice, named = choice, forced_name
-        elif must_answer:
-            tool_choice, named = "none", None
+        elif must_answer:  # no tools at all: llama-server parses tool calls even under tool_choice "none"
+            tool_choice, named = None, None
         else:  # a forced call is not forced again: the LLM now answers or calls what it wants
             tool_choice, named = "auto" if choice == "required" or isinstance(choice, dict) else choice, None
         call_body = {**body, "model": toolset.llm.name, "messages": messages, "stream": False}
-        if toolset.tools:
+        if toolset.tools and not must_answer:
             call_body["tools"] = toolset.tools
             if tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
@@ -260,10 +270,17 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
             if named is not None:
                 data = forced_call.as_call(data, named)
         except APIError as exc:
-            if not turn.artifacts or exc.status < 500:
+            if exc.status < 500 or round_no == 0 or (must_answer and not turn.artifacts):
                 raise
-            # The media the user asked for exist; only the LLM's closing words failed (e.g. a tool call
-            # cut by max_tokens, which llama-server cannot parse): answer with the media.
+            if not turn.artifacts:
+                # A tool's text result (a transcript) is there, but the LLM's next call failed (e.g. a
+                # tool call cut by max_tokens, which llama-server cannot parse): it is asked once more,
+                # to answer in words.
+                log.warning("omni %s: round %d failed; asking the LLM to answer without tools: %s",
+                            toolset.collection.public, round_no + 1, exc.message)
+                must_answer = True
+                continue
+            # The media the user asked for exist; only the LLM's closing words failed: answer with them.
             log.warning("omni %s: round %d failed after media were made; answering with them: %s",
                         toolset.collection.public, round_no + 1, exc.message)
             break
@@ -277,7 +294,7 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
             break
         ours = [c for c in calls if toolset.is_server_tool((c.get("function") or {}).get("name"))]
         theirs = [c for c in calls if c not in ours]
-        messages.append({"role": "assistant", "content": text or "", "tool_calls": calls})
+        messages.append({"role": "assistant", "content": text or "", "tool_calls": [_replayable(c) for c in calls]})
         repeated = 0
         for call in ours:
             name = call["function"]["name"]

@@ -173,7 +173,8 @@ async def transcribe_audio(svc: Services, model: ModelInfo, args: dict[str, Any]
         params = {}  # a language this tool cannot name: the model detects it (an English-only one ignores it)
     clip = turn.audio[-1]
     check_audio(svc, model, clip.data[:HEAD_BYTES])
-    result = await transcribe(svc, model, clip.data, params)
+    result = await transcribe(svc, model, clip.data, params,
+                              f"audio/{clip.format}" if clip.format else "application/octet-stream")
     return f"Transcription: {str(result.get('text', '')).strip()}", None
 
 
