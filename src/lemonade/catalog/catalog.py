@@ -562,7 +562,7 @@ class Catalog:
         """role -> files for a fully downloaded model, None when anything is missing."""
         if model.local_files is not None:
             return model.local_files if all(f.exists() for fs in model.local_files.values() for f in fs) else None
-        if model.is_collection or not model.checkpoint:  # no checkpoint registered: nothing to have
+        if model.is_collection or model.metadata_only:
             return None
         cache = self.hub_cache()
         out: dict[str, list[Path]] = {}
