@@ -30,9 +30,6 @@ def available_variants(paths: list[str]) -> list[str]:
 
 def plan_model(model: ModelInfo, cache: Path) -> list[PlannedFile]:
     """Files to fetch for `model`, main checkpoint first; HubError names what does not exist."""
-    if model.metadata_only:
-        raise HubError(400, f"Model {model.public} has no 'main' checkpoint, so it has no files to download. "
-                            "Register it again with one (POST /v1/models/register with 'checkpoint').")
     listings: dict[str, RepoListing] = {}
     out: list[PlannedFile] = []
     seen: set[tuple[str, str]] = set()
