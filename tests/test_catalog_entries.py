@@ -331,7 +331,7 @@ def test_cli_pulls_a_collection_shared_on_a_registry(hub, make_server) -> None:
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
     reply = client.chat.completions.create(model="PocketKit", max_tokens=4, temperature=0,
                                            messages=[{"role": "user", "content": "Say hi."}])
-    assert reply.model == "PocketKit" and reply.choices[0].finish_reason in ("stop", "length")
+    assert "user.PocketKit".endswith(reply.model) and reply.choices[0].finish_reason in ("stop", "length")
 
 
 def test_readme_models_pull_from_their_repositories(hub, make_server, tmp_path) -> None:
