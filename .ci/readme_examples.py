@@ -21,6 +21,7 @@ SKIP = {
     "lemonade serve": "runs in the foreground until stopped (the quick start started the server already)",
     "lemonade pull Qwen3-0.6B-GGUF": "downloads from Hugging Face",
     "lemonade pull user.My": "downloads org/repo from Hugging Face (the checkpoint is a placeholder)",
+    "lemonade pull org/MyKit": "downloads a collection file from Hugging Face (org/MyKit is a placeholder)",
     "lemonade load Whisper-Tiny-En-CT2": "downloads from Hugging Face",
     "lemonade load Whisper-Tiny": "downloads from Hugging Face",
     "lemonade speak": "downloads the Piper voice from Hugging Face",

@@ -379,6 +379,17 @@ def installed_backend(recipe: str) -> Path:
     return TEST_CACHE / "backends" / recipe / "cpu"
 
 
+def engine_lines_since(server: Server, seq: int, tag: str) -> tuple[int, list[str]]:
+    """The log stream's retained lines of `tag` (an engine's: `engine.<binary>:<model>`) after `seq`,
+    and the last sequence number."""
+    import websockets.sync.client as ws_client
+
+    with ws_client.connect(server.url.replace("http", "ws") + "/logs/stream") as ws:
+        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": seq}))
+        entries = json.loads(ws.recv(timeout=30))["entries"]
+    return (entries[-1]["seq"] if entries else seq), [e["line"] for e in entries if e["tag"] == tag]
+
+
 def loaded(http: httpx.Client) -> dict[str, dict]:
     """The loaded models by name (`/v1/health`)."""
     return {m["model_name"]: m for m in http.get("/v1/health").json()["all_models_loaded"]}

@@ -292,6 +292,48 @@ def test_registered_pointer_collection_follows_its_file(hub, make_server) -> Non
         assert http.get("/v1/models/user.StoryKit").json()["components"] == ["Kit-Narrator", "Kit-Voice"]
 
 
+def test_cli_pulls_a_collection_shared_on_a_registry(hub, make_server) -> None:
+    """`lemonade pull acme/PocketKit` (guide-configuration-custom-models.md, "Share a collection"): the
+    repository holds `PocketKit.json`, so `/v1/pull/variants` calls it a collection and the CLI pulls it
+    as `user.PocketKit`, a pointer to the repository; the server fetches the file, then the component
+    it defines (the real Gemma), and the collection answers a chat. A same-named file that is not a
+    collection file is refused naming it; a GGUF repository is still one."""
+    from tests.helpers import run_cli
+
+    repo = "acme/PocketKit"
+    llm = {"model_name": "Pocket-LLM", "recipe": "llamacpp", "labels": ["chat"],
+           "checkpoints": {"main": f"{fx.GEMMA_REPO}:Q4_K_M"}}
+    kit = {"model_name": "PocketKit", "recipe": "collection.omni", "checkpoints": {"main": ""}, "size": 0.25,
+           "components": ["Pocket-LLM"], "models": [llm]}
+    hub.create_repo(repo, {"PocketKit.json": json.dumps(kit).encode(), "README.md": b"# a shared collection\n"})
+    hub.create_repo("acme/NotAKit", {"NotAKit.json": b'{"hello": "world"}'})
+    srv = make_server(env=hub.env())
+    with srv.client() as http:
+        described = http.get("/v1/pull/variants", params={"checkpoint": repo}).json()
+        assert described == {"checkpoint": repo, "source": "huggingface", "recipe": "collection.omni",
+                             "repo_kind": "collection", "suggested_name": "PocketKit", "suggested_labels": [],
+                             "mmproj_files": [], "variants": [], "component_count": 1, "size": 0.25}
+        assert not list(srv.cache.rglob("models--acme--PocketKit"))  # inspected, not downloaded
+        bad = http.get("/v1/pull/variants", params={"checkpoint": "acme/NotAKit"})
+        assert bad.status_code == 400 and "NotAKit.json" in bad.json()["error"] and "'recipe'" in bad.json()["error"]
+        gguf = http.get("/v1/pull/variants", params={"checkpoint": fx.MULTIQUANT_REPO}).json()
+        assert gguf["repo_kind"] == "gguf" and gguf["variants"]
+    pulled = run_cli(srv, "pull", repo, "--variant", "Q4_0")
+    said = " ".join(pulled.stdout.split())
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert "Pulling collection acme/PocketKit as user.PocketKit (1 component, ~0.25 GB)" in said
+    assert "Installed model: user.PocketKit" in said and "--variant Q4_0 is ignored" in pulled.stderr
+    with srv.client() as http:
+        obj = http.get("/v1/models/user.PocketKit").json()
+        assert obj["components"] == ["Pocket-LLM"] and obj["downloaded"] is True and obj["checkpoint"] == repo
+        stored = json.loads((srv.config_dir / "user_models.json").read_text())["PocketKit"]
+        assert stored["checkpoints"] == {"main": repo} and stored["recipe"] == "collection.omni"
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model="PocketKit", max_tokens=4, temperature=0,
+                                           messages=[{"role": "user", "content": "Say hi."}])
+    assert "user.PocketKit".endswith(reply.model) and reply.choices[0].finish_reason in ("stop", "length")
+
+
 def test_readme_models_pull_from_their_repositories(hub, make_server, tmp_path) -> None:
     """`lemonade pull Gemma-4-E2B-it-GGUF` (upstream's README model) and `Qwen3.5-4B-GGUF` fetch what
     their entries name from repositories laid out as upstream's (tiny random GGUFs under the real file

@@ -48,6 +48,19 @@ def test_discovery_names_and_kinds():
     assert model_from_listing("x", {"object": "model"}) is None
 
 
+def test_listed_prices_per_million_tokens():
+    """Providers' `pricing` as USD per 1M tokens; 0, missing or unreadable prices are not shown (pure)."""
+    from lemonade.backends.cloud_providers import listed_prices
+
+    assert listed_prices({"pricing": {"prompt": "0.000003", "completion": "0.000015"}}) == {
+        "cost_input_per_million": pytest.approx(3.0), "cost_output_per_million": pytest.approx(15.0)}
+    assert listed_prices({"pricing": {"input": 0.88, "output": "1.2"}}) == {
+        "cost_input_per_million": 0.88, "cost_output_per_million": 1.2}
+    assert listed_prices({"pricing": {"prompt": "0", "completion": "-1"}}) == {}
+    assert listed_prices({"pricing": {"input": "n/a", "output": True}}) == {}
+    assert listed_prices({"pricing": {"input": "inf"}}) == {} and listed_prices({"id": "x"}) == {}
+
+
 def test_provider_usage_counts_its_cached_prompt_tokens():
     """A provider's OpenAI `usage` (no llama.cpp timings) counts in /v1/stats with its cached prompt
     tokens; its `prompt_tokens` already includes them, so the prompt is not counted twice (pure)."""
@@ -257,6 +270,104 @@ def test_bad_input(http):
     assert http.post("/v1/cloud/auth", json={"provider": "loopback", "api_key": ""}).status_code == 400
     assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "nope"}).status_code == 404
     assert http.delete("/v1/cloud/auth/nope").status_code == 404
+
+
+# OpenRouter lists USD per token as strings, Together USD per million as numbers (the cloud guide).
+OPENROUTER_PRICING = {"prompt": "0.0000005", "completion": "0.0000015"}   # $0.50 / $1.50 per 1M tokens
+TOGETHER_ENTRY = {"id": "together-style", "pricing": {"input": 0.2, "output": 0.6}}
+
+
+@pytest.fixture(scope="module")
+def priced(cloud):
+    """The provider's `GET /models` as a pricing provider lists it: the real llama-server's listing,
+    with OpenRouter's `pricing` on its model and one more entry priced as Together prices (llama-server
+    lists no prices). Every other request is relayed to the real llama-server unchanged."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Relay(BaseHTTPRequestHandler):
+        def _relay(self, method: str) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+            upstream = httpx.request(method, cloud["url"].removesuffix("/v1") + self.path, content=body,
+                                     headers=headers, timeout=120)
+            payload = upstream.content
+            if method == "GET" and self.path == "/v1/models" and upstream.status_code == 200:
+                listing = upstream.json()
+                for entry in listing["data"]:
+                    entry["pricing"] = OPENROUTER_PRICING
+                listing["data"].append(TOGETHER_ENTRY)
+                payload = json.dumps(listing).encode()
+            self.send_response(upstream.status_code)
+            self.send_header("Content-Type", upstream.headers.get("content-type", "application/json"))
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+            self._relay("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._relay("POST")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_prices_are_listed_and_reported_on_router_decisions(http, priced):
+    """A provider's prices are on its models in /v1/models (USD per 1M tokens, OpenRouter's per-token
+    figures times 1e6, Together's as listed), and a router collection's decision for one of them carries
+    them as `outputs.estimated_cost`; a registered model's hand-written cost fields are reported too, and
+    a rule's own `estimated_cost` is kept."""
+    resp = http.post("/v1/install", json={"backend": "cloud", "provider": "priced", "base_url": priced, "api_key": KEY,
+                                          "allow_insecure_http": True})
+    assert resp.status_code == 200 and resp.json()["models_discovered"] == 2, resp.text
+    listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+    remote = f"priced.{CLOUD_MODEL}"
+    assert listed[remote]["cost_input_per_million"] == pytest.approx(0.5)
+    assert listed[remote]["cost_output_per_million"] == pytest.approx(1.5)
+    assert (listed["priced.together-style"]["cost_input_per_million"],
+            listed["priced.together-style"]["cost_output_per_million"]) == (0.2, 0.6)
+    assert "cost_input_per_million" not in listed[GEMMA_NAME]  # nothing known: nothing shown
+    cheap = http.post("/v1/models/register", json={"model_name": "user.Cheap", "recipe": "llamacpp",
+                                                   "checkpoint": "example/cheap-GGUF:Q4_K_M", "cost_tier": "free",
+                                                   "latency_ms_hint": 40})
+    assert cheap.status_code == 200, cheap.text
+    bad = http.post("/v1/models/register", json={"model_name": "user.Odd", "recipe": "llamacpp",
+                                                 "checkpoint": "example/odd-GGUF:Q4_K_M", "cost_tier": "cheap"})
+    assert bad.status_code == 400 and "'cost_tier' must be one of free, low, medium, high" in bad.text
+    policy = {"candidates": [remote, GEMMA_NAME], "default_model": GEMMA_NAME,
+              "rules": [{"id": "hard", "match": {"keywords_any": ["prove"]}, "route_to": remote}]}
+    resp = http.post("/v1/pull", json={"model_name": "user.CostRouter", "recipe": "collection.router", "version": "1",
+                                       "components": [remote, GEMMA_NAME], "routing": policy})
+    assert resp.status_code == 200, resp.text
+    routed = http.post("/v1/chat/completions", json={"model": "user.CostRouter", "max_tokens": 4,
+                                                     "messages": [{"role": "user", "content": "Please prove it."}]})
+    assert routed.status_code == 200, routed.text
+    decision = routed.json()["x_lemonade_route"]
+    assert decision["route_to"] == remote and routed.json()["choices"][0]["message"]["role"] == "assistant"
+    assert decision["outputs"] == {"estimated_cost": {"cost_input_per_million": pytest.approx(0.5),
+                                                      "cost_output_per_million": pytest.approx(1.5)}}
+    local = http.post("/v1/chat/completions", json={"model": "user.CostRouter", "max_tokens": 4, "messages": CHAT})
+    assert local.json()["x_lemonade_route"]["outputs"] == {}  # the local Gemma: no cost known
+    validate = {"prompt": "hello", "policy": {"version": "1", "recipe": "collection.router",
+                                              "components": ["user.Cheap", remote], "routing": {
+        "candidates": ["user.Cheap", remote], "default_model": "user.Cheap",
+        "rules": [{"id": "own", "match": {"keywords_any": ["hello"]}, "route_to": remote,
+                   "outputs": {"estimated_cost": {"cost_tier": "high"}}}]}}}
+    own = http.post("/v1/routing/validate", json=validate).json()["decision"]
+    assert own["outputs"] == {"estimated_cost": {"cost_tier": "high"}}  # the rule's author wins
+    validate["prompt"] = "something else"
+    fell = http.post("/v1/routing/validate", json=validate).json()["decision"]
+    assert fell["route_to"] == "user.Cheap" and fell["outputs"] == {
+        "estimated_cost": {"cost_tier": "free", "latency_ms_hint": 40.0}}
+    assert http.post("/v1/uninstall", json={"backend": "cloud", "provider": "priced"}).status_code == 200
 
 
 def test_http_provider_keys_need_an_explicit_opt_in(http, cloud, server):

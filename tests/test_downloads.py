@@ -417,6 +417,42 @@ def test_registry_search_errors(client, hub):
 
 # ----- files and delete ------------------------------------------------------------------------------
 
+def test_register_without_a_checkpoint_then_with_one(client, hub, server):
+    """`POST /v1/models/register` (api-lemonade.md): a definition is metadata, so one without a
+    checkpoint is registered and listed (not downloaded, nothing fetched); pulling or loading it is a
+    400 saying to register it with one, and registering it again with a checkpoint replaces it, after
+    which `lemonade pull` fetches the real Gemma and it answers a chat. One definition per call."""
+    import openai
+
+    name = "user.Gemma-Later"
+    hub.clear_requests()
+    reg = client.post("/v1/models/register", json={"model_name": name, "recipe": "llamacpp", "labels": ["chat"]})
+    assert reg.status_code == 200, reg.text
+    assert reg.json() == {"status": "success", "model_name": "Gemma-Later", "canonical_model_name": name,
+                          "model": {"id": "Gemma-Later", "recipe": "llamacpp", "downloaded": False}}
+    listed = model(client, name)
+    assert listed["checkpoint"] == "" and listed["downloaded"] is False
+    assert hub.requests() == []
+    for route, body in (("/v1/pull", {"model_name": name}), ("/v1/load", {"model_name": name})):
+        refused = client.post(route, json=body)
+        assert refused.status_code == 400 and "has no 'main' checkpoint" in error_of(refused)["message"], \
+            (route, refused.text)
+    cli = run_cli(server, "pull", name)
+    assert cli.returncode != 0 and "no 'main' checkpoint" in " ".join(cli.stderr.split())
+    again = client.post("/v1/models/register", json={"model_name": name, "recipe": "llamacpp",
+                                                     "checkpoint": f"{fx.GEMMA_REPO}:Q4_K_M"})
+    assert again.status_code == 200 and again.json()["model"]["downloaded"] is False
+    assert hub.downloads() == []  # registering never downloads
+    pulled = run_cli(server, "pull", name)
+    assert pulled.returncode == 0, pulled.stderr
+    assert model(client, name)["downloaded"] is True and model(client, name)["checkpoint"] == f"{fx.GEMMA_REPO}:Q4_K_M"
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    reply = oai.chat.completions.create(model="Gemma-Later", max_tokens=4, temperature=0,
+                                        messages=[{"role": "user", "content": "Say hi."}])
+    assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens > 0
+    assert client.post("/v1/unload", json={"model_name": name}).status_code == 200
+
+
 def test_files_of_a_model_never_downloaded(client, hub):
     reg = client.post("/v1/models/register", json={"model_name": "user.later", "recipe": "llamacpp",
                                                    "checkpoint": f"{fx.SAFETENSORS_REPO}:model.safetensors"})

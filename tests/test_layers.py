@@ -31,7 +31,7 @@ LAYERS = (
     "catalog",
     "backends",
     "runtime",
-    "downloads", "autotune", "jobs",
+    "downloads", "autotune", "jobs", "mcp_client",
     "services",
     "classification", "media", "omni",
     "api",

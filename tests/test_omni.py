@@ -30,6 +30,7 @@ from tests.helpers import (
     TEST_CACHE,
     WEATHER_TOOLS,
     call,
+    engine_lines_since,
     installed_backend,
     publish_piper,
     texts,
@@ -332,16 +333,6 @@ def edited_example(upload: dict) -> list[dict]:
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "e0", "content": "The image was edited and shown to the user."},
             {"role": "assistant", "content": "Here is a green tree."}]
-
-
-def engine_lines_since(server, seq: int, tag: str) -> tuple[int, list[str]]:
-    """The log stream's retained lines of `tag` after `seq`, and the last sequence number."""
-    import websockets.sync.client as ws_client
-
-    with ws_client.connect(server.url.replace("http", "ws") + "/logs/stream") as ws:
-        ws.send(json.dumps({"type": "logs.subscribe", "after_seq": seq}))
-        entries = json.loads(ws.recv(timeout=30))["entries"]
-    return (entries[-1]["seq"] if entries else seq), [e["line"] for e in entries if e["tag"] == tag]
 
 
 def test_edit_image_tool_edits_the_conversations_image(client, server, edit_kit):

@@ -50,6 +50,13 @@ class ModelInfo:
         return self.checkpoints.get("main", "")
 
     @property
+    def metadata_only(self) -> bool:
+        """A user definition registered without a checkpoint (`POST /v1/models/register`): listed, but
+        there is nothing to download or load until it is registered with one. (A cloud model has no
+        checkpoint either, and needs none.)"""
+        return self.origin == "user" and not self.is_collection and not self.checkpoint
+
+    @property
     def file_checkpoints(self) -> dict[str, str]:
         """role -> checkpoint of the files a pull fetches (every role but SIDE_ROLES)."""
         return {role: ckpt for role, ckpt in self.checkpoints.items() if role not in SIDE_ROLES}

@@ -26,6 +26,7 @@ from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
+from lemonade.mcp_client.host import McpHost
 from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer, level_number
 from lemonade.observability.metrics import Metrics
@@ -96,6 +97,7 @@ class Services:
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
         self.telemetry = Telemetry(config)  # inference spans: OTLP export (`telemetry.enabled`), /spans/stream
+        self.mcp = McpHost(self.config_dir)  # external MCP servers whose tools omni collections use (/internal/mcp)
         self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
         config.on_change(self._config_changed)
         for engine in self.engines:
@@ -396,6 +398,7 @@ class Services:
 
     async def aclose(self) -> None:
         self.cloud.stop()
+        await self.mcp.aclose()  # the MCP servers this server started stop with it
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.suspend.aclose()

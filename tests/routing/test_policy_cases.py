@@ -130,3 +130,39 @@ def test_failures_the_caller_lists_end_the_request() -> None:
     with pytest.raises(Gone):
         asyncio.run(decide(policy, ctx, services=ClassifierServices(classify=classify, propagate=(Gone,))))
     assert asyncio.run(decide(policy, ctx, services=ClassifierServices(classify=classify))).route_to == "big"
+
+
+def test_the_chosen_candidates_cost_is_reported_not_decided_on() -> None:
+    """`cost_of` adds the chosen candidate's cost as `outputs.estimated_cost` (upstream 10600f092):
+    never over a rule's own `estimated_cost`, nothing when none is known, and a lookup that fails
+    only loses the figure. Invalid hand-written fields are left out (routing/cost.py)."""
+    from lemonade.routing.cost import estimated_cost
+
+    policy = parse_policy({"version": "1", "recipe": "collection.router", "components": ["a", "b", "c"],
+                           "routing": {"candidates": ["a", "b", "c"], "default_model": "a", "rules": [
+                               {"id": "to-b", "match": {"keywords_any": ["bee"]}, "route_to": "b",
+                                "outputs": {"verdict": "ok"}},
+                               {"id": "to-c", "match": {"keywords_any": ["sea"]}, "route_to": "c",
+                                "outputs": {"estimated_cost": {"cost_tier": "high"}}}]}})
+    definitions = {"a": {"cost_tier": "free", "latency_ms_hint": 12, "cost_input_per_million": -1},
+                   "b": {"cost_input_per_million": 3, "cost_output_per_million": 15.0, "cost_tier": "pricey"},
+                   "c": {"cost_tier": "low"}}
+
+    def run(prompt: str, cost_of: Any) -> dict[str, Any]:
+        ctx = route_context({"prompt": prompt})
+        return dict(asyncio.run(decide(policy, ctx, services=ClassifierServices(cost_of=cost_of))).outputs)
+
+    def lookup(name: str) -> Mapping[str, Any]:
+        return estimated_cost(definitions[name])
+
+    assert run("hello", lookup) == {"estimated_cost": {"cost_tier": "free", "latency_ms_hint": 12.0}}
+    assert run("a bee", lookup) == {"verdict": "ok", "estimated_cost": {"cost_input_per_million": 3.0,
+                                                                        "cost_output_per_million": 15.0}}
+    assert run("the sea", lookup) == {"estimated_cost": {"cost_tier": "high"}}
+    assert run("a bee", lambda name: {}) == {"verdict": "ok"}
+    assert run("a bee", None) == {"verdict": "ok"}
+
+    def broken(name: str) -> Mapping[str, Any]:
+        raise KeyError(name)
+
+    assert run("a bee", broken) == {"verdict": "ok"}

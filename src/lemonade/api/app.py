@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.routing import Match
 
 from lemonade import __version__
-from lemonade.api import internal
+from lemonade.api import internal, internal_mcp
 from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
@@ -197,6 +197,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(spans.router)
     app.include_router(realtime.router)
     app.include_router(internal.router)
+    app.include_router(internal_mcp.router)
     app.include_router(ollama_routes.router)
     app.include_router(mcp_routes.router)
     skip_other_paths(app)

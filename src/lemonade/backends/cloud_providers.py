@@ -5,7 +5,10 @@ A provider is `name` + `base_url` (+ the header its key goes in), persisted in `
 environment wins, else a key given to `POST /v1/cloud/auth` kept in this process's memory only.
 Its models are discovered with `GET {base_url}/models` (on install, on auth, at start and every
 `REFRESH_SECONDS`) and published to the catalog as `<name>.<model id>`. A discovery that fails
-keeps the last list: requests then get a 502 naming the provider instead of a 404.
+keeps the last list: requests then get a 502 naming the provider instead of a 404. A listing's
+`pricing` becomes USD per million tokens (`cost_input_per_million`, `cost_output_per_million`) as
+the cloud guide says: OpenRouter's per-token `prompt`/`completion` times 1e6, Together's per-million
+`input`/`output` as they are; 0 or no price is left out (ambiguous across providers).
 
 The key is only ever read by `headers()`; nothing here logs, returns or formats it.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 from collections.abc import Callable
@@ -128,6 +132,25 @@ def public_id(provider: str, upstream: str) -> str:
     return f"{provider}.{cleaned}"
 
 
+def listed_prices(entry: dict[str, Any]) -> dict[str, float]:
+    """The per-million-token prices of one `GET /models` item, where the provider gives them."""
+    pricing = entry.get("pricing")
+    if not isinstance(pricing, dict):
+        return {}
+    per_token = "prompt" in pricing or "completion" in pricing
+    keys = ("prompt", "completion") if per_token else ("input", "output")
+    out: dict[str, float] = {}
+    for key, name in zip(keys, ("cost_input_per_million", "cost_output_per_million"), strict=True):
+        raw = pricing.get(key)
+        try:
+            value = float(raw) if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else 0.0
+        except ValueError:
+            value = 0.0
+        if math.isfinite(value) and value > 0:
+            out[name] = value * 1e6 if per_token else value
+    return out
+
+
 def model_from_listing(provider: str, entry: dict[str, Any]) -> ModelInfo | None:
     """A catalog entry for one `GET /models` item, or None for a model that serves neither chat nor
     embeddings (audio, images, moderation)."""
@@ -155,6 +178,7 @@ def model_from_listing(provider: str, entry: dict[str, Any]) -> ModelInfo | None
     ctx = entry.get("context_length") or entry.get("context_window")
     if isinstance(ctx, int) and ctx > 0:
         definition["context_length"] = ctx
+    definition.update(listed_prices(entry))
     return ModelInfo(name=public_id(provider, upstream), recipe=RECIPE, mode=mode, labels=labels, suggested=False,
                      source="cloud", origin="cloud", definition=definition)
 

@@ -31,6 +31,7 @@ from lemonade.labels import (
 )
 from lemonade.model_info import ModelInfo
 from lemonade.recipes import file_format
+from lemonade.routing.cost import COST_FIELDS, field_problem
 from lemonade.routing.policy import PolicyError, member_modes, parse_policy
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -102,9 +103,12 @@ def _collection_pointer(name: str, definition: dict[str, Any]) -> dict[str, str]
     return {"main": pointer.repo}
 
 
-def build_model(name: str, definition: dict[str, Any], origin: str, stored: bool = False) -> ModelInfo:
+def build_model(name: str, definition: dict[str, Any], origin: str, stored: bool = False,
+                checkpoint_optional: bool = False) -> ModelInfo:
     """Validate one stored or submitted definition and turn it into a ModelInfo. `stored`: read from
-    the admin's user_models.json, where Lemonade's local imports (`source: local_path`) may be."""
+    the admin's user_models.json, where Lemonade's local imports (`source: local_path`) may be.
+    `checkpoint_optional`: a definition without a `main` checkpoint is metadata only (`POST
+    /v1/models/register`, and what it stored): listed, never downloaded until registered with one."""
     if not isinstance(definition, dict):
         raise RegistrationError(f"Model '{name}': definition must be a JSON object")
     recipe = definition.get("recipe")
@@ -159,7 +163,7 @@ def build_model(name: str, definition: dict[str, Any], origin: str, stored: bool
         if components is not None:
             raise RegistrationError(f"Model '{name}': only collection recipes take 'components'")
         checkpoints = _checkpoints_of(name, definition)
-        if "main" not in checkpoints:
+        if "main" not in checkpoints and (checkpoints or not (checkpoint_optional or stored)):
             raise RegistrationError(f"Model '{name}': a 'checkpoint' (or a 'main' entry in 'checkpoints') is "
                                     "required, e.g. 'owner/repo:Q4_K_M'")
         for role, ckpt in checkpoints.items():
@@ -356,7 +360,7 @@ class Catalog:
         return model
 
     # ----- registration ------------------------------------------------------------------------
-    def validate_registration(self, body: dict[str, Any]) -> ModelInfo:
+    def validate_registration(self, body: dict[str, Any], checkpoint_optional: bool = False) -> ModelInfo:
         name = body.get("model_name")
         if not isinstance(name, str) or not name.strip():
             raise RegistrationError("'model_name' is required, e.g. 'user.My-Model-GGUF'")
@@ -370,13 +374,23 @@ class Catalog:
             raise RegistrationError(f"Model '{name}': a model name cannot contain slashes or surrounding spaces")
         keys = ("checkpoint", "checkpoints", "recipe", "labels", "source", "components", "mmproj", "size",
                 "reasoning", "vision", "embedding", "reranking", "image_defaults", "suggested",
-                "version", "routing", "system_prompt")
+                "version", "routing", "system_prompt", *COST_FIELDS)
         definition = {k: body[k] for k in keys if k in body and body[k] is not None}
-        return build_model(name, definition, "user")
+        for key in COST_FIELDS:  # what a router decision reports this model costs (routing/cost.py)
+            problem = field_problem(key, definition[key]) if key in definition else None
+            if problem:
+                raise RegistrationError(f"Model '{name}': {problem}")
+        return build_model(name, definition, "user", checkpoint_optional=checkpoint_optional)
 
-    def register(self, body: dict[str, Any]) -> ModelInfo:
-        """Validate and store a `user.*` definition (and a collection's embedded `models`)."""
-        model = self.validate_registration(body)
+    def register(self, body: dict[str, Any], one_definition: bool = False) -> ModelInfo:
+        """Validate and store a `user.*` definition (and a collection's embedded `models`).
+        `one_definition` (`POST /v1/models/register`): exactly one definition, which may lack a
+        checkpoint; embedded `models` are a collection import's, refused."""
+        if one_definition and "models" in body:
+            raise RegistrationError("'models' embeds more model definitions, which this endpoint does not take (one "
+                                    "definition per call): register each component first, or import the collection "
+                                    "file with /v1/pull")
+        model = self.validate_registration(body, checkpoint_optional=one_definition)
         embedded = body.get("models")
         new_components: dict[str, ModelInfo] = {}
         if model.is_collection and model.checkpoints.get("main"):
@@ -548,7 +562,7 @@ class Catalog:
         """role -> files for a fully downloaded model, None when anything is missing."""
         if model.local_files is not None:
             return model.local_files if all(f.exists() for fs in model.local_files.values() for f in fs) else None
-        if model.is_collection:
+        if model.is_collection or model.metadata_only:
             return None
         cache = self.hub_cache()
         out: dict[str, list[Path]] = {}

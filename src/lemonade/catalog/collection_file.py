@@ -46,17 +46,28 @@ def file_model(model: ModelInfo) -> ModelInfo:
 def read_file(path: Path) -> dict[str, Any]:
     """The collection file's `components` and component definitions, checked."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return parse(path.read_bytes(), path.name)
+    except OSError as exc:
         raise CollectionFileError(f"Cannot read the collection file {path.name}: {exc}") from None
+
+
+def parse(raw: bytes, name: str) -> dict[str, Any]:
+    """A collection file's text (`name` for messages) as its `recipe`, `components`, component
+    `definitions` and `size` (GB, when it gives one), checked."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CollectionFileError(f"Cannot read the collection file {name}: {exc}") from None
     if not isinstance(data, dict) or data.get("recipe") not in COLLECTION_RECIPES:
-        raise CollectionFileError(f"{path.name} is not a collection file (its 'recipe' must be one of "
+        raise CollectionFileError(f"{name} is not a collection file (its 'recipe' must be one of "
                                   f"{', '.join(COLLECTION_RECIPES)})")
     components = data.get("components")
     if not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
-        raise CollectionFileError(f"{path.name}: 'components' must be a non-empty array of model names")
+        raise CollectionFileError(f"{name}: 'components' must be a non-empty array of model names")
     models = data.get("models") or []
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
-        raise CollectionFileError(f"{path.name}: 'models' must be an array of model definitions")
+        raise CollectionFileError(f"{name}: 'models' must be an array of model definitions")
     definitions = {str(m.get("model_name") or m.get("id")): m for m in models}
-    return {"components": components, "definitions": definitions}
+    size = data.get("size")
+    return {"recipe": data["recipe"], "components": components, "definitions": definitions,
+            "size": float(size) if isinstance(size, (int, float)) and not isinstance(size, bool) else None}

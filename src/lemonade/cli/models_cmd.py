@@ -2,7 +2,8 @@
 
 All of them talk to a running server (`ServerClient`). `pull owner/repo` asks the server which
 GGUF variants the repository has and offers a menu (or takes `--variant`), then registers the
-model as `user.<repo>-<variant>` and downloads it with a progress bar per file and overall.
+model as `user.<repo>-<variant>` and downloads it with a progress bar per file and overall; a
+repository holding a shared collection (`<RepoName>.json`) is pulled as that collection.
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ def _repo_pull_body(client: ServerClient, repo: str, variant: str | None, name: 
                     assume_yes: bool) -> dict[str, Any]:
     query = f"/v1/pull/variants?checkpoint={quote(repo)}" + (f"&source={quote(source)}" if source else "")
     info = client.get(query)
+    if info.get("repo_kind") == "collection":
+        return _collection_pull_body(info, repo, variant, name, source)
     variants = info.get("variants") or []
     prompted = False
     if variant is None:
@@ -156,6 +159,25 @@ def _repo_pull_body(client: ServerClient, repo: str, variant: str | None, name: 
     if source:
         body["source"] = source
     console.print(f"Pulling {body['checkpoint']} as {model_name}")
+    return body
+
+
+def _collection_pull_body(info: dict[str, Any], repo: str, variant: str | None, name: str | None,
+                          source: str | None) -> dict[str, Any]:
+    """A shared collection's repository (`<RepoName>.json` in it): the pull registers the collection
+    as a pointer to the repository, and the server fetches that file, then every component it lists
+    (custom-models.md, "Share a collection"); a later `lemonade pull NAME` follows the file again."""
+    if variant:
+        err_console.print(f"[yellow]Warning:[/yellow] --variant {variant} is ignored: {repo} is a collection")
+    model_name = name or info.get("suggested_name") or repo.split("/")[-1]
+    if not model_name.startswith("user."):
+        model_name = "user." + model_name
+    body: dict[str, Any] = {"model_name": model_name, "recipe": info.get("recipe") or "collection.omni",
+                            "checkpoints": {"main": repo}, "source": source or info.get("source") or "huggingface"}
+    count = int(info.get("component_count") or 0)
+    size = f", ~{info['size']} GB" if isinstance(info.get("size"), (int, float)) else ""
+    console.print(f"Pulling collection {repo} as {model_name} ({count} component{'s' if count != 1 else ''}"
+                  f"{size})", highlight=False)
     return body
 
 

@@ -234,3 +234,26 @@ def file_location(listing: RepoListing, remote: RemoteFile) -> tuple[str, dict[s
     if urlsplit(location).netloc != urlsplit(url).netloc:
         headers.pop("authorization", None)  # a signed CDN url must not receive the Hub token
     return location, headers, meta.size if meta.size is not None else remote.size
+
+
+def read_small_file(listing: RepoListing, path: str, limit: int) -> bytes:
+    """The bytes of one small file of the repository (a collection file to inspect), read into memory
+    and never written to the cache; a HubError when it is missing, larger than `limit` or unreadable."""
+    try:
+        remote = listing.get(path)
+    except KeyError:
+        raise HubError(404, f"'{path}' is not in repository {listing.repo}") from None
+    if remote.size is not None and remote.size > limit:
+        raise HubError(400, f"'{path}' of {listing.repo} is {remote.size} bytes, too large to be what it is named "
+                            f"for (at most {limit})")
+    url, headers, _ = file_location(listing, remote)
+    try:
+        resp = httpx.get(url, headers=headers, timeout=METADATA_TIMEOUT, follow_redirects=True)
+    except httpx.HTTPError as exc:
+        raise HubError(502, f"cannot fetch '{path}' of {listing.repo} ({exc})") from None
+    if resp.status_code != 200:
+        raise HubError(502, f"fetching '{path}' of {listing.repo}: the registry answered HTTP {resp.status_code}",
+                       resp.status_code)
+    if len(resp.content) > limit:
+        raise HubError(400, f"'{path}' of {listing.repo} is larger than {limit} bytes")
+    return resp.content

@@ -217,8 +217,12 @@ class DownloadManager:
                 async for event in self.pull_events(comp, upgrade=upgrade, job=job):
                     yield event
             return
+        if model.metadata_only:
+            raise APIError(400, f"Model {model.public} has no 'main' checkpoint, so there is nothing to download "
+                           "or load. Register it again with one (POST /v1/models/register with 'checkpoint').",
+                           code="missing_checkpoint")
         if model.local_files is not None or model.source == "local" or not model.checkpoints:
-            # files that live on disk already (extra models dir, Lemonade's local imports)
+            # files that live on disk already (extra models dir, Lemonade's local imports; a cloud model)
             missing = [str(f) for fs in (model.local_files or {}).values() for f in fs if not f.exists()]
             if missing:
                 raise APIError(404, f"{model.public} is made of files on this machine, and {missing[0]} is not "

@@ -3,6 +3,10 @@
 Variant names are chosen so that pulling `repo:<name>` (variants.match_variant) selects exactly the
 files listed here: a quant folder (`Q8_0/...`) is named after the folder, a file after the quant
 suffix of its name (`...-UD-Q4_K_XL.gguf` -> `UD-Q4_K_XL`), anything else after its whole stem.
+
+A repository without GGUFs that holds `<RepoName>.json` is a shared collection (custom-models.md,
+"Share a collection"): `repo_kind` says which kind a repository is, so a client (`lemonade pull
+org/<Collection>`) knows to send the collection's pointer rather than a variant.
 """
 
 from __future__ import annotations
@@ -86,8 +90,32 @@ def describe_repo(listing: RepoListing, checkpoint: str) -> dict[str, Any]:
         "checkpoint": checkpoint,
         "source": listing.source,
         "recipe": recipe_for_format("gguf"),
+        "repo_kind": "gguf",
         "suggested_name": listing.repo.split("/", 1)[1],
         "suggested_labels": labels,
         "mmproj_files": mmproj,
         "variants": [v.as_dict() for v in group_variants(paths, sizes)[:TOP_N]],
     }
+
+
+def collection_file_name(listing: RepoListing) -> str | None:
+    """`<RepoName>.json` when the repository is laid out as a shared collection (that file at its top,
+    no GGUF beside it), else None."""
+    name = listing.repo.split("/", 1)[1] + ".json"
+    paths = listing.paths()
+    if name in paths and not any(p.lower().endswith(".gguf") for p in paths):
+        return name
+    return None
+
+
+def describe_collection(listing: RepoListing, checkpoint: str, recipe: str, components: list[str],
+                        size: float | None) -> dict[str, Any]:
+    """What `/pull/variants` says of a shared collection (as Lemonade's does): no variants, the recipe,
+    how many components its file lists and, when the file gives it, its size in GB."""
+    out: dict[str, Any] = {
+        "checkpoint": checkpoint, "source": listing.source, "recipe": recipe, "repo_kind": "collection",
+        "suggested_name": listing.repo.split("/", 1)[1], "suggested_labels": [], "mmproj_files": [],
+        "variants": [], "component_count": len(components)}
+    if size is not None:
+        out["size"] = size
+    return out

@@ -6,12 +6,20 @@ yielded the moment it exists, so a stream can send it at once; their result text
 LLM as `tool` messages and the next round starts. A round that calls client tools ends the loop
 with `finish_reason: "tool_calls"` (the client runs them and resumes); a round without tool calls
 is the answer. A call repeated with the same arguments is not run again, and a round of nothing
-but such repeats ends the loop (small models repeat a call instead of answering). A later round
+but such repeats ends the loop (small models repeat a call instead of answering); a repeated call
+whose result was text (a transcript, an analysis) makes the next round answer (no tools offered),
+since that text is the LLM's to pass on. A later round
 that the engine fails (5xx) once media exist ends the loop with those media rather than losing
-them to the LLM's closing words. At most `MAX_ROUNDS` LLM calls are made.
+them to the LLM's closing words; without media it is asked once more, to answer without tools. At
+most `MAX_ROUNDS` LLM calls are made.
 
 Media echoed back in the conversation (the client sends our earlier answers again) are replaced by
 short placeholders before the LLM sees them: one image as base64 is more tokens than its context.
+What the user sends is kept for the tools instead (`prepare`): each `input_audio` part becomes
+"[User provided audio file #N]" for the LLM and clip N of the turn (`transcribe_audio`), as
+Lemonade's app does it; a picture becomes "[User provided image #N]" and image N (`analyze_image`)
+unless the LLM sees pictures itself, which then gets it as it came. Audio that is not base64 is a
+400 naming the part, before anything runs.
 The client's `tool_choice` applies to the first round only when it forces a call (`required` or a
 named tool); later rounds are `auto`, else a forced call would repeat until the round limit. A named
 tool is forced for real: llama-server's `required` still lets the model write text before the call
@@ -35,7 +43,7 @@ from typing import Any
 
 from lemonade.errors import APIError
 from lemonade.omni.definitions import MAX_ROUNDS
-from lemonade.omni.media import Artifact, Turn, run_tool
+from lemonade.omni.media import Artifact, Clip, Turn, run_tool
 from lemonade.omni.toolset import Toolset
 from lemonade.runtime import forced_call
 from lemonade.services import Services
@@ -108,23 +116,58 @@ def last_image(messages: list[dict[str, Any]]) -> bytes | None:
         return None
 
 
-def prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, Any]:
-    """A client message as the LLM gets it: echoed media as placeholders, every other field kept
-    (tool_calls, tool_call_id, name: a resumed client tool call must stay paired)."""
+def _clip(part: dict[str, Any], where: str) -> Clip:
+    """The audio of an `input_audio` part, decoded; a 400 naming the part when it is not base64."""
+    audio = part.get("input_audio")
+    data = audio.get("data") if isinstance(audio, dict) else None
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+    except (binascii.Error, ValueError):
+        raw = b""
+    if not raw:
+        raise APIError(400, f"Invalid value for '{where}.input_audio.data': the audio must be base64-encoded bytes "
+                       "of an audio file (wav, mp3, ...)", code="invalid_argument")
+    fmt = audio.get("format") if isinstance(audio, dict) else None
+    return Clip(raw, fmt if isinstance(fmt, str) else "")
+
+
+def _image_url(part: dict[str, Any]) -> str | None:
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    return url if isinstance(url, str) and url.startswith("data:image/") else None
+
+
+def prepared_message(msg: dict[str, Any], llm_sees_images: bool, turn: Turn | None = None,
+                     where: str = "message") -> dict[str, Any]:
+    """A client message as the LLM gets it: echoed media as placeholders, what the user sent kept in
+    `turn` for the tools (numbered in its placeholder), every other field kept (tool_calls,
+    tool_call_id, name: a resumed client tool call must stay paired)."""
     content = msg.get("content")
     if isinstance(content, str):
         return {**msg, "content": strip_media(content)}
     if not isinstance(content, list):
         return {**msg, "content": content if content is not None else ""}
+    from_user = msg.get("role") == "user"
     parts: list[dict[str, Any]] = []
-    for part in content:
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             parts.append({**part, "text": strip_media(str(part.get("text", "")))})
         elif kind in ("image_url", "input_image"):
-            parts.append(part if llm_sees_images and msg.get("role") == "user" else {"type": "text", "text": "[image]"})
+            url = _image_url(part)
+            if from_user and llm_sees_images:
+                parts.append(part)
+            elif from_user and turn is not None and url is not None:
+                turn.images.append(url)
+                parts.append({"type": "text", "text": f"[User provided image #{len(turn.images)}]"})
+            else:
+                parts.append({"type": "text", "text": "[image]"})
         elif kind == "input_audio":
-            parts.append({"type": "text", "text": "[audio from the user]"})
+            if from_user and turn is not None:
+                turn.audio.append(_clip(part, f"{where}.content[{j}]"))
+                parts.append({"type": "text", "text": f"[User provided audio file #{len(turn.audio)}]"})
+            else:
+                parts.append({"type": "text", "text": "[audio]"})
         else:
             parts.append(part)
     if all(p.get("type") == "text" for p in parts):
@@ -132,16 +175,28 @@ def prepared_message(msg: dict[str, Any], llm_sees_images: bool) -> dict[str, An
     return {**msg, "content": parts}
 
 
-def prepared_messages(svc: Services, toolset: Toolset, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass
+class Prepared:
+    """One request made ready for the loop: the LLM's first messages and what the tools share."""
+
+    messages: list[dict[str, Any]]
+    turn: Turn
+
+
+def prepare(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Prepared:
     """The conversation for the LLM: the omni system prompt first (a client system prompt follows it,
-    in the same message), echoed media replaced."""
+    in the same message), echoed media replaced, the user's audio and pictures kept for the tools.
+    Called before anything runs (a stream starts), so a bad part is a 400."""
+    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
+    turn = Turn(artifacts=[], history_image=last_image(request["messages"]),
+                max_tokens=max_tokens if isinstance(max_tokens, int) else None)
     sees_images = svc.accepts_images(toolset.llm)
-    out = [prepared_message(m, sees_images) for m in messages]
+    out = [prepared_message(m, sees_images, turn, f"messages[{i}]") for i, m in enumerate(request["messages"])]
     if out and out[0].get("role") in ("system", "developer") and isinstance(out[0].get("content"), str):
         out[0] = {**out[0], "role": "system", "content": toolset.system_prompt + "\n\n" + out[0]["content"]}
     else:
         out.insert(0, {"role": "system", "content": toolset.system_prompt})
-    return out
+    return Prepared(out, turn)
 
 
 def forced_tool(toolset: Toolset, choice: Any) -> str | None:
@@ -170,27 +225,41 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any] | None:
     return args if isinstance(args, dict) else None
 
 
-async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> AsyncIterator[Media | Answer]:
-    """Run the loop for one chat request (the validated body, as a dict); yields each `Media` as it is
-    made, then one `Answer`. An LLM error is raised (APIError), after any media already yielded."""
-    messages = prepared_messages(svc, toolset, request["messages"])
+def _replayable(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as the next rounds send it back: arguments that are not a JSON object (a call cut by
+    max_tokens) become `{}`, since llama-server refuses a conversation holding unparsable arguments
+    (the tool's result already tells the LLM what was wrong)."""
+    if _arguments(call) is not None:
+        return call
+    return {**call, "function": {**(call.get("function") or {}), "arguments": "{}"}}
+
+
+async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
+              prepared: Prepared) -> AsyncIterator[Media | Answer]:
+    """Run the loop for one chat request (the validated body, as a dict, and what `prepare` made of
+    it); yields each `Media` as it is made, then one `Answer`. An LLM error is raised (APIError),
+    after any media already yielded."""
+    messages, turn = prepared.messages, prepared.turn
     body = {k: v for k, v in request.items() if k not in NOT_SENT}
     if request.get("max_completion_tokens") is not None:
         body["max_tokens"] = request["max_completion_tokens"]
     choice = request.get("tool_choice")
     forced_name = forced_tool(toolset, choice)
-    turn = Turn(artifacts=[], history_image=last_image(request["messages"]))
     usage: dict[str, int] = {}
     done: set[str] = set()  # the calls that made a medium in this turn (name + arguments)
+    told: set[str] = set()  # the calls whose text result (a transcript, an analysis) the LLM has
+    must_answer = False  # the LLM asked again for a text result it has: the next round answers
     answer = Answer(text="", finish_reason="stop", id=f"chatcmpl-omni-{uuid.uuid4().hex[:24]}",
                     created=int(time.time()))
     for round_no in range(MAX_ROUNDS):
         if round_no == 0:
             tool_choice, named = choice, forced_name
+        elif must_answer:  # no tools at all: llama-server parses tool calls even under tool_choice "none"
+            tool_choice, named = None, None
         else:  # a forced call is not forced again: the LLM now answers or calls what it wants
             tool_choice, named = "auto" if choice == "required" or isinstance(choice, dict) else choice, None
         call_body = {**body, "model": toolset.llm.name, "messages": messages, "stream": False}
-        if toolset.tools:
+        if toolset.tools and not must_answer:
             call_body["tools"] = toolset.tools
             if tool_choice is not None:
                 call_body["tool_choice"] = tool_choice
@@ -201,10 +270,17 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
             if named is not None:
                 data = forced_call.as_call(data, named)
         except APIError as exc:
-            if not turn.artifacts or exc.status < 500:
+            if exc.status < 500 or round_no == 0 or (must_answer and not turn.artifacts):
                 raise
-            # The media the user asked for exist; only the LLM's closing words failed (e.g. a tool call
-            # cut by max_tokens, which llama-server cannot parse): answer with the media.
+            if not turn.artifacts:
+                # A tool's text result (a transcript) is there, but the LLM's next call failed (e.g. a
+                # tool call cut by max_tokens, which llama-server cannot parse): it is asked once more,
+                # to answer in words.
+                log.warning("omni %s: round %d failed; asking the LLM to answer without tools: %s",
+                            toolset.collection.public, round_no + 1, exc.message)
+                must_answer = True
+                continue
+            # The media the user asked for exist; only the LLM's closing words failed: answer with them.
             log.warning("omni %s: round %d failed after media were made; answering with them: %s",
                         toolset.collection.public, round_no + 1, exc.message)
             break
@@ -218,24 +294,35 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Async
             break
         ours = [c for c in calls if toolset.is_server_tool((c.get("function") or {}).get("name"))]
         theirs = [c for c in calls if c not in ours]
-        messages.append({"role": "assistant", "content": text or "", "tool_calls": calls})
+        messages.append({"role": "assistant", "content": text or "", "tool_calls": [_replayable(c) for c in calls]})
         repeated = 0
         for call in ours:
             name = call["function"]["name"]
             args = _arguments(call)
-            component = toolset.runs_on[name]
             key = name + ":" + json.dumps(args, sort_keys=True)
             if args is None:
                 result = "Error: the arguments are not a JSON object; call the tool again with valid JSON"
             elif key in done:
                 repeated += 1
                 result = "Skipped: this exact call already ran in this turn; its result was shown to the user."
+            elif key in told:
+                must_answer = True
+                result = "Skipped: this exact call already ran in this turn; answer the user with its result above."
+            elif name in toolset.mcp:  # a connected MCP server's tool: its result is text for the LLM
+                server_id, tool = toolset.mcp[name]
+                log.info("omni %s: %s on MCP server %s", toolset.collection.public, tool, server_id)
+                result = await svc.mcp.call_as_text(server_id, tool, args)
+                if not result.startswith("Error:"):
+                    told.add(key)
             else:
+                component = toolset.runs_on[name]
                 log.info("omni %s: %s on %s", toolset.collection.public, name, component.public)
                 result, artifact = await run_tool(svc, name, component, args, turn)
                 if artifact is not None:
                     done.add(key)
                     yield Media(artifact)
+                elif not result.startswith("Error:"):
+                    told.add(key)
             messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
         if theirs:
             answer.text, answer.finish_reason, answer.tool_calls = text, "tool_calls", theirs

@@ -2,9 +2,13 @@
 
 The collection's LLM is its first component that deploys as `chat`. A built-in tool is offered only
 when a component can run it (openai.md "Server-side tools", custom-models.md's role table; the
-tool's runner in `media.RUNNERS` decides): an `image` model for `generate_image`, a `tts` model for
-`text_to_speech`, each with an engine this server has. The client's own tools are added after
-ours; a client tool named like one of ours is dropped (ours run on the server, theirs never would).
+tool's runner in `media.RUNNERS` decides): an `image` model for `generate_image`, one labelled `edit`
+for `edit_image`, a `tts` model for `text_to_speech`, a `transcription` model for `transcribe_audio`,
+a chat model with vision for `analyze_image`, each with an engine this server has. `analyze_image`
+is for an LLM that cannot see: one that can gets the user's pictures in its own messages instead.
+The tools of the MCP servers this server is connected to (`/internal/mcp`, mcp_client/) follow,
+named `mcp_<server>__<tool>`. The client's own tools are added after ours; a client tool named like
+one of ours is dropped (ours run on the server, theirs never would).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ class Toolset:
     collection: ModelInfo
     llm: ModelInfo
     system_prompt: str
-    tools: list[dict[str, Any]]                     # OpenAI `tools`: ours, then the client's
+    tools: list[dict[str, Any]]                     # OpenAI `tools`: ours, the MCP servers', then the client's
     runs_on: dict[str, ModelInfo] = field(default_factory=dict)  # our tool name -> the component it runs on
+    mcp: dict[str, tuple[str, str]] = field(default_factory=dict)  # MCP tool name -> (server id, its tool)
 
     def is_server_tool(self, name: str) -> bool:
-        return name in self.runs_on
+        return name in self.runs_on or name in self.mcp
 
 
 def components(svc: Services, collection: ModelInfo) -> list[ModelInfo]:
@@ -53,9 +58,12 @@ def build(svc: Services, collection: ModelInfo, client_tools: list[dict[str, Any
     runs_on: dict[str, ModelInfo] = {}
     lines: list[str] = []
     guidance: list[str] = []
+    llm_sees = svc.accepts_images(llm)
     for definition in OMNI_TOOLS:
         runner = RUNNERS.get(definition["function"]["name"])
-        component = next((m for m in parts if runner.serves(svc, m)), None) if runner is not None else None
+        if runner is None or (llm_sees and definition["function"]["name"] == "analyze_image"):
+            continue
+        component = next((m for m in parts if runner.serves(svc, m)), None)
         if component is None:
             continue  # no component can run it (or this server cannot run the tool at all)
         function = copy.deepcopy(definition["function"])
@@ -64,13 +72,19 @@ def build(svc: Services, collection: ModelInfo, client_tools: list[dict[str, Any
         lines.append(f"- {function['name']}: {function['description']}")
         if definition.get("guidance"):
             guidance.append(definition["guidance"])
+    mcp: dict[str, tuple[str, str]] = {}
+    for listed in svc.mcp.tools():  # the connected MCP servers' tools run here too (mcp_client/)
+        function = listed["openai_tool"]["function"]
+        tools.append(listed["openai_tool"])
+        mcp[function["name"]] = (listed["server_id"], listed["name"])
+        lines.append(f"- {function['name']}: {function['description']}")
     for tool in client_tools or []:
         name = (tool.get("function") or {}).get("name")
-        if name not in runs_on:
+        if name not in runs_on and name not in mcp:
             tools.append(tool)
     template = collection.definition.get("system_prompt")
     if not isinstance(template, str) or not all(p in template for p in PLACEHOLDERS):
         template = SYSTEM_PROMPT
     prompt = template.replace("{tool_list}", "\n".join(lines) or "(none)").replace(
         "{tool_guidance}", "".join("\n" + g for g in guidance))
-    return Toolset(collection=collection, llm=llm, system_prompt=prompt, tools=tools, runs_on=runs_on)
+    return Toolset(collection=collection, llm=llm, system_prompt=prompt, tools=tools, runs_on=runs_on, mcp=mcp)

@@ -5,7 +5,8 @@ caller binds (the server to its engines, tests to fixed answers); each may retur
 awaitable. A classifier runs at most once per request, and only when a rule needs it (`any` and
 `all` stop at the first child that decides them). Nothing raises out of `decide` (but what the
 caller lists in `propagate`): a classifier that fails applies its `on_error`, and anything
-unexpected fails open to `default_model`.
+unexpected fails open to `default_model`. Once the candidate is chosen, `cost_of` (when bound)
+says what it is said to cost, added to the decision's `outputs` as `estimated_cost` (cost.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from lemonade.routing.context import RouteContext
+from lemonade.routing.cost import with_cost
 from lemonade.routing.policy import (
     SCHEMA_VERSION,
     AllOf,
@@ -46,6 +48,8 @@ Embed = Callable[[str, str], MaybeAwaitable[Sequence[float]]]
 # (model, system prompt, user message, JSON schema of the reply) -> the assistant's reply text. The
 # schema is the reply contract; the server asks the model under it as a grammar (llm_reply_schema).
 Chat = Callable[[str, str, str, Mapping[str, Any]], MaybeAwaitable[str]]
+# candidate -> its cost fields (routing/cost.py `estimated_cost`), {} when none are known.
+CostOf = Callable[[str], Mapping[str, Any]]
 RATIONALE_MAX_CHARS = 160  # the grammar closes the object by then (a helper's reply is capped in tokens)
 REGEX_MAX_INPUT = 1 << 20   # bytes; a longer input never matches a regex (bounded time on any text)
 WHITESPACE = " \t\r\n"
@@ -56,6 +60,7 @@ class ClassifierServices:
     classify: Classify | None = None
     embed: Embed | None = None
     chat: Chat | None = None
+    cost_of: CostOf | None = None
     # Failures that end the request instead of counting as a classifier's failure (a client that left).
     propagate: tuple[type[BaseException], ...] = ()
 
@@ -300,12 +305,27 @@ async def decide(policy: Policy, ctx: RouteContext, *, want_trace: bool = False,
     services = services or ClassifierServices()
     run = _Evaluation(policy, ctx, services, want_trace, embeddings or PolicyEmbeddings())
     trace = run.trace if want_trace else None
+    decision = Decision(policy.default_model, "", True, {}, trace)
     try:
         for rule in policy.rules:
             if await run.match(rule.match):
-                return Decision(rule.route_to, rule.id, False, dict(rule.outputs), trace)
+                decision = Decision(rule.route_to, rule.id, False, dict(rule.outputs), trace)
+                break
     except services.propagate:
         raise
     except Exception:
         log.exception("Routing policy evaluation failed; falling back to %s", policy.default_model)
-    return Decision(policy.default_model, "", True, {}, trace)
+    return _costed(decision, services.cost_of)
+
+
+def _costed(decision: Decision, cost_of: CostOf | None) -> Decision:
+    """The decision with its candidate's `estimated_cost`; a failing lookup only loses the figure."""
+    if cost_of is None:
+        return decision
+    try:
+        cost = cost_of(decision.route_to)
+    except Exception:
+        log.exception("Cannot read the cost of %s; the decision is reported without it", decision.route_to)
+        return decision
+    decision.outputs = with_cost(decision.outputs, cost)
+    return decision

@@ -16,14 +16,15 @@ from fastapi.responses import StreamingResponse
 
 from lemonade.api.errors import APIError, bad_request, registration_error
 from lemonade.api.lemonade.protocol import DeleteRequest, DownloadControlRequest, PullRequest
+from lemonade.catalog import collection_file
 from lemonade.catalog.catalog import USER_PREFIX, RegistrationError
 from lemonade.catalog.naming import reserved_problem
 from lemonade.checkpoints.variants import parse_checkpoint
 from lemonade.downloads import search as registry_search
-from lemonade.downloads.hub import HubError, canonical_source, list_repo, split_repo_url
+from lemonade.downloads.hub import HubError, canonical_source, list_repo, read_small_file, split_repo_url
 from lemonade.downloads.manager import hub_api_error, offline_error
 from lemonade.downloads.plan import plan_model
-from lemonade.downloads.variant_listing import describe_repo
+from lemonade.downloads.variant_listing import collection_file_name, describe_collection, describe_repo
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
@@ -31,6 +32,7 @@ from lemonade.services import Services
 router = APIRouter(tags=["downloads"])
 
 REGISTRATION_KEYS = ("checkpoint", "checkpoints", "recipe", "components", "models", "mmproj", "routing")
+MAX_COLLECTION_FILE_BYTES = 5 * 1024 * 1024  # a collection file is a few KB; anything this big is not one
 PROGRESS_EVENT_FIELDS = ("file", "file_index", "total_files", "bytes_downloaded", "bytes_total", "percent",
                          "total_download_size", "bytes_previously_downloaded")
 
@@ -265,7 +267,18 @@ async def pull_variants(request: Request, checkpoint: str | None = Query(None),
     except HubError as exc:  # a registry that cannot be reached is a 502 (or its 429), never our 500
         raise APIError(exc.status, exc.message, code="checkpoint_not_found" if exc.status == 404 else None,
                        extra={"upstream_status": exc.upstream_status} if exc.upstream_status else None) from None
-    return describe_repo(listing, ckpt.repo)
+    manifest = collection_file_name(listing)
+    if manifest is None:
+        return describe_repo(listing, ckpt.repo)
+    try:  # a shared collection: its file is read to check it is one, never stored (the pull fetches it)
+        raw = await asyncio.to_thread(read_small_file, listing, manifest, MAX_COLLECTION_FILE_BYTES)
+        found = collection_file.parse(raw, manifest)
+    except HubError as exc:
+        raise hub_api_error(exc) from None
+    except collection_file.CollectionFileError as exc:
+        raise _variants_refusal(f"Repository {ckpt.repo} holds {manifest}, but it is not a collection file "
+                                f"Lemonade exports: {exc}") from None
+    return describe_collection(listing, ckpt.repo, found["recipe"], found["components"], found["size"])
 
 
 @router.post("/delete")

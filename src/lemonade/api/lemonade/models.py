@@ -24,7 +24,7 @@ async def register(request: Request, body: dict[str, Any] = Body(..., examples=[
         "recipe": "llamacpp"}])) -> dict[str, Any]:
     svc: Services = request.app.state.services
     try:
-        model = svc.catalog.register(body)
+        model = svc.catalog.register(body, one_definition=True)
     except RegistrationError as exc:
         raise bad_request(str(exc)) from None
     obj = model_object(svc, model)

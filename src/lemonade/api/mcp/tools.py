@@ -24,8 +24,9 @@ from typing import Any
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import image_tool, schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root, unique_name
-from lemonade.api.openai.audio import check_audio, check_params, shaped, transcribe
+from lemonade.api.openai.audio import shaped
 from lemonade.audio.formats import HEAD_BYTES
+from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.model_info import ModelInfo
 from lemonade.omni import loop as omni_loop
 from lemonade.omni import toolset as omni_toolset
@@ -409,7 +410,7 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
         await svc.ready_collection(model)
         toolset = omni_toolset.build(svc, model, request.get("tools"))
         answer = None
-        async for event in omni_loop.run(svc, toolset, request):
+        async for event in omni_loop.run(svc, toolset, request, omni_loop.prepare(svc, toolset, request)):
             if isinstance(event, omni_loop.Answer):
                 answer = event
     except APIError as exc:

@@ -3,16 +3,14 @@
 WAV as the spec requires, and mp3, flac, ogg and webm besides (`audio/formats.py` recognises the
 container from the first bytes; the engine decodes and resamples to 16 kHz mono). The engine
 returns segments with timestamps; the response formats (json, verbose_json, text, srt, vtt) are
-made here, so every transcription engine answers alike.
+made here, so every transcription engine answers alike; the transcription itself and the checks made
+before any model loads are `media/transcription.py`, shared with the other callers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from typing import Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -20,15 +18,13 @@ from starlette.datastructures import UploadFile
 
 from lemonade.api.errors import APIError
 from lemonade.audio import formats
-from lemonade.model_info import ModelInfo
+from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
-RESPONSE_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
 MAX_FIELD_BYTES = 1024 * 1024  # the text fields (a prompt); the file part is spooled to disk, bounded by
 # max_request_body_mb (api/middleware.py)
-LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}$")
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -57,19 +53,8 @@ def _field(form: Any, name: str) -> str | None:
     return str(value)
 
 
-async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, params: dict[str, str],
-                     content_type: str = "application/octet-stream") -> dict[str, Any]:
-    """One transcription through the router and the model's engine (the HTTP route, the realtime
-    API and the MCP tool all come here): `{"text", "language", "duration", "segments"}`.
-    `content_type`: the audio's, as the client said it (an engine may pass it on)."""
-    path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
-    result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
-    svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
-    return result
-
-
 def shaped(result: dict[str, Any], fmt: str) -> tuple[str | dict[str, Any], str]:
-    """An engine's result in one of RESPONSE_FORMATS: (JSON object or text, media type)."""
+    """An engine's result in one of `media.transcription.RESPONSE_FORMATS`: (JSON object or text, media type)."""
     text = result.get("text", "")
     if fmt == "text":
         return text + "\n", "text/plain"
@@ -79,49 +64,6 @@ def shaped(result: dict[str, Any], fmt: str) -> tuple[str | dict[str, Any], str]
         return {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
                 "text": text, "segments": result.get("segments", [])}, "application/json"
     return {"text": text}, "application/json"
-
-
-def check_params(fmt: str | None, language: str | None, prompt: str | None,
-                 temperature: str | float | None) -> tuple[str, dict[str, str]]:
-    """(response format, engine query parameters), or a 400 naming the bad field."""
-    fmt = fmt or "json"
-    if fmt not in RESPONSE_FORMATS:
-        raise APIError(400, f"Invalid value for 'response_format': '{fmt}'. Use one of: {', '.join(RESPONSE_FORMATS)}",
-                       code="invalid_argument")
-    params: dict[str, str] = {}
-    if language:
-        if not LANGUAGE_RE.match(language):
-            raise APIError(400, f"Invalid value for 'language': '{language}' (an ISO 639-1 code such as 'en')",
-                           code="invalid_argument")
-        params["language"] = language.lower()
-    if prompt:
-        params["prompt"] = prompt
-    if temperature not in (None, ""):
-        try:
-            value = float(temperature)  # type: ignore[arg-type]
-            if not 0 <= value <= 1:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise APIError(400, f"Invalid value for 'temperature': '{temperature}' (a number from 0 to 1)",
-                           code="invalid_argument") from None
-        params["temperature"] = str(value)
-    return fmt, params
-
-
-def check_audio(svc: Services, model: ModelInfo, head: bytes) -> str:
-    """The container of an upload starting with `head`, or a 400 saying why it is refused (not audio,
-    or a container the model's engine does not decode)."""
-    try:
-        kind = formats.check(head)
-    except formats.AudioFormatError as exc:
-        raise APIError(400, f"Invalid value for 'file': {exc}", code="invalid_audio") from None
-    engine = svc.engines.get(model.recipe)
-    accepted = engine.audio_formats if engine is not None else formats.FORMATS
-    if kind not in accepted:
-        raise APIError(400, f"Invalid value for 'file': {model.public} (recipe '{model.recipe}') reads "
-                       f"{', '.join(accepted)} audio, not {kind}; convert the file or use another model",
-                       code="unsupported_audio_format")
-    return kind
 
 
 @router.post("/audio/transcriptions")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from lemonade.api.middleware import is_admin
 from lemonade.model_info import ModelInfo
+from lemonade.routing.cost import prices
 from lemonade.runtime.options import options_for
 from lemonade.services import Services
 
@@ -65,6 +66,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         obj["cloud_provider"] = model.definition["cloud_provider"]  # stays "lemonade", as for every model
         if "context_length" in model.definition:
             obj["context_length"] = model.definition["context_length"]
+    obj.update(prices(model.definition))  # USD per 1M tokens, for display (a provider's, or written on the entry)
     if len(model.checkpoints) > 1:
         obj["checkpoints"] = {**{role: shown_checkpoint(model, include_paths, role) for role in model.checkpoints},
                               "main": obj["checkpoint"]}

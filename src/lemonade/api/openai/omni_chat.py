@@ -4,8 +4,9 @@ The loop (`omni/loop.py`) runs here and its outcome takes the Chat Completions s
 `chat.completion` whose `content` is the LLM's text followed by the media, or a stream of
 `chat.completion.chunk`s in which each medium is a content delta sent the moment its tool finished,
 then the LLM's text, the client-tool calls (if any), the finish reason and `[DONE]`. Everything that
-can be refused (no LLM in the collection, a `tool_choice` naming a tool not offered) is refused with
-a 4xx before a stream starts; an error after that is an SSE `error` event, as for plain chats.
+can be refused (no LLM in the collection, a `tool_choice` naming a tool not offered, audio that is
+not base64) is refused with a 4xx before a stream starts; an error after that is an SSE `error`
+event, as for plain chats.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ async def chat(svc: Services, collection: ModelInfo, body: ChatCompletionRequest
     await svc.ready_collection(collection)
     tools = toolset.build(svc, collection, payload.get("tools"))
     loop.forced_tool(tools, payload.get("tool_choice"))  # a bad tool_choice is a 400 before anything runs
-    events = loop.run(svc, tools, payload)
+    events = loop.run(svc, tools, payload, loop.prepare(svc, tools, payload))  # so is bad audio
     if body.stream:
         return StreamingResponse(_stream(collection, events, payload), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

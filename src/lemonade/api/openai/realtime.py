@@ -33,7 +33,6 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from lemonade.api.middleware import chosen_subprotocol
-from lemonade.api.openai.audio import check_params, transcribe
 from lemonade.api.openai.realtime_protocol import (
     CLIENT_EVENTS,
     ProtocolError,
@@ -47,6 +46,7 @@ from lemonade.api.openai.realtime_protocol import (
 from lemonade.audio.formats import wav_header
 from lemonade.audio.vad import SAMPLE_RATE, EnergyVad, VadSettings
 from lemonade.errors import APIError
+from lemonade.media.transcription import check_params, transcribe
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone, Departure, client_gone
 from lemonade.services import Services

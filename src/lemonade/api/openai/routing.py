@@ -4,7 +4,8 @@ the member its policy picks (routing/), then runs like a request naming that mem
 The decision is reported as the `x-lemonade-route` header (the rule id, or `default`) on every
 answer, errors of the member included, and as `x_lemonade_route` in the body (a stream: in its first
 event, the rest of the stream relayed untouched), as Lemonade's server does; `"route_trace": true`
-adds the per-condition `trace` to it.
+adds the per-condition `trace` to it. The chosen member's known costs are added to the decision's
+`outputs` as `estimated_cost` (routing/cost.py; reporting only).
 Model-backed conditions call the policy's helper models through the same router and proxy as any
 request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
 chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model,
@@ -31,6 +32,7 @@ from lemonade.errors import APIError, bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.context import conversation_key, route_context
+from lemonade.routing.cost import estimated_cost
 from lemonade.routing.evaluate import ClassifierServices, Decision, decide
 from lemonade.runtime.request_context import ClientGone, routing_dependency
 from lemonade.services import Services
@@ -146,8 +148,15 @@ class Helpers:
         # answers the contract at once instead of spending the reply's token cap thinking.
         return await self._chat(self._model(name), system, NO_THINK + user, schema)
 
+    def cost_of(self, name: str) -> Mapping[str, Any]:
+        """A candidate's `estimated_cost`: from its catalog entry (a cloud provider's prices, or the
+        fields written on the model's definition); nothing for a name this server does not know."""
+        model = self.svc.catalog.find(name)
+        return estimated_cost(model.definition) if model is not None else {}
+
     def services(self) -> ClassifierServices:
-        return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, propagate=(ClientGone,))
+        return ClassifierServices(classify=self.classify, embed=self.embed, chat=self.chat, cost_of=self.cost_of,
+                                  propagate=(ClientGone,))
 
 
 async def route(svc: Services, router_model: ModelInfo, payload: dict[str, Any]) -> Routed:

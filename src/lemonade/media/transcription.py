@@ -1,0 +1,77 @@
+"""Speech to text through the router: the transcription behind `/v1/audio/transcriptions`
+(api/openai/audio.py), also run by the realtime API, MCP's `lemonade_transcribe_audio` and the omni
+tool loop's `transcribe_audio`.
+
+What is checked before any model loads is here too: the fields a transcription takes (language,
+prompt, temperature) and the audio's container, read from its first bytes (`audio/formats.py`) and
+matched against what the model's engine decodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlencode
+
+from lemonade.audio import formats
+from lemonade.errors import APIError
+from lemonade.model_info import ModelInfo
+from lemonade.runtime.engine_request import FileBody
+from lemonade.services import Services
+
+RESPONSE_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}$")
+
+
+async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, params: dict[str, str],
+                     content_type: str = "application/octet-stream") -> dict[str, Any]:
+    """One transcription through the router and the model's engine: `{"text", "language", "duration",
+    "segments"}`. `content_type`: the audio's, as the client said it (an engine may pass it on)."""
+    path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
+    result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
+    svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
+    return result
+
+
+def check_params(fmt: str | None, language: str | None, prompt: str | None,
+                 temperature: str | float | None) -> tuple[str, dict[str, str]]:
+    """(response format, engine query parameters), or a 400 naming the bad field."""
+    fmt = fmt or "json"
+    if fmt not in RESPONSE_FORMATS:
+        raise APIError(400, f"Invalid value for 'response_format': '{fmt}'. Use one of: {', '.join(RESPONSE_FORMATS)}",
+                       code="invalid_argument")
+    params: dict[str, str] = {}
+    if language:
+        if not LANGUAGE_RE.match(language):
+            raise APIError(400, f"Invalid value for 'language': '{language}' (an ISO 639-1 code such as 'en')",
+                           code="invalid_argument")
+        params["language"] = language.lower()
+    if prompt:
+        params["prompt"] = prompt
+    if temperature not in (None, ""):
+        try:
+            value = float(temperature)  # type: ignore[arg-type]
+            if not 0 <= value <= 1:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise APIError(400, f"Invalid value for 'temperature': '{temperature}' (a number from 0 to 1)",
+                           code="invalid_argument") from None
+        params["temperature"] = str(value)
+    return fmt, params
+
+
+def check_audio(svc: Services, model: ModelInfo, head: bytes) -> str:
+    """The container of an upload starting with `head`, or a 400 saying why it is refused (not audio,
+    or a container the model's engine does not decode)."""
+    try:
+        kind = formats.check(head)
+    except formats.AudioFormatError as exc:
+        raise APIError(400, f"Invalid value for 'file': {exc}", code="invalid_audio") from None
+    engine = svc.engines.get(model.recipe)
+    accepted = engine.audio_formats if engine is not None else formats.FORMATS
+    if kind not in accepted:
+        raise APIError(400, f"Invalid value for 'file': {model.public} (recipe '{model.recipe}') reads "
+                       f"{', '.join(accepted)} audio, not {kind}; convert the file or use another model",
+                       code="unsupported_audio_format")
+    return kind
