@@ -56,6 +56,15 @@ class MemoryCgroup:
         except (OSError, ValueError):
             return -1
 
+    def anon_bytes(self) -> int:
+        """Anonymous memory in it: what the kernel cannot reclaim (page cache it can)."""
+        keys = ("anon",) if self.version == 2 else ("total_rss",)
+        for line in (self.path / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key in keys:
+                return int(value)
+        return self.usage_bytes()
+
     def usage_bytes(self) -> int:
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
         return int((self.path / name).read_text().strip())

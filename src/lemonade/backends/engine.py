@@ -389,7 +389,7 @@ class Engine(ABC):
         """The most a load of `model` with these options may hold in host memory, before it starts
         (docs/memory.md); None where it cannot be told (a remote engine, a GPU backend whose memory
         is the GPU's). By default the engine's rule on the size of the model's files."""
-        if self.remote:
+        if self.remote or not (self.memory_base_bytes or self.memory_per_weight_byte):
             return None
         weights = 0
         for paths in files.values():

@@ -42,6 +42,10 @@ def model_folder(files: dict[str, list[Path]]) -> Path:
 
 
 class FasterWhisperEngine(PythonEngine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # Whisper tiny.en CT2 (75 MiB) peaked at 250 MiB transcribing
+    memory_base_bytes = 160 << 20
+    memory_per_weight_byte = 1.5
     recipe = "fasterwhisper"
     packages = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)
     probe = "import faster_whisper, av"

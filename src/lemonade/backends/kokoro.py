@@ -25,6 +25,10 @@ KOKORO_ONNX_VERSION = "0.6.1"
 
 
 class KokoroEngine(SpeechEngine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # Kokoro-82M int8 with its voices (91 MiB) peaked at 609 MiB speaking
+    memory_base_bytes = 520 << 20
+    memory_per_weight_byte = 1.5
     recipe = "kokoro"
     packages = (f"kokoro-onnx=={KOKORO_ONNX_VERSION}", AV_PACKAGE)
     probe = "import kokoro_onnx, av"

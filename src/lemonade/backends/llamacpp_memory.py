@@ -51,6 +51,9 @@ CHECKPOINTS = 2
 # add per vocabulary entry (Gemma 3's 262,144 entries: about 25 MiB more).
 PROCESS_BYTES = 16 * MiB
 PER_VOCAB_BYTES = 100
+# llama-server answers HTTP on (slots + 4) threads; each one's allocator arena grows by about this much
+# while requests are parsed and answered (MiniLM, 8 slots, 32 concurrent embeddings: +43 MiB)
+PER_HTTP_THREAD_BYTES = 5 * MiB
 # The compute buffer: per token of the micro-batch, f32 values alive at the worst point of the graph,
 # bounded by these multiples of the embedding, feed-forward and query widths (llama-server reports
 # 36 KB a token for Gemma 3 270M, 12 KB for MiniLM, 2 KB for a tiny Qwen3; the rule gives 46, 31 and
@@ -213,12 +216,18 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
         checkpoint_bytes += recurrent / flags.slots
     parts["output"] = flags.slots * vocab * 4  # one token's logits per slot (embedding models' too)
     parts["compute"] = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query)
-    parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab
+    parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab + PER_HTTP_THREAD_BYTES * (flags.slots + 4)
 
-    # what grows while it serves: both bounded by the flags we set at launch
+    # what grows while it serves: both bounded by the flags we set at launch. A slot makes context
+    # checkpoints only while it holds more than a window of prompt, so at most ctx / window slots hold
+    # them at once (a slot's are cleared, or moved into the bounded prompt cache, when it takes a new task)
     if checkpoint_bytes and not embeddings:
-        n = flags.checkpoints if flags.checkpoints is not None else CHECKPOINTS
-        parts["context_checkpoints"] = int(max(0, n) * flags.slots * checkpoint_bytes)
+        n = max(0, flags.checkpoints if flags.checkpoints is not None else CHECKPOINTS)
+        window = rows[2] if rows is not None and rows[2] else 0
+        if window and n:
+            terms.append((n * checkpoint_bytes / window, flags.slots * window))
+        elif n:
+            parts["context_checkpoints"] = int(n * flags.slots * checkpoint_bytes)
     if kv:  # the prompt cache: as much as the KV cache (llama-server's `--cache-ram`, which we set)
         if flags.cache_ram_mib is None:
             terms.extend(kv)

@@ -30,6 +30,10 @@ def _check_threads(value: int) -> str | None:
 
 
 class OnnxRuntimeEngine(PythonEngine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # a MiniLM classifier (87 MiB) peaked at 173 MiB on batches of 8
+    memory_base_bytes = 100 << 20
+    memory_per_weight_byte = 1.0
     recipe = "onnxruntime"
     packages = (f"onnxruntime=={ONNXRUNTIME_VERSION}", "tokenizers==0.23.3", "numpy==2.4.6")
     probe = "import onnxruntime, tokenizers, numpy"

@@ -20,6 +20,10 @@ PIPER_VERSION = "1.8.0"
 
 
 class PiperEngine(SpeechEngine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # the joe medium voice (60 MiB) peaked at 255 MiB speaking
+    memory_base_bytes = 185 << 20
+    memory_per_weight_byte = 1.5
     recipe = "piper"
     packages = (f"piper-tts=={PIPER_VERSION}", AV_PACKAGE)
     probe = "import piper, av"

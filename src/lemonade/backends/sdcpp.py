@@ -210,6 +210,10 @@ def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]
 
 
 class SdCppEngine(NativeCpuBackend, ImageEngine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # a small SD 1.x UNet (1011 MiB) peaked at 1480 MiB making 256x256 pictures; larger pictures need more
+    memory_base_bytes = 64 << 20
+    memory_per_weight_byte = 1.5
     recipe = "sd-cpp"
     release_page = f"https://github.com/leejet/stable-diffusion.cpp/releases/tag/{SDCPP_VERSION}"
     backends = BACKENDS

@@ -104,6 +104,8 @@ def model_folder(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
 
 class VllmEngine(Engine):
     recipe = "vllm"
+    # GPU memory: not accounted by the host-memory budget (docs/memory.md), so no estimate
+    memory_per_weight_byte = 0.0
     backends = ("rocm", "cuda")
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),

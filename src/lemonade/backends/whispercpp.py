@@ -150,6 +150,10 @@ def transcription_result(content: bytes) -> dict[str, Any]:
 
 
 class WhisperCppEngine(NativeCpuBackend, Engine):
+    # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
+    # the tiny Whisper architecture (74 MiB of ggml weights) peaked at 158 MiB transcribing
+    memory_base_bytes = 95 << 20
+    memory_per_weight_byte = 1.0
     recipe = "whispercpp"
     release_page = f"https://github.com/ggml-org/whisper.cpp/releases/tag/{WHISPER_CPP_VERSION}"
     backends = BACKENDS

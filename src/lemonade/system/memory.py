@@ -4,7 +4,8 @@ The budget is the smallest of three figures (docs/memory.md):
 - the machine's physical RAM;
 - the limit of the memory cgroup the server runs in (cgroup v2 `memory.max`, or v1
   `memory.limit_in_bytes`, the smallest on the way up the hierarchy: a container's or a systemd
-  unit's cap), less what the rest of the cgroup holds (the server process itself, other programs);
+  unit's cap), less the anonymous memory the rest of the cgroup holds (the server process itself,
+  other programs; page cache is not counted: the kernel drops it before it kills anything);
 - what is actually free: the kernel's `MemAvailable`, plus what our own engines hold (they are
   ours to account for, not someone else's).
 
@@ -36,6 +37,7 @@ class CgroupMemory:
     limit_bytes: int | None  # the smallest limit on the way up; None: no limit
     usage_bytes: int  # charged to it, page cache included
     inactive_file_bytes: int  # page cache the kernel reclaims first (not counted as in use)
+    anon_bytes: int  # anonymous memory: what no reclaim can free (there is no swap to count on)
     oom_kills: int | None  # processes the kernel's OOM killer ended in it
 
     @property
@@ -50,7 +52,8 @@ class MemoryBudget:
     ram_bytes: int
     available_bytes: int  # MemAvailable
     cgroup: CgroupMemory | None
-    engines_bytes: int  # what our engine processes hold now (measured)
+    engines_bytes: int  # what our engine processes hold now (measured: PSS)
+    engines_anon_bytes: int = 0  # the anonymous part of it
 
     @property
     def cap_bytes(self) -> int:
@@ -62,7 +65,7 @@ class MemoryBudget:
     def _terms(self) -> dict[str, int]:
         terms = {"ram": self.ram_bytes, "available": self.available_bytes + self.engines_bytes}
         if self.cgroup is not None and self.cgroup.limit_bytes is not None:
-            others = max(0, self.cgroup.working_set_bytes - self.engines_bytes)  # the server itself and the rest
+            others = max(0, self.cgroup.anon_bytes - self.engines_anon_bytes)  # the server itself and the rest
             terms["cgroup"] = max(0, self.cgroup.limit_bytes - others)
         return terms
 
@@ -147,8 +150,9 @@ def _v2(rel: str, root: Path) -> CgroupMemory | None:
         probe = probe.parent
     stat = _stat(folder / "memory.stat")
     events = _stat(folder / "memory.events")
+    anon = stat.get("anon", 0) + stat.get("shmem", 0)
     return CgroupMemory(2, folder, min(limits) if limits else None, _number(_read(folder / "memory.current")) or 0,
-                        stat.get("inactive_file", 0), events.get("oom_kill"))
+                        stat.get("inactive_file", 0), anon, events.get("oom_kill"))
 
 
 def _v1(rel: str, root: Path) -> CgroupMemory | None:
@@ -160,8 +164,9 @@ def _v1(rel: str, root: Path) -> CgroupMemory | None:
     limit = _number(str(stat["hierarchical_memory_limit"])) if "hierarchical_memory_limit" in stat else \
         _number(_read(folder / "memory.limit_in_bytes"))
     oom = _stat(folder / "memory.oom_control")
+    anon = stat.get("total_rss", stat.get("rss", 0)) + stat.get("total_shmem", stat.get("shmem", 0))
     return CgroupMemory(1, folder, limit, _number(_read(folder / "memory.usage_in_bytes")) or 0,
-                        stat.get("total_inactive_file", stat.get("inactive_file", 0)), oom.get("oom_kill"))
+                        stat.get("total_inactive_file", stat.get("inactive_file", 0)), anon, oom.get("oom_kill"))
 
 
 def cgroup_memory(pid: int | str = "self", root: Path = CGROUP_ROOT) -> CgroupMemory | None:
@@ -191,15 +196,18 @@ def _meminfo() -> tuple[int, int]:
     return vm.total, vm.available
 
 
-def read_budget(engines_bytes: int = 0) -> MemoryBudget:
-    """The budget now; `engines_bytes`: what our engine processes hold (the router measures them)."""
+def read_budget(engines_bytes: int = 0, engines_anon_bytes: int = 0) -> MemoryBudget:
+    """The budget now; `engines_bytes` (and its anonymous part): what our engine processes hold (the
+    router measures them)."""
     total, available = _meminfo()
-    return MemoryBudget(total, available, cgroup_memory() if os.name == "posix" else None, max(0, engines_bytes))
+    return MemoryBudget(total, available, cgroup_memory() if os.name == "posix" else None, max(0, engines_bytes),
+                        max(0, engines_anon_bytes))
 
 
-def process_tree_bytes(pid: int) -> int | None:
-    """Memory of a process and its children: PSS (shared pages split between their users) where
-    /proc/<pid>/smaps_rollup is readable, else RSS; None when the process is gone."""
+def process_tree_memory(pid: int) -> tuple[int, int] | None:
+    """(memory, its anonymous part) of a process and its children: PSS (shared pages split between
+    their users) where /proc/<pid>/smaps_rollup is readable, else RSS; anonymous is resident less
+    file-backed and shared pages. None when the process is gone."""
     import psutil
 
     try:
@@ -207,13 +215,15 @@ def process_tree_bytes(pid: int) -> int | None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    total = 0
+    total = anon = 0
     for proc in procs:
         try:
+            info = proc.memory_info()
+            anon += max(0, info.rss - info.shared)
             try:
                 total += proc.memory_full_info().pss
             except (psutil.AccessDenied, AttributeError):
-                total += proc.memory_info().rss
+                total += info.rss
         except psutil.Error:
             continue
-    return total
+    return total, anon

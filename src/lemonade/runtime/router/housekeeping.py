@@ -26,7 +26,7 @@ from lemonade.config import Config
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.router.state import LoadedModel, ModelState, QueueStats
 from lemonade.system.devices import MemoryUse
-from lemonade.system.memory import process_tree_bytes
+from lemonade.system.memory import process_tree_memory
 
 log = logging.getLogger("lemonade.router")
 HOUSEKEEPING_SECONDS = 1.0
@@ -104,11 +104,11 @@ class Housekeeping:
         procs = [lm for lm in self.router.processes() if not lm.remote and lm.server.pid is not None]
         if not procs:
             return
-        sizes = await asyncio.to_thread(lambda: [process_tree_bytes(lm.server.pid) for lm in procs])
+        sizes = await asyncio.to_thread(lambda: [process_tree_memory(lm.server.pid) for lm in procs])
         for lm, size in zip(procs, sizes, strict=True):
             if size is not None:
-                lm.memory_bytes = size
-                lm.peak_bytes = max(lm.peak_bytes, size)
+                lm.memory_bytes, lm.anon_bytes = size
+                lm.peak_bytes = max(lm.peak_bytes, size[0])
 
     async def evaluate_now(self, reading: float | None) -> None:
         """One pass of the eviction engine at once (`POST /internal/simulate-vram-pressure`, Lemonade's

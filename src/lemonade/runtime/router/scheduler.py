@@ -183,8 +183,8 @@ class Router:
     # ----- memory (docs/memory.md) ------------------------------------------------------------------
     def budget(self) -> MemoryBudget:
         """The memory budget now, with what our engines hold as last measured."""
-        held = sum(lm.memory_bytes or 0 for lm in self.processes())
-        return read_budget(held)
+        procs = self.processes()
+        return read_budget(sum(lm.memory_bytes or 0 for lm in procs), sum(lm.anon_bytes for lm in procs))
 
     def _memory_view(self) -> rules.Memory:
         budget = self.budget()

@@ -55,6 +55,7 @@ class LoadedModel:
     need: MemoryNeed | None = None  # the estimate it was admitted with (None: the engine gives none)
     ctx: int | None = None  # the context the estimate is for
     memory_bytes: int | None = None  # its process tree's memory, as last measured (PSS, else RSS)
+    anon_bytes: int = 0  # the anonymous part of it
     peak_bytes: int = 0  # the most it was measured to hold
     exit_reason: str | None = None  # why its process ended, once the router knows (an OOM kill, an exit code)
 

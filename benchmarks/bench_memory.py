@@ -1,0 +1,183 @@
+"""Memory estimate against measurement: how close the server's estimate is to what an engine holds.
+
+Why: a load is admitted only when its estimate fits the memory budget (docs/memory.md), so an
+estimate below the truth is what lets the kernel kill an engine, and one far above it refuses
+loads that would fit. For each configuration this loads the model through the server (the shipped
+defaults: the engine flags the server adds, --cache-ram and --ctx-checkpoints included), reads the
+estimate from `/v1/health` (`memory_estimate_bytes`), then fills every slot: rounds of long, distinct
+prompts, one per slot at once, so the KV cache is full, idle slots' states go to the prompt cache
+and the sliding-window checkpoints are made; meanwhile it samples the engine's resident memory
+(RSS and PSS, every 50 ms). It prints estimate, peak and error; it never asserts.
+
+    .venv/bin/python benchmarks/bench_memory.py [--quick] [--models gemma,minilm]
+
+The goal (issue 39): the llama.cpp estimate within 10 % of the measured peak, and never below what
+is measured at any moment by more than 5 %. Results: docs/memory.md. Every process it starts is
+stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+from bench_serving import (  # noqa: E402 - sibling module, not a package
+    Processes,
+    backend_dir,
+    free_port,
+    gemma_dir,
+    lemonade_env,
+    load_avg,
+    new_cache,
+    serve_argv,
+    wait_ok,
+)
+
+MiB = 1 << 20
+PROMPT_CAP = 4096  # tokens a fill prompt has at most (prefill time on 2 cores; far past Gemma 3's 512-token window)
+VOCAB = ("lemon tree garden river stone cloud market window yellow quiet morning story bridge paper candle "
+         "winter orange harbor valley music north signal copper forest engine silver planet harvest").split()
+# (model, ctx_size, llamacpp_args): the slot layouts of the shipped profile (-np 8 -kvu), one slot, and
+# four slots with a cache of their own each
+FULL = [(m, ctx, args) for m in ("gemma",) for ctx in (2048, 8192, 32768)
+        for args in ("-np 1", "-np 4", "-np 8 -kvu")] + [("minilm", 512, "-np 1"), ("minilm", 512, "-np 8 -kvu")]
+QUICK = [("gemma", 2048, "-np 8 -kvu"), ("gemma", 8192, "-np 1"), ("minilm", 512, "-np 8 -kvu")]
+
+
+@dataclass
+class Peak:
+    """The engine's memory, sampled in a thread while the prompts run."""
+
+    pid: int
+    rss: int = 0
+    pss: int = 0
+    samples: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        proc = psutil.Process(self.pid)
+        while not self.stop.is_set():
+            try:
+                info = proc.memory_full_info()
+            except psutil.Error:
+                return
+            self.rss, self.pss = max(self.rss, info.rss), max(self.pss, info.pss)
+            self.samples += 1
+            time.sleep(0.05)
+
+
+def words(n: int, seed: int) -> str:
+    return " ".join(VOCAB[(i * 7 + seed * 13 + i // 11) % len(VOCAB)] + str((i * seed) % 97) for i in range(n))
+
+
+async def tokens_per_word(c: httpx.AsyncClient, model: str) -> float:
+    r = await c.post("/v1/tokenize", json={"model": model, "content": words(500, 1)})
+    r.raise_for_status()
+    return len(r.json()["tokens"]) / 500
+
+
+async def fill(c: httpx.AsyncClient, model: str, ctx: int, slots: int, unified: bool, per_word: float,
+               embeddings: bool, rounds: int) -> None:
+    """`rounds` rounds of one distinct long prompt per slot (`id_slot`), all sent at once: what makes an
+    engine grow. Each prompt is as long as its slot may hold (a unified cache: all of it, the server
+    queues what does not fit together; else the slot's share), at most PROMPT_CAP tokens, which is past
+    any sliding window, so every slot makes its context checkpoints, and later rounds push the earlier
+    states into the prompt cache."""
+    tokens = min(int((ctx if unified else ctx // slots) * 0.9), PROMPT_CAP)
+    n_words = max(8, int(tokens / per_word))
+    for r in range(rounds):
+        async def one(i: int) -> None:
+            text = words(n_words, seed=100 * r + i + 1)
+            if embeddings:
+                body = {"model": model, "input": [text] * 4}
+                resp = await c.post("/v1/embeddings", json=body)
+            else:
+                body = {"model": model, "prompt": text, "max_tokens": 4, "id_slot": i}
+                resp = await c.post("/v1/completions", json=body)
+            if resp.status_code != 200:
+                print(f"    request failed: {resp.status_code} {resp.text[:200]}", flush=True)
+        await asyncio.gather(*(one(i) for i in range(slots)))
+
+
+async def measure(url: str, name: str, ctx: int, args: str, rounds: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+        r = await c.post("/v1/load", json={"model_name": name, "ctx_size": ctx, "llamacpp_args": args})
+        if r.status_code != 200:
+            return {"error": f"load {r.status_code}: {r.text[:300]}"}
+        (entry,) = [m for m in (await c.get("/v1/health")).json()["all_models_loaded"] if m["model_name"] == name]
+        pid, estimate = entry["pid"], entry["memory_estimate_bytes"]
+        embeddings = entry["type"] == "embedding"
+        loaded = psutil.Process(pid).memory_full_info()
+        peak = Peak(pid)
+        watcher = threading.Thread(target=peak.run, daemon=True)
+        watcher.start()
+        slots = int(args.split("-np")[1].split()[0]) if "-np" in args else 4
+        per_word = await tokens_per_word(c, name)
+        started = time.perf_counter()
+        await fill(c, name, ctx, slots, "-kvu" in args, per_word, embeddings, rounds)
+        seconds = time.perf_counter() - started
+        peak.stop.set()
+        watcher.join()
+        await c.post("/v1/unload", json={"model_name": name})
+    return {"estimate": estimate, "loaded_rss": loaded.rss, "peak_rss": peak.rss, "peak_pss": peak.pss,
+            "samples": peak.samples, "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="three configurations instead of eleven")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of prompts per configuration")
+    args = parser.parse_args()
+    from tests.models import minilm_gguf
+
+    procs = Processes()
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        root = Path(tmp)
+        models = root / "models"
+        models.mkdir()
+        (models / "gemma.gguf").symlink_to(next(gemma_dir().glob("*.gguf")))
+        (models / "minilm.gguf").symlink_to(minilm_gguf())
+        cache = new_cache(root, "cache", backend_dir())
+        port = free_port()
+        server = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=root / "server.log")
+        try:
+            wait_ok(f"http://127.0.0.1:{port}/live", server, 60)
+            print(f"load average {load_avg()} before; {psutil.cpu_count()} CPUs", flush=True)
+            rows = []
+            for name, ctx, llama_args in QUICK if args.quick else FULL:
+                print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
+                result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, ctx, llama_args, args.rounds))
+                rows.append((name, ctx, llama_args, result))
+                print(f"    {result}", flush=True)
+            print(f"load average {load_avg()} after\n")
+            print("| model | ctx_size | engine flags | estimate MiB | after load (RSS) | peak RSS | peak PSS | "
+                  "estimate / peak RSS |")
+            print("|---|---|---|---|---|---|---|---|")
+            for name, ctx, llama_args, r in rows:
+                if "error" in r:
+                    print(f"| {name} | {ctx} | `{llama_args}` | {r['error']} |")
+                    continue
+                ratio = r["estimate"] / r["peak_rss"]
+                print(f"| {name} | {ctx} | `{llama_args}` | {r['estimate'] / MiB:.0f} | {r['loaded_rss'] / MiB:.0f} | "
+                      f"{r['peak_rss'] / MiB:.0f} | {r['peak_pss'] / MiB:.0f} | {ratio:.3f} ({(ratio - 1) * 100:+.1f} %) |")
+        finally:
+            procs.stop(server)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
