@@ -290,14 +290,3 @@ def test_loads_under_way_count_against_the_budget():
                   loading={"b": "llm"}, loading_bytes={"b": 700 * MiB}, memory=1024 * MiB)
     assert isinstance(rules.plan(alone)[0], rules.Refuse)  # more than the whole budget: refused at once
 
-
-def test_the_backends_list_hides_recipes_the_server_offers_no_model_of():
-    """`lemonade backends` without --all: unsupported backends and the recipes `/v1/system-info` calls
-    unavailable (every model too big for the memory the server may use) are left out."""
-    from lemonade.cli.backends_cmd import supported_only
-
-    recipes = {"llamacpp": {"backends": {"cpu": {"state": "installed"}, "rocm": {"state": "unsupported"}}},
-               "sd-cpp": {"backends": {"cpu": {"state": "installable"}}}}
-    assert supported_only(recipes) == {"llamacpp": {"backends": {"cpu": {"state": "installed"}}},
-                                       "sd-cpp": {"backends": {"cpu": {"state": "installable"}}}}
-    assert list(supported_only(recipes, ["sd-cpp"])) == ["llamacpp"]
