@@ -32,6 +32,10 @@ from typing import Any
 import httpx
 import psutil
 
+from lemonade.backends.llamacpp_context import layer_rows
+from lemonade.backends.llamacpp_memory import engine_flags
+from lemonade.catalog.gguf_meta import gguf_layout
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
@@ -90,30 +94,37 @@ async def tokens_per_word(c: httpx.AsyncClient, model: str) -> float:
     return len(r.json()["tokens"]) / 500
 
 
-async def fill(c: httpx.AsyncClient, model: str, ctx: int, slots: int, unified: bool, per_word: float,
-               embeddings: bool, rounds: int) -> None:
-    """`rounds` rounds of one distinct long prompt per slot (`id_slot`), all sent at once: what makes an
-    engine grow. Each prompt is as long as its slot may hold (a unified cache: all of it, the server
-    queues what does not fit together; else the slot's share), at most PROMPT_CAP tokens, which is past
-    any sliding window, so every slot makes its context checkpoints, and later rounds push the earlier
-    states into the prompt cache."""
-    tokens = min(int((ctx if unified else ctx // slots) * 0.9), PROMPT_CAP)
+def fill_plan(ctx: int, slots: int, unified: bool, window: int) -> tuple[int, int]:
+    """(prompts at once, tokens each) that make the engine hold the most: as many slots as can each hold
+    more than a sliding window at the same time (so each makes its context checkpoints), with prompts
+    that share the cache between them (a unified cache) or fill each slot's part, so they all run at once."""
+    if unified:
+        busy = min(slots, max(1, ctx // (window + 64))) if window else slots
+        tokens = ctx // busy
+    else:
+        busy, tokens = slots, ctx // slots
+    return busy, min(int(tokens * 0.9), PROMPT_CAP)
+
+
+async def fill(c: httpx.AsyncClient, model: str, busy: int, tokens: int, per_word: float, embeddings: bool,
+               rounds: int) -> None:
+    """`rounds` rounds of `busy` distinct prompts of about `tokens` tokens, each round's all at once, each
+    prompt on a slot of its own (`id_slot`). Later rounds push the earlier states into the prompt cache."""
     n_words = max(8, int(tokens / per_word))
     for r in range(rounds):
-        async def one(i: int) -> None:
+        async def one(i: int, r: int = r) -> None:
             text = words(n_words, seed=100 * r + i + 1)
             if embeddings:
-                body = {"model": model, "input": [text] * 4}
-                resp = await c.post("/v1/embeddings", json=body)
+                resp = await c.post("/v1/embeddings", json={"model": model, "input": [text] * 4})
             else:
                 body = {"model": model, "prompt": text, "max_tokens": 4, "id_slot": i}
                 resp = await c.post("/v1/completions", json=body)
             if resp.status_code != 200:
                 print(f"    request failed: {resp.status_code} {resp.text[:200]}", flush=True)
-        await asyncio.gather(*(one(i) for i in range(slots)))
+        await asyncio.gather(*(one(i) for i in range(busy)))
 
 
-async def measure(url: str, name: str, ctx: int, args: str, rounds: int) -> dict[str, Any]:
+async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         r = await c.post("/v1/load", json={"model_name": name, "ctx_size": ctx, "llamacpp_args": args})
         if r.status_code != 200:
@@ -125,16 +136,18 @@ async def measure(url: str, name: str, ctx: int, args: str, rounds: int) -> dict
         peak = Peak(pid)
         watcher = threading.Thread(target=peak.run, daemon=True)
         watcher.start()
-        slots = int(args.split("-np")[1].split()[0]) if "-np" in args else 4
+        flags = engine_flags(args)
+        rows = layer_rows(gguf_layout(path).meta)
+        busy, tokens = fill_plan(ctx, flags.slots, flags.unified, rows[2] if rows else 0)
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
-        await fill(c, name, ctx, slots, "-kvu" in args, per_word, embeddings, rounds)
+        await fill(c, name, busy, tokens, per_word, embeddings, rounds)
         seconds = time.perf_counter() - started
         peak.stop.set()
         watcher.join()
         await c.post("/v1/unload", json={"model_name": name})
     return {"estimate": estimate, "loaded_rss": loaded.rss, "peak_rss": peak.rss, "peak_pss": peak.pss,
-            "samples": peak.samples, "seconds": seconds}
+            "samples": peak.samples, "seconds": seconds, "prompts": f"{rounds} x {busy} x {tokens} tokens"}
 
 
 def main() -> None:
@@ -160,7 +173,8 @@ def main() -> None:
             rows = []
             for name, ctx, llama_args in QUICK if args.quick else FULL:
                 print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
-                result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, ctx, llama_args, args.rounds))
+                result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, models / f"{name}.gguf", ctx, llama_args,
+                                             args.rounds))
                 rows.append((name, ctx, llama_args, result))
                 print(f"    {result}", flush=True)
             print(f"load average {load_avg()} after\n")
@@ -173,7 +187,8 @@ def main() -> None:
                     continue
                 ratio = r["estimate"] / r["peak_rss"]
                 print(f"| {name} | {ctx} | `{llama_args}` | {r['estimate'] / MiB:.0f} | {r['loaded_rss'] / MiB:.0f} | "
-                      f"{r['peak_rss'] / MiB:.0f} | {r['peak_pss'] / MiB:.0f} | {ratio:.3f} ({(ratio - 1) * 100:+.1f} %) |")
+                      f"{r['peak_rss'] / MiB:.0f} | {r['peak_pss'] / MiB:.0f} | {ratio:.3f} "
+                      f"({(ratio - 1) * 100:+.1f} %) |")
         finally:
             procs.stop(server)
 
