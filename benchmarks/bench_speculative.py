@@ -48,7 +48,7 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     Processes,
     backend_dir,
     free_port,
-    gemma_dir,
+    gemma_copies,
     lemonade_env,
     load_avg,
     new_cache,
@@ -214,13 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
         root = Path(tmp)
         models = root / "models"
-        models.mkdir()
-        source = gemma_dir() / "gemma-3-270m-q4_k_m.gguf"
-        for side in SIDES:
-            try:
-                os.link(source, models / f"{side}.gguf")
-            except OSError:  # another file system
-                (models / f"{side}.gguf").symlink_to(source)
+        gemma_copies(models, SIDES)
         cache = new_cache(root, "cache", backend_dir())
         (cache / "config.json").write_text(json.dumps({"max_loaded_models": 2, "auto_check_model_updates": False}))
         port = free_port()
