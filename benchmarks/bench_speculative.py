@@ -22,7 +22,7 @@ token is then evaluated alone: the same kind of difference). Last, the controlle
 `spec` from /v1/stats. It never asserts (figures depend on the machine), and prints the
 load average so a busy machine's figures are read as such. Results: docs/performance.md.
 
-    .venv/bin/python benchmarks/bench_speculative.py [--rounds 3] [--max-tokens 256] [--quick]
+    .venv/bin/python benchmarks/bench_speculative.py [--rounds 3] [--max-tokens 256] [--quick] [--cold]
         [--spec-args "--spec-type ngram-mod"]   # another kind of speculation for `spec`, to compare
 
 Every process it starts is stopped by pid at the end, also on Ctrl-C or SIGTERM.
@@ -117,6 +117,18 @@ def ask(c: httpx.Client, side: str, prompt: str, max_tokens: int, **extra: Any) 
             "logprobs": (data["choices"][0].get("logprobs") or {}).get("content")}
 
 
+def warm_up(c: httpx.Client) -> None:
+    """What a server that has run a while knows: the model's stock speed. A few answers asked of `spec`
+    with `speculation: off` teach it to the controller (a workload whose every answer drafts would make
+    it measure that itself once, with speculation off for a few answers: `--cold` shows that)."""
+    for prompt in CHAT[:3]:
+        ask(c, "spec", prompt, 48, speculation="off", ignore_eos=True)
+    ask(c, "spec", "Hello", 8, speculation="on")  # started again with speculation, as `auto` has it
+    view = c.get("/v1/stats").json()["speculation"]
+    print(f"  warm-up: the controller's stock speed of spec: "
+          f"{(view.get('extra.spec') or view.get('spec') or {}).get('stock_tokens_per_second')} tokens/s", flush=True)
+
+
 def tps(records: list[dict[str, Any]]) -> float:
     """Generation tokens per second over a set of answers (tokens over the time generating them)."""
     ms = sum(r["gen_ms"] for r in records)
@@ -201,6 +213,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256, help="per answer")
     parser.add_argument("--quick", action="store_true", help="one round of 128 tokens")
     parser.add_argument("--spec-args", default="", help="llamacpp_args of `spec` (e.g. another --spec-type)")
+    parser.add_argument("--cold", action="store_true", help="no warm-up: the controller measures the stock speed "
+                                                           "itself during the run")
     parser.add_argument("--timeout", type=float, default=900.0, help="per request, seconds")
     args = parser.parse_args()
     if args.quick:
@@ -231,6 +245,8 @@ def main() -> None:
                     if options[side]:
                         c.post(f"/v1/models/{side}/options", json=options[side]).raise_for_status()
                     ask(c, side, "Hello", 8)  # loaded, warm
+                if not args.cold and not args.spec_args:
+                    warm_up(c)
                 health = {m["model_name"]: m for m in c.get("/v1/health").json()["all_models_loaded"]}
                 for side in SIDES:
                     command = health.get(f"extra.{side}", health.get(side, {})).get("launch_command", [])

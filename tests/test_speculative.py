@@ -4,7 +4,7 @@ The server runs as a user gets it (`speculation: auto`): draftless n-gram specul
 controller while it earns (runtime/speculation.py). Every figure asserted is read from the engine
 (`timings.draft_n` / `draft_n_accepted`, its command line in /v1/health); no timing is asserted.
 Gemma 3 270M is a base model: asked to continue a JSON list it repeats the prompt, which is what
-n-gram drafts are made of. The controller's rules themselves: tests/test_speculation_rules.py.
+n-gram drafts are made of. The controller's rules themselves: tests/unit/test_speculation_rules.py.
 """
 
 from __future__ import annotations

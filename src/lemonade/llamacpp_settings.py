@@ -27,6 +27,8 @@ def check_device(what: str, value: str) -> str | None:
         return (f"'{what}' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 (see llama-server "
                 f"--list-devices), or empty for the default; got '{value}'")
     return None
+
+
 # `speculation`: auto (on while it makes the model faster, runtime/speculation.py), on, off
 SPECULATION_MODES = ("auto", "on", "off")
 

@@ -26,7 +26,7 @@ llama-server cannot switch speculation per request, so a changed verdict takes e
 model is started again (runtime/speculation_switch.py does that while the model is idle).
 
 Nothing here reads a clock or the network: `now` is passed in, so the rules are tested in
-milliseconds (tests/test_speculation_rules.py).
+milliseconds (tests/unit/test_speculation_rules.py).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from typing import Any
 from lemonade.errors import APIError
 from lemonade.llamacpp_settings import SPECULATION_MODES
 from lemonade.model_info import ModelInfo
-from lemonade.runtime.router import LoadedModel, Options, Router
+from lemonade.runtime.router import LoadedModel, Router
+from lemonade.runtime.router.state import Options
 from lemonade.runtime.speculation import Answer, SpeculationController, wants_probabilities
 
 log = logging.getLogger("lemonade.speculation")
@@ -62,8 +63,8 @@ class SpeculationSwitch:
         if FIELD not in self.router.engine_for(model).options:  # an engine without speculative decoding
             return
         need = value == "on"
-        lm = self.router.loaded.get(model.name)
-        if lm is None or not lm.usable:  # the load this request causes is made as it needs
+        lm = self.router.resident(model.name)
+        if lm is None:  # the load this request causes is made as it needs
             opts = dict(options() if callable(options) else options)
             if opts.get(FIELD, "auto") == "auto":
                 self._steer(model.name, need, value)
@@ -95,7 +96,7 @@ class SpeculationSwitch:
     def after(self, model: ModelInfo, answer_body: Any) -> float | None:
         """Take an answer's figures; returns its measured speed-up (None when it cannot be told)."""
         answer = Answer.from_timings(answer_body.get("timings") if isinstance(answer_body, dict) else None)
-        lm = self.router.loaded.get(model.name)
+        lm = self.router.resident(model.name)
         if answer is None or lm is None:
             return None
         running = lm.launch.speculation
@@ -111,7 +112,7 @@ class SpeculationSwitch:
             while True:
                 await lm.idle.wait()
                 await asyncio.sleep(IDLE_GRACE_S)
-                if self.router.loaded.get(lm.name) is not lm or not lm.usable:
+                if self.router.resident(lm.name) is not lm:
                     return  # unloaded or restarted meanwhile: that start asked the controller already
                 if lm.idle.is_set():
                     break
@@ -137,7 +138,7 @@ class SpeculationSwitch:
         and /metrics. Models seen by the controller and loaded models that speculate."""
         out: dict[str, dict[str, Any]] = {}
         names = set(self.controller.snapshot())
-        loaded = {lm.name: lm for lm in self.router.loaded.values()}
+        loaded = {lm.name: lm for lm in self.router.models()}
         for name in names | {n for n, lm in loaded.items() if lm.launch.speculation.kind is not None}:
             lm = loaded.get(name)
             figures = self.controller.describe(name) or {}
