@@ -44,6 +44,7 @@ class SpeculationSwitch:
         self.controller = controller or SpeculationController()
         self.clock = clock
         self._pending: dict[str, asyncio.Task[None]] = {}
+        self._public: dict[str, str] = {}  # model name -> the name it is shown by
 
     def wanted(self, name: str) -> bool:
         """The verdict an engine reads when `name` (option `auto`) starts."""
@@ -99,6 +100,7 @@ class SpeculationSwitch:
         lm = self.router.resident(model.name)
         if answer is None or lm is None:
             return None
+        self._public[model.name] = model.public
         running = lm.launch.speculation
         speedup = self.controller.observe(model.name, answer, running.kind is not None, running.switchable,
                                           self.clock())
@@ -121,7 +123,7 @@ class SpeculationSwitch:
             log.info("Speculative decoding of %s: %s; restarting it", lm.model.public,
                      self.controller.describe(lm.name)["reason"])  # type: ignore[index]
             await self.router.ensure_loaded(lm.model, dict(lm.options), reload=True)
-        except (APIError, OSError) as exc:
+        except Exception as exc:  # a failed start is the router's to report; the next request loads it again
             log.warning("Could not restart %s for speculative decoding: %s", lm.model.public, exc)
         finally:
             self._pending.pop(lm.name, None)
@@ -136,14 +138,13 @@ class SpeculationSwitch:
     def describe(self) -> dict[str, dict[str, Any]]:
         """Per model (public name): what speculation earns it and what its engine runs, for /v1/stats
         and /metrics. Models seen by the controller and loaded models that speculate."""
-        out: dict[str, dict[str, Any]] = {}
-        names = set(self.controller.snapshot())
+        figures = self.controller.snapshot()
         loaded = {lm.name: lm for lm in self.router.models()}
-        for name in names | {n for n, lm in loaded.items() if lm.launch.speculation.kind is not None}:
+        out: dict[str, dict[str, Any]] = {}
+        for name in set(figures) | {n for n, lm in loaded.items() if lm.launch.speculation.kind is not None}:
             lm = loaded.get(name)
-            figures = self.controller.describe(name) or {}
             running = lm.launch.speculation if lm is not None else None
-            public = lm.model.public if lm is not None else name
+            public = lm.model.public if lm is not None else self._public.get(name, name)
             out[public] = {"type": running.kind if running else None, "mode": running.mode if running else None,
-                           **figures}
+                           **figures.get(name, {})}
         return out
