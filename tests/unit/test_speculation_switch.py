@@ -35,6 +35,14 @@ def answer(tokens: int, ms: float, drafted: int = 0) -> dict[str, Any]:
                         **({"draft_n": drafted, "draft_n_accepted": drafted // 2} if drafted else {})}}
 
 
+async def until(condition: Any, timeout: float = 60.0) -> None:
+    """Wait for `condition()` (a process start takes a while on a busy machine); fail after `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
 def running(r) -> str | None:
     return r.resident(M.name).launch.speculation.kind
 
@@ -51,9 +59,9 @@ def test_a_changed_verdict_restarts_the_model_with_its_own_options_once_it_is_id
             async with r.use(M, {}):  # busy while the verdict turns: drafts that make it slower
                 for _ in range(rules.JUDGE_ANSWERS):
                     switch.after(M, answer(100, 4000.0, drafted=90))
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # many times the grace: a restart under a request would show
                 while_busy = list(engine.launches)
-            await asyncio.sleep(0.5)
+            await until(lambda: r.resident(M.name) is not None and len(engine.launches) == 2)
             return while_busy, list(engine.launches), running(r), r.resident(M.name).options
         finally:
             await switch.close()

@@ -40,6 +40,8 @@ SPEC_TYPE_FLAG = "--spec-type"
 # there last time, so drafts that fail shrink. Chosen over ngram-simple (same speed-up, fewer drafted
 # tokens accepted), ngram-mod and shorter n-grams by measurement (docs/performance.md).
 NGRAM_ARGS = [SPEC_TYPE_FLAG, "ngram-map-k"]
+NGRAM_DRAFT_MAX = 48  # the tokens ngram-map-k proposes at most (--spec-ngram-map-k-size-m, b11312's default)
+DRAFT_N_MAX = 3  # ... and a draft model (--spec-draft-n-max, b11312's default)
 MTP_ARGS = [SPEC_TYPE_FLAG, "draft-mtp"]  # no draft-length defaults, as upstream since 7715e9e92
 DFLASH_ARGS = [SPEC_TYPE_FLAG, "draft-dflash"]
 DRAFT_ARGS = [SPEC_TYPE_FLAG, "draft-simple"]
@@ -50,6 +52,15 @@ def is_dflash_draft(path: Path) -> bool:
     which selects llama.cpp's DFlash speculative decoding for it."""
     name = path.name.lower()
     return name.startswith("dflash-") or name == "dflash.gguf"
+
+
+def draft_tokens_max(files: dict[str, list[Path]], options: dict[str, Any], mode: str) -> int:
+    """The most tokens one slot may draft at once with this load's speculation (0: none), for the memory
+    estimate: llama-server keeps the logits of a slot's drafted tokens too. Counted unless the option
+    says off (in `auto` the controller may turn it on); a user's own draft lengths are not read."""
+    if mode != "chat" or options.get("speculation") == "off":
+        return 0
+    return DRAFT_N_MAX if files.get("draft") else NGRAM_DRAFT_MAX
 
 
 def _own_type(user_args: list[str]) -> str | None:
