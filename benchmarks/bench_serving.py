@@ -189,6 +189,18 @@ def gemma_dir() -> Path:
     return folder
 
 
+def gemma_copies(folder: Path, names: tuple[str, ...]) -> None:
+    """The Gemma GGUF in `folder` under each of `names` (`<name>.gguf`): one model file, several models
+    of the extra models dir. Hard links, else symbolic ones (another file system)."""
+    source = gemma_dir() / "gemma-3-270m-q4_k_m.gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        try:
+            os.link(source, folder / f"{name}.gguf")
+        except OSError:
+            (folder / f"{name}.gguf").symlink_to(source)
+
+
 def backend_dir() -> Path:
     """The installed cpu llama.cpp backend: the test cache's, else the user's Lemonade cache's."""
     from lemonade.backends.install import BackendInstaller

@@ -31,7 +31,7 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     Processes,
     backend_dir,
     free_port,
-    gemma_dir,
+    gemma_copies,
     lemonade_env,
     load_avg,
     new_cache,
@@ -133,13 +133,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         root = Path(tmp)
         models = root / "models"
-        models.mkdir()
-        source = gemma_dir() / "gemma-3-270m-q4_k_m.gguf"
-        for name in ("swap-a.gguf", "swap-b.gguf"):
-            try:
-                os.link(source, models / name)
-            except OSError:  # another file system
-                (models / name).symlink_to(source)
+        gemma_copies(models, MODELS)
         print(f"{args.clients} clients, {args.requests} requests alternating between two models; load {load_avg()}")
         try:
             for limit in (1, 2):

@@ -16,6 +16,7 @@ from lemonade.backends.llamacpp_flags import (
     translate_legacy_flags,
     unknown_flags,
 )
+from lemonade.backends.llamacpp_spec import NGRAM_ARGS
 from lemonade.model_info import ModelInfo
 from tests.gguf_factory import write_gguf
 
@@ -64,18 +65,23 @@ def test_mmproj_ctx_and_user_args_last(tmp_path):
     assert argv[-4:] == ["--threads", "3", "-np", "2"]
 
 
-def test_mtp_label_adds_draft_defaults_unless_overridden(tmp_path):
-    assert "--spec-type" in argv_for(tmp_path, labels=["mtp"])
+def test_mtp_label_runs_mtp_without_draft_length_defaults(tmp_path):
+    """As upstream since 7715e9e92: `--spec-type draft-mtp` alone; the user's own type wins."""
+    argv = argv_for(tmp_path, labels=["mtp"])
+    assert flag(argv, "--spec-type") == "draft-mtp"
+    assert "--spec-draft-n-max" not in argv and "--spec-draft-p-min" not in argv
     argv = argv_for(tmp_path, labels=["mtp"], args="--spec-type none")
-    assert argv.count("--spec-type") == 1
+    assert argv.count("--spec-type") == 1 and argv[-2:] == ["--spec-type", "none"]
 
 
 def test_draft_checkpoint_is_the_draft_model(tmp_path):
-    """A `draft` file (Gemma 4's MTP assistant) runs as --model-draft with the mtp defaults; a DFlash
-    drafter (`dflash-*.gguf`) only with the `dflash` label, which selects DFlash decoding."""
+    """A `draft` file (Gemma 4's MTP assistant) runs as --model-draft with draft-mtp; a DFlash drafter
+    (`dflash-*.gguf`) only with the `dflash` label, which selects DFlash decoding; any other draft model
+    as draft-simple (llama-server b11312 loads a --model-draft without a --spec-type and never uses it)."""
     main = write_gguf(tmp_path / "m.gguf", "gemma4", chat_template="{{ messages }}")
     mtp_draft = write_gguf(tmp_path / "mtp-gemma-4-12b-it.gguf", "gemma4-assistant")
     dflash = write_gguf(tmp_path / "dflash-kquant.gguf", "dflash")
+    small = write_gguf(tmp_path / "gemma-3-270m-it.gguf", "gemma3")
 
     def argv(draft: Path, labels: list[str], args: str = "") -> list[str]:
         model = ModelInfo(name="builtin.M", recipe="llamacpp", mode="chat", labels=labels)
@@ -86,9 +92,31 @@ def test_draft_checkpoint_is_the_draft_model(tmp_path):
     assert flag(gemma, "--model-draft") == str(mtp_draft) and flag(gemma, "--spec-type") == "draft-mtp"
     glimmer = argv(dflash, ["chat", "dflash"])
     assert flag(glimmer, "--model-draft") == str(dflash) and flag(glimmer, "--spec-type") == "draft-dflash"
-    unlabelled = argv(dflash, ["chat"])
-    assert "--model-draft" not in unlabelled and "--spec-type" not in unlabelled
-    assert argv(dflash, ["chat", "dflash"], "--spec-type none").count("--spec-type") == 1
+    unlabelled = argv(dflash, ["chat"])  # the drafter is not used: the draftless n-gram kind instead
+    assert "--model-draft" not in unlabelled and flag(unlabelled, "--spec-type") == NGRAM_ARGS[1]
+    plain = argv(small, ["chat"])
+    assert flag(plain, "--model-draft") == str(small) and flag(plain, "--spec-type") == "draft-simple"
+    own = argv(small, ["chat"], "--spec-type draft-simple --spec-draft-n-max 8")
+    assert flag(own, "--model-draft") == str(small) and own.count("--spec-type") == 1
+    assert "--model-draft" not in argv(dflash, ["chat", "dflash"], "--spec-type none")
+
+
+def test_speculation_option_and_verdict(tmp_path):
+    """`speculation`: off starts no speculative decoding (and loads no draft model); on always does;
+    auto follows the controller's verdict (`speculate`). Embedding and reranking models never do."""
+    main = write_gguf(tmp_path / "m.gguf", "gemma3", chat_template="{{ messages }}")
+    draft = write_gguf(tmp_path / "gemma-3-270m-it.gguf", "gemma3")
+
+    def argv(mode: str, speculate: bool, model_mode: str = "chat", files: dict | None = None) -> list[str]:
+        model = ModelInfo(name="user.M", recipe="llamacpp", mode=model_mode, labels=[])
+        return build_argv(Path("/bin/llama-server"), model, files or {"main": [main]},
+                          {"speculation": mode}, 4242, "cpu", speculate=speculate)
+
+    assert argv("auto", True)[-len(NGRAM_ARGS):] == NGRAM_ARGS
+    for off in (argv("off", True), argv("auto", False), argv("off", True, files={"main": [main], "draft": [draft]})):
+        assert "--spec-type" not in off and "--model-draft" not in off
+    assert flag(argv("on", False), "--spec-type") == NGRAM_ARGS[1]
+    assert "--spec-type" not in argv("on", True, "embeddings") and "--spec-type" not in argv("auto", True, "reranking")
 
 
 @pytest.mark.parametrize("bad", ["-m x", "--port 1", "--ctx-size 5", "--jinja", "--mmproj a",

@@ -325,6 +325,24 @@ def test_pull_as_the_guide_writes_it(hubbed, tiny_repo, tmp_path):
     assert json.loads(target.read_text()) == exported and str(target) in proc.stdout
 
 
+def test_pull_with_a_dflash_draft_as_the_custom_models_guide_lists_it(hubbed, hub, tmp_path):
+    """guide-configuration-custom-models.md lists `dflash` among the labels `--label` takes: a DFlash
+    drafter registered as the `draft` checkpoint with it (the label selects DFlash decoding)."""
+    from tests.hub.fixtures import write_tiny_gguf
+
+    repo = "cli-org/tiny-dflash-GGUF"
+    folder = hub.create_repo(repo)
+    write_tiny_gguf(folder / "tiny-Q8_0.gguf", name="tiny")
+    write_tiny_gguf(folder / "dflash-kquant.gguf", name="dflash", seed=1)
+    env = cli_env(tmp_path / "cache", hubbed.url)
+    ok(lemonade("pull", "user.CliDflash", "--checkpoint", "main", f"{repo}:tiny-Q8_0.gguf", "--checkpoint", "draft",
+                f"{repo}:dflash-kquant.gguf", "--recipe", "llamacpp", "--label", "dflash", env=env))
+    with httpx.Client(base_url=hubbed.url) as c:
+        entry = c.get("/v1/models/user.CliDflash").json()
+    assert "dflash" in entry["labels"] and entry["downloaded"] is True
+    assert entry["checkpoints"] == {"main": f"{repo}:tiny-Q8_0.gguf", "draft": f"{repo}:dflash-kquant.gguf"}
+
+
 @pytest.mark.parametrize("args, text", [
     (["--checkpoint", "main", "cli-org/x:x.gguf", "--recipe", "llamacpp", "--label", "invalid-label"],
      "'invalid-label' is not a label"),

@@ -93,6 +93,7 @@ def test_runtime_changes_and_persisted_changes(tmp_path):
     ({"no_fetch_executables": "yes"}, "no_fetch_executables"),
     ({"disable_model_filtering": 1}, "disable_model_filtering"),
     ({"llamacpp_nope": 1}, "llamacpp_nope"),
+    ({"llamacpp": {"speculation": "sometimes"}}, "llamacpp.speculation' must be one of auto, on, off"),
 ])
 def test_bad_values_are_refused_naming_the_key(tmp_path, body, needle):
     config = Config(tmp_path, environ={})

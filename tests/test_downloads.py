@@ -657,6 +657,37 @@ def test_cli_pull_repository_with_variant_flag(server, client, hub):
     assert out.returncode == 1 and "unsloth/Qwen3-0.6B-GGUF" in out.stderr
 
 
+def test_draft_companions_are_listed_apart_and_pulled_as_the_draft_checkpoint(server, client, hub):
+    """As Lemonade since upstream 2505215d2: `mtp-*` / `dflash-*` GGUFs beside a model are no variants
+    of it; `draft_files` lists them and `lemonade pull` makes a single one the `draft` checkpoint
+    (several: none, with a warning naming them)."""
+    from tests.hub.fixtures import write_tiny_gguf
+
+    repo = "draft-org/tiny-mtp-GGUF"
+    folder = hub.create_repo(repo)
+    write_tiny_gguf(folder / "tiny-Q4_K_M.gguf")
+    write_tiny_gguf(folder / "mtp-tiny.gguf", name="mtp", seed=1)
+    info = client.get("/v1/pull/variants", params={"checkpoint": repo}).json()
+    assert [v["name"] for v in info["variants"]] == ["Q4_K_M"] and info["draft_files"] == ["mtp-tiny.gguf"]
+    out = run_cli(server, "pull", repo, "--variant", "Q4_K_M")
+    assert out.returncode == 0, out.stderr + out.stdout
+    obj = model(client, "user.tiny-mtp-GGUF-Q4_K_M")
+    assert obj["checkpoints"] == {"main": f"{repo}:Q4_K_M", "draft": f"{repo}:mtp-tiny.gguf"} and obj["downloaded"]
+    assert {f["file"] for f in fetched(hub)} >= {"tiny-Q4_K_M.gguf", "mtp-tiny.gguf"}
+
+    two = "draft-org/tiny-two-drafts-GGUF"
+    folder = hub.create_repo(two)
+    write_tiny_gguf(folder / "tiny-Q8_0.gguf")
+    write_tiny_gguf(folder / "dflash-kquant.gguf", name="dflash", seed=2)
+    write_tiny_gguf(folder / "mtp-tiny.gguf", name="mtp", seed=3)
+    assert client.get("/v1/pull/variants", params={"checkpoint": two}).json()["draft_files"] == [
+        "dflash-kquant.gguf", "mtp-tiny.gguf"]
+    out = run_cli(server, "pull", two, "--variant", "Q8_0")
+    assert out.returncode == 0 and "several draft models" in out.stderr and "dflash-kquant.gguf" in out.stderr
+    pulled = model(client, "user.tiny-two-drafts-GGUF-Q8_0")
+    assert pulled["checkpoint"] == f"{two}:Q8_0" and "draft" not in pulled.get("checkpoints", {})
+
+
 def test_cli_pull_interactive_menu(server, client, hub):
     """The variant menu on a real terminal (a pty): pick entry 4 (Q4_0), then name the model."""
     import pty

@@ -274,11 +274,13 @@ def test_stats_before_any_request(make_server):
     with srv.client() as c:
         stats = c.get("/v1/stats").json()
     for key in ("time_to_first_token", "tokens_per_second", "input_tokens", "output_tokens", "prompt_tokens",
-                "cache_tokens"):
+                "cache_tokens", "draft_tokens", "draft_accepted_tokens", "draft_acceptance_rate",
+                "speculative_speedup"):
         assert stats[key] is None
     for key in ("request_count_total", "input_tokens_total", "output_tokens_total", "prompt_tokens_total",
-                "cache_tokens_total"):
+                "cache_tokens_total", "draft_tokens_total", "draft_accepted_tokens_total"):
         assert stats[key] == 0
+    assert stats["speculation"] == {}  # per model, once a model answers (tests/test_speculative.py)
 
 
 def test_system_stats_and_info(server):

@@ -58,8 +58,10 @@ DEFAULTS: dict[str, Any] = {
     # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
     # your own build (backends/llamacpp_bins.py)
     # device: llama.cpp device names every model is offloaded to (`Vulkan0`, `CUDA0,CUDA1`); "" = llama-server's choice
+    # speculation: speculative decoding, auto (on while it makes a model faster), on or off (backends/llamacpp_spec.py)
     "llamacpp": {"backend": "auto", "args": "", "device": "", "prefer_system": False, "rpc_workers": [],
-                 "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin"},
+                 "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
+                 "speculation": "auto"},
     "whispercpp": {"backend": "cpu", "args": "", "cpu_bin": "builtin"},  # *_bin: backends/native_bins.py
     # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
     "kokoro": {"cpu_bin": "builtin"},
@@ -266,6 +268,11 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'vllm.backend' must be one of auto, cuda, rocm, got '{value}'")
     if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
+    if key == "llamacpp.speculation":
+        from lemonade.llamacpp_settings import SPECULATION_MODES
+        if value not in SPECULATION_MODES:
+            raise ConfigError(f"Config key 'llamacpp.speculation' must be one of {', '.join(SPECULATION_MODES)}, "
+                              f"got '{value}'")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
         raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
     if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s",

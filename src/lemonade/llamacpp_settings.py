@@ -1,8 +1,8 @@
-"""What the llama.cpp settings accept: RPC worker lists, `*_bin` values and device names.
+"""What the llama.cpp settings accept: RPC worker lists, `*_bin` values, device names, speculation modes.
 
-Config validation (config.py) checks `llamacpp.rpc_workers`, `llamacpp.<backend>_bin` and
-`llamacpp.device` with these, and the llama.cpp engine (backends/llamacpp*.py) reads the values with the same functions;
-they live below both, so the config layer needs no engine to check a value.
+Config validation (config.py) checks `llamacpp.rpc_workers`, `llamacpp.<backend>_bin`, `llamacpp.device`
+and `llamacpp.speculation` with these, and the llama.cpp engine (backends/llamacpp*.py) reads the values
+with the same functions; they live below both, so the config layer needs no engine to check a value.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def check_device(what: str, value: str) -> str | None:
         return (f"'{what}' must be llama.cpp device names such as Vulkan0 or CUDA0,CUDA1 (see llama-server "
                 f"--list-devices), or empty for the default; got '{value}'")
     return None
+
+
+# `speculation`: auto (on while it makes the model faster, runtime/speculation.py), on, off
+SPECULATION_MODES = ("auto", "on", "off")
 
 
 class WorkerSpecError(ValueError):

@@ -38,6 +38,7 @@ from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
 from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
+from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats
 from lemonade.system.devices import detect_devices
 from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
@@ -92,7 +93,12 @@ class Services:
         self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
                              client=self.engine_client, on_change=self.suspend.wake)
         self.router.needed_helpers = self.routing_helpers
-        self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics)
+        # Speculative decoding kept on per model only while it earns speed (runtime/speculation.py)
+        self.speculation = SpeculationSwitch(self.router)
+        for engine in self.engines:
+            engine.speculation_wanted = self.speculation.wanted
+        self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics,
+                           self.speculation)
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
@@ -402,6 +408,7 @@ class Services:
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does
         await self.suspend.aclose()
+        await self.speculation.close()
         await self.router.shutdown()
         await self.engine_client.aclose()
         await self.remote_http.aclose()

@@ -18,6 +18,7 @@ from typing import Any
 from lemonade.backends.base import WrappedServer
 from lemonade.backends.engine import BackendState, Launch, Progress
 from lemonade.backends.llamacpp import LlamaCppEngine
+from lemonade.backends.llamacpp_spec import speculation_args
 from lemonade.config import Config
 from lemonade.model_info import ModelInfo
 
@@ -84,5 +85,7 @@ class StandInEngine(LlamaCppEngine):
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, cwd=ROOT)
         self.launches.append(model.name)
         await server.start(self.ready_timeout)
+        # The speculative decoding the real engine would start with (the stand-in only reports it).
+        _, speculation = speculation_args(model, files, options, [], self.speculation_wanted(model.name))
         return Launch(server, {**options, "llamacpp_backend": backend, "resolved_ctx_size": ctx}, backend,
-                      context_length=ctx, context_reason="stand-in")
+                      context_length=ctx, context_reason="stand-in", speculation=speculation)

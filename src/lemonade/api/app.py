@@ -183,6 +183,7 @@ def create_app(services: Services) -> FastAPI:
         loaded = services.router.describe()
         services.metrics.set_loaded(loaded, services.router.limits())
         services.metrics.set_queue(services.router.queue_info())
+        services.metrics.set_speculation(services.speculation.describe())
         targets = [({"model": lm.model.public, "recipe": lm.model.recipe, "type": lm.model.type},
                     lm.base_url + lm.engine.metrics_path)
                    for lm in services.router.models(usable=False) if lm.engine.metrics_path]

@@ -63,6 +63,11 @@ class Stats(Doc):
     tokens_per_second: Number | None
     input_tokens: int | None
     output_tokens: int | None
+    draft_tokens: int | None  # speculative decoding's draft tokens in the last answer (None: it drafted none)
+    draft_accepted_tokens: int | None
+    draft_acceptance_rate: Number | None
+    speculative_speedup: Number | None  # measured against the model's speed without speculation
+    speculation: dict[str, dict[str, Any]]  # per model: what speculation earns it (runtime/speculation.py)
 
 
 class SystemStats(Doc):

@@ -92,6 +92,20 @@ class Option:
     check: Callable[[Any], str | None] | None = None  # returns an error message, or None when fine
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """The speculative decoding a started engine runs, and who chose it."""
+
+    kind: str | None = None  # llama.cpp's --spec-type (e.g. "ngram-map-k", "draft-mtp"); None: none
+    # "auto": the server's controller may switch it (runtime/speculation.py); "on"/"off": forced by the
+    # `speculation` option; "args": the user's own --spec-type in the engine's arguments.
+    mode: str = "off"
+
+    @property
+    def switchable(self) -> bool:
+        return self.mode == "auto"
+
+
 @dataclass
 class Launch:
     """A started engine process for one model, with the options as actually applied."""
@@ -107,6 +121,7 @@ class Launch:
     # (tokens, slots) of a KV cache that all of the engine's slots share (llama-server with a unified
     # cache and several slots): requests reserve a part of it before they are sent (runtime/kv_pool.py).
     shared_kv: tuple[int, int] | None = None
+    speculation: Speculation = field(default_factory=Speculation)
 
 
 @dataclass(frozen=True)
@@ -279,6 +294,9 @@ class Engine(ABC):
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)
         self.config = config
+        # Whether a model whose `speculation` option is `auto` should speculate when it starts: the
+        # verdict of the server's controller (runtime/speculation.py), passed in by services.
+        self.speculation_wanted: Callable[[str], bool] = lambda _model: True
 
     @property
     def ready_timeout(self) -> float:

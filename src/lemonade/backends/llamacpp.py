@@ -60,10 +60,11 @@ from lemonade.backends.llamacpp_rpc import (
     rpc_args,
     unreachable_message,
 )
+from lemonade.backends.llamacpp_spec import speculation_args
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import check_device, worker_list
+from lemonade.llamacpp_settings import SPECULATION_MODES, check_device, worker_list
 from lemonade.system.devices import detect_devices, gpu_usage
 from lemonade.system.memory import read_budget
 
@@ -75,10 +76,6 @@ log = logging.getLogger("lemonade.llamacpp")
 
 # Jinja templates we ship for GGUFs that carry none (base models), by architecture prefix.
 TEMPLATES = resources.files("lemonade.backends").joinpath("templates")
-MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"]
-# A model with a `draft` checkpoint runs it as llama-server's draft model (`--model-draft`): the MTP
-# head of an `mtp` model (Gemma 4's assistant GGUFs), or a DFlash drafter with the `dflash` label.
-DFLASH_ARGS = ["--spec-type", "draft-dflash"]
 
 
 def fallback_template(architecture: str) -> Path:
@@ -172,10 +169,12 @@ def refuse_unknown_architecture(model: ModelInfo, files: dict[str, list[Path]]) 
 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
-               port: int, backend: str = "cpu", slot_dir: Path | None = None, ctx_size: int | None = None) -> list[str]:
+               port: int, backend: str = "cpu", slot_dir: Path | None = None, ctx_size: int | None = None,
+               speculate: bool = True) -> list[str]:
     """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
     llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
-    load (`choose_context`), else the options' own."""
+    load (`choose_context`), else the options' own. `speculate`: the controller's verdict for a model
+    whose `speculation` is `auto` (llamacpp_spec.py)."""
     main = files["main"][0]
     ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend, model.mode).ctx_size
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
@@ -200,22 +199,14 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     # needed: the pull fetched the same files.
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
-    draft = (files.get("draft") or [None])[0]
-    dflash = draft is not None and "dflash" in model.labels and is_dflash_draft(draft)
-    if draft is not None and (dflash or not is_dflash_draft(draft)):
-        argv += ["--model-draft", str(draft)]
     workers = worker_list(options.get("rpc_workers") or [])
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
     argv += rpc_args(workers)
     if model.mode == "chat":
         argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx)
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
-    if "--spec-type" not in user_args:  # user_args come last, so the user's own values still win
-        if dflash:
-            argv += DFLASH_ARGS
-        elif "mtp" in model.labels:
-            argv += MTP_ARGS
-    return argv + user_args
+    spec_args, _ = speculation_args(model, files, options, user_args, speculate)
+    return argv + spec_args + user_args  # user_args come last, so the user's own values still win
 
 
 def growth_args(main: Path, llamacpp_args: str, ctx: int) -> list[str]:
@@ -237,13 +228,6 @@ def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[s
     return argv
 
 
-def is_dflash_draft(path: Path) -> bool:
-    """A DFlash drafter (`dflash-*.gguf`, as upstream names them): used only with the `dflash` label,
-    which selects llama.cpp's DFlash speculative decoding for it."""
-    name = path.name.lower()
-    return name.startswith("dflash-") or name == "dflash.gguf"
-
-
 def _check_ctx(value: int) -> str | None:
     if value != -1 and not 1 <= value <= MAX_CTX_SIZE:
         return f"Option 'ctx_size' must be from 1 to {MAX_CTX_SIZE} tokens, or -1 (automatic); got {value}"
@@ -260,6 +244,13 @@ def _check_backend(value: str) -> str | None:
 def _check_device(value: str) -> str | None:
     problem = check_device("llamacpp_device", value)
     return f"Option {problem}" if problem else None
+
+
+def _check_speculation(value: str) -> str | None:
+    if value not in SPECULATION_MODES:
+        return (f"Option 'speculation' must be auto (on while it makes this model faster), on or off; "
+                f"got '{value}'")
+    return None
 
 
 def _check_args(value: str) -> str | None:
@@ -281,6 +272,8 @@ class LlamaCppEngine(Engine):
         "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
         # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over (llamacpp_rpc.py)
         "rpc_workers": Option(list, "llamacpp.rpc_workers", check=check_option),
+        # Speculative decoding (llamacpp_spec.py): auto, on or off
+        "speculation": Option(str, "llamacpp.speculation", check=_check_speculation),
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"
@@ -409,8 +402,10 @@ class LlamaCppEngine(Engine):
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         choice = choose_context(options, files, backend, model.mode)
-        argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size)
+        speculate = self.speculation_wanted(model.name)
+        argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size, speculate)
         user_args = engine_args(options.get("llamacpp_args", ""), binary)
+        _, speculation = speculation_args(model, files, options, user_args, speculate)  # what build_argv gave it
         try:
             self._refuse_unknown_flags(user_args, binary, backend)
         except EngineArgsError as exc:
@@ -439,7 +434,7 @@ class LlamaCppEngine(Engine):
         shared = (choice.ctx_size, slots) if served and slots and slots > 1 and served * slots > choice.ctx_size \
             else None
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu",
-                      context_length=context, context_reason=reason, shared_kv=shared)
+                      context_length=context, context_reason=reason, shared_kv=shared, speculation=speculation)
 
     @staticmethod
     def _split_note(args: str) -> str:

@@ -9,7 +9,8 @@ measurements this module was checked against):
 - **KV cache**: cleared (so touched) at start; full-attention layers hold every cell of the context,
   sliding-window layers `n_swa x (slots if unified else 1) + n_ubatch` cells (per stream when the
   cache is not unified), at the `--cache-type-k/-v` element sizes;
-- **output buffer**: the logits of one token per slot;
+- **output buffer**: the logits of one token per slot, and of the tokens each slot drafts when it
+  speculates (llama-server checks them in one batch: `n_outputs_max`, llamacpp_spec.py);
 - **compute buffer**: the intermediate tensors of the worst-case micro-batch, plus the attention
   masks, which grow with the context;
 - **what grows while it serves**: the host-memory prompt cache (`--cache-ram`, 8 GiB by default in
@@ -38,6 +39,7 @@ from lemonade.backends.llamacpp_context import (
     UNKNOWN_TRAINED_CAP,
     layer_rows,
 )
+from lemonade.backends.llamacpp_spec import draft_tokens_max
 from lemonade.catalog.gguf_meta import GGUFError, GGUFLayout, gguf_layout
 
 MiB = 1 << 20
@@ -75,6 +77,7 @@ class EngineFlags:
 
     slots: int = 4
     unified: bool = True
+    batch: int = 2048
     ubatch: int = 512
     k_bytes: float = 2.0
     v_bytes: float = 2.0
@@ -114,7 +117,7 @@ def engine_flags(args: str) -> EngineFlags:
     ubatch = min(number("-ub", "--ubatch-size") or 512, batch)
     fa = values.get("-fa", values.get("--flash-attn", "auto")).lower()
     return EngineFlags(
-        slots=4 if auto else max(1, slots or 1), unified=unified, ubatch=ubatch,
+        slots=4 if auto else max(1, slots or 1), unified=unified, batch=batch, ubatch=ubatch,
         k_bytes=CACHE_TYPE_BYTES.get(values.get("-ctk", values.get("--cache-type-k", "f16")).lower(), 2.0),
         v_bytes=CACHE_TYPE_BYTES.get(values.get("-ctv", values.get("--cache-type-v", "f16")).lower(), 2.0),
         swa_full="--swa-full" in switches, flash_attn=fa not in ("off", "0", "false", "disabled"),
@@ -214,7 +217,9 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
     if recurrent:
         parts["recurrent_state"] = recurrent
         checkpoint_bytes += recurrent / flags.slots
-    parts["output"] = flags.slots * vocab * 4  # one token's logits per slot (embedding models' too)
+    # one token's logits per slot (embedding models' too), and those of its drafted tokens when it speculates
+    outputs = min(flags.batch, flags.slots * (1 + draft_tokens_max(files, options, mode)))
+    parts["output"] = max(flags.slots, outputs) * vocab * 4
     parts["compute"] = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query)
     parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab + PER_HTTP_THREAD_BYTES * (flags.slots + 4)
 

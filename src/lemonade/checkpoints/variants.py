@@ -43,8 +43,16 @@ def is_mmproj(path: str) -> bool:
     return "mmproj" in path.rsplit("/", 1)[-1].lower()
 
 
+def is_draft_companion(path: str) -> bool:
+    """A draft model published beside its main model, named as Lemonade's pulls recognise them
+    (upstream 2505215d2): `dflash-*.gguf` / `dflash.gguf` (a DFlash drafter) and `mtp-*.gguf` (an MTP
+    head, e.g. unsloth's Gemma 4 assistants). `My-MTP-Model-Q8_0.gguf` is a main model."""
+    name = path.rsplit("/", 1)[-1].lower()
+    return name.endswith(".gguf") and (name.startswith(("dflash-", "mtp-")) or name == "dflash.gguf")
+
+
 def _is_model_gguf(path: str) -> bool:
-    return path.lower().endswith(".gguf") and not is_mmproj(path)
+    return path.lower().endswith(".gguf") and not is_mmproj(path) and not is_draft_companion(path)
 
 
 def quant_token(name: str) -> str | None:
@@ -70,10 +78,11 @@ def is_exact_file_variant(variant: str) -> bool:
 def match_variant(files: list[str], variant: str | None) -> list[str]:
     """Repo-relative files that make up `variant`, main file first; [] when nothing matches.
 
-    `None` means the whole repository (its model GGUFs first); `*` its GGUF files (mmproj files aside);
-    `folder/` every file under it. A file variant matches that path (or a unique basename). A
-    quantization matches a variant folder (`Q8_0/...`) or files whose name, shard suffix removed, ends
-    in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj files never match.
+    `None` means the whole repository (its model GGUFs first); `*` its GGUF files (mmproj files and
+    draft companions aside); `folder/` every file under it. A file variant matches that path (or a
+    unique basename). A quantization matches a variant folder (`Q8_0/...`) or files whose name, shard
+    suffix removed, ends in `-Q4_K_M.gguf` / `.Q4_K_M.gguf` / `_Q4_K_M.gguf`; mmproj files and draft
+    companions (`is_draft_companion`) never match.
     """
     if variant is None:  # a GGUF repository's model file is its main file, whatever sorts first
         return sorted(files, key=lambda f: (not _is_model_gguf(f), f))
@@ -87,7 +96,7 @@ def match_variant(files: list[str], variant: str | None) -> list[str]:
         same_base = [f for f in files if f.rsplit("/", 1)[-1] == variant]
         return same_base if len(same_base) == 1 else []
     low = variant.lower()
-    ggufs = [f for f in files if f.lower().endswith(".gguf") and not is_mmproj(f)]
+    ggufs = [f for f in files if _is_model_gguf(f)]
     in_folder = [f for f in ggufs if "/" in f and f.rsplit("/", 1)[0].split("/")[-1].lower() == low]
     if in_folder:
         chosen = in_folder

@@ -61,6 +61,8 @@ FLAGS: tuple[Flag, ...] = (
          "\"--flash-attn on --no-mmap\"", LLAMACPP, "ARGS"),
     Flag(("--rpc-workers",), "rpc_workers", str, "llama.cpp RPC workers to spread the model over: "
          "HOST:PORT[,HOST:PORT...] (lemonade worker)", LLAMACPP, "WORKERS"),
+    Flag(("--speculation",), "speculation", str, "Speculative decoding: auto (on while it makes the model faster; "
+         "the default), on or off", LLAMACPP, "MODE"),
     Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use", WHISPERCPP, "BACKEND"),
     Flag(("--whispercpp-args",), "whispercpp_args", str, "Custom arguments to pass to whisper-server",
          WHISPERCPP, "ARGS"),

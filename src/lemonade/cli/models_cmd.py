@@ -156,6 +156,13 @@ def _repo_pull_body(client: ServerClient, repo: str, variant: str | None, name: 
         body["labels"] = info["suggested_labels"]
     if info.get("mmproj_files"):
         body["mmproj"] = info["mmproj_files"][0]
+    drafts = info.get("draft_files") or []
+    if len(drafts) == 1:  # a draft model beside the main one (dflash-*, mtp-*): its `draft` checkpoint
+        body["checkpoints"] = {"draft": f"{repo}:{drafts[0]}"}
+    elif drafts:
+        err_console.print(f"[yellow]Warning:[/yellow] several draft models found beside it ({', '.join(drafts)}); "
+                          "none is selected automatically. Name one with --checkpoint main REPO:VARIANT "
+                          "--checkpoint draft REPO:FILE.")
     if source:
         body["source"] = source
     console.print(f"Pulling {body['checkpoint']} as {model_name}")
@@ -183,8 +190,8 @@ def _collection_pull_body(info: dict[str, Any], repo: str, variant: str | None, 
 
 # Labels a registered model may carry: guide-cli.md's list, the deployment-mode labels (labels.py) and
 # those of the built-in catalog. Anything else is most likely a typo, refused before anything is sent.
-LABELS = ("coding", "hot", "mtp", "reasoning", "tool-calling", "vision", "edit", "upscaling", "realtime-transcription",
-          "custom", "systemone")
+LABELS = ("coding", "dflash", "hot", "mtp", "reasoning", "tool-calling", "vision", "edit", "upscaling",
+          "realtime-transcription", "custom", "systemone")
 
 
 def known_labels() -> list[str]:
@@ -252,9 +259,9 @@ def register(app: typer.Typer) -> None:
                                                                  "model (llamacpp, whispercpp, sd-cpp, kokoro, "
                                                                  "collection.omni, ...)"),
         label: list[str] | None = typer.Option(None, "--label", help="Manual registration: a label of the new "
-                                                                     "model; repeatable (coding, embeddings, hot, "
-                                                                     "mtp, reasoning, reranking, tool-calling, "
-                                                                     "vision, ...)"),
+                                                                     "model; repeatable (coding, dflash, embeddings, "
+                                                                     "hot, mtp, reasoning, reranking, "
+                                                                     "tool-calling, vision, ...)"),
         mmproj: str | None = typer.Option(None, "--mmproj", help="mmproj file of a vision model"),
         components: list[str] | None = typer.Option(None, "--components", "--component", metavar="MODEL [MODEL ...]",
                                                     help="Omni-model registration: the component models to bundle "

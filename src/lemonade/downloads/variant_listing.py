@@ -1,5 +1,9 @@
 """`GET /v1/pull/variants`: the GGUF quantizations a repository offers, as an install form wants them.
 
+Companion files are listed apart, never as variants: `mmproj_files` (vision projectors) and
+`draft_files` (draft models beside the main model, `dflash-*` and `mtp-*`, as Lemonade lists them
+since upstream 2505215d2): a pull that finds exactly one makes it the model's `draft` checkpoint.
+
 Variant names are chosen so that pulling `repo:<name>` (variants.match_variant) selects exactly the
 files listed here: a quant folder (`Q8_0/...`) is named after the folder, a file after the quant
 suffix of its name (`...-UD-Q4_K_XL.gguf` -> `UD-Q4_K_XL`), anything else after its whole stem.
@@ -15,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lemonade.checkpoints.variants import is_mmproj, match_variant, shard_info
+from lemonade.checkpoints.variants import is_draft_companion, is_mmproj, match_variant, shard_info
 from lemonade.downloads.hub import RepoListing
 from lemonade.recipes import recipe_for_format
 
@@ -59,7 +63,7 @@ def _rank(name: str) -> tuple[int, str]:
 
 def group_variants(paths: list[str], sizes: dict[str, int | None]) -> list[Variant]:
     """Every variant in the repository, ranked (preferred quants first, then by name)."""
-    ggufs = [p for p in paths if p.lower().endswith(".gguf") and not is_mmproj(p)]
+    ggufs = [p for p in paths if p.lower().endswith(".gguf") and not is_mmproj(p) and not is_draft_companion(p)]
     names: dict[str, None] = {}
     for path in sorted(ggufs):
         names.setdefault(variant_name(path), None)
@@ -78,6 +82,7 @@ def describe_repo(listing: RepoListing, checkpoint: str) -> dict[str, Any]:
     paths = listing.paths()
     sizes = {f.path: f.size for f in listing.files}
     mmproj = sorted(p.rsplit("/", 1)[-1] for p in paths if is_mmproj(p) and p.lower().endswith(".gguf"))
+    drafts = sorted(p.rsplit("/", 1)[-1] for p in paths if is_draft_companion(p))
     repo_lower = listing.repo.lower()
     labels = []
     if mmproj:
@@ -94,6 +99,7 @@ def describe_repo(listing: RepoListing, checkpoint: str) -> dict[str, Any]:
         "suggested_name": listing.repo.split("/", 1)[1],
         "suggested_labels": labels,
         "mmproj_files": mmproj,
+        "draft_files": drafts,
         "variants": [v.as_dict() for v in group_variants(paths, sizes)[:TOP_N]],
     }
 

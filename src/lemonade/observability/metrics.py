@@ -67,6 +67,17 @@ class Metrics:
                                          "Cumulative collection.router routing decisions.", registry=r)
         self.routing_switches = Counter("lemonade_routing_switches", "Cumulative routing decisions that changed "
                                         "a conversation's routed model.", registry=r)
+        # Speculative decoding per model (runtime/speculation.py), copied at scrape time.
+        self.spec_active = Gauge("lemonade_speculation_active", "Whether the model's engine runs speculative "
+                                 "decoding (1) or not (0).", ["model_name", "type"], registry=r)
+        self.spec_acceptance = Gauge("lemonade_speculation_acceptance_rate", "Draft tokens the model accepted, "
+                                     "as a fraction of those drafted.", ["model_name"], registry=r)
+        self.spec_speedup = Gauge("lemonade_speculation_speedup", "Measured generation speed with speculative "
+                                  "decoding over the model's speed without it.", ["model_name"], registry=r)
+        self.spec_drafted = Gauge("lemonade_speculation_draft_tokens_total", "Cumulative draft tokens.",
+                                  ["model_name"], registry=r)
+        self.spec_accepted = Gauge("lemonade_speculation_accepted_tokens_total", "Cumulative draft tokens the "
+                                   "model accepted.", ["model_name"], registry=r)
         # The router's queue and residency counters (`queue` in /v1/health), copied at scrape time.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.queue = Gauge("lemonade_router", "Requests waiting for a model slot (depth) and the router's running "
@@ -110,6 +121,18 @@ class Metrics:
         self.routing_decisions.inc()
         if switched:
             self.routing_switches.inc()
+
+    def set_speculation(self, models: dict[str, dict[str, Any]]) -> None:
+        """Refresh the speculation gauges from the controller's figures per model (at scrape time)."""
+        for gauge in (self.spec_active, self.spec_acceptance, self.spec_speedup, self.spec_drafted,
+                      self.spec_accepted):
+            gauge.clear()
+        for name, figures in models.items():
+            self.spec_active.labels(name, figures.get("type") or "").set(1 if figures.get("type") else 0)
+            for gauge, key in ((self.spec_acceptance, "acceptance_rate"), (self.spec_speedup, "speedup"),
+                               (self.spec_drafted, "draft_tokens"), (self.spec_accepted, "draft_accepted_tokens")):
+                if figures.get(key) is not None:
+                    gauge.labels(name).set(figures[key])
 
     def set_loaded(self, loaded: Iterable[dict[str, Any]], limits: dict[str, int]) -> None:
         """Refresh the residency gauges from the router's view and its limits (called at scrape time)."""

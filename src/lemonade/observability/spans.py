@@ -13,6 +13,10 @@ Its attributes follow the configured semantics: OpenInference (`openinference.sp
 GenAI (`gen_ai.*`). `hide_inputs`/`hide_outputs` replace captured text with `[REDACTED]`;
 `hide_thinking` strips reasoning tags from the output (otherwise their variants become `<think>`).
 
+Lemonade's own attributes: `lemon.queue_time_ms`, and for an answer of a speculating llama-server
+`lemon.speculation.type` (its --spec-type), `.draft_tokens`, `.accepted_tokens`, `.acceptance_rate`
+(its `timings`) and `.speedup` (measured, runtime/speculation.py).
+
 Who asked is kept too: `lemon.auth_token_hash` (a salted hash of the request's bearer token, used
 only to route the span to the right `/spans/stream` listener, never exported or streamed) and
 `lemon.client_session_id` (the `X-Client-Session-Id` header). A session id comes from the body's
@@ -184,13 +188,16 @@ class InferenceSpan:
     _stream: StreamReader | None = None
 
     # ----- what the request path reports ------------------------------------------------------------
-    def engine(self, recipe: str, checkpoint: str, device: str | None) -> None:
-        """The model that serves it was found (and loaded): its identity, and the wait until now."""
+    def engine(self, recipe: str, checkpoint: str, device: str | None, speculation: str | None = None) -> None:
+        """The model that serves it was found (and loaded): its identity, and the wait until now.
+        `speculation`: the speculative decoding its engine runs (llama.cpp's --spec-type)."""
         prefix = USAGE_PREFIX[self.kind]
         self.extra.update({f"{prefix}.backend": recipe, f"{prefix}.recipe": recipe, f"{prefix}.checkpoint": checkpoint,
                            "lemon.queue_time_ms": int((time.perf_counter() - self.started) * 1000)})
         if device:
             self.extra[f"{prefix}.device_type"] = device
+        if speculation:
+            self.extra["lemon.speculation.type"] = speculation
 
     def answer(self, content: bytes | dict[str, Any]) -> None:
         """A non-streamed answer of the engine (its JSON)."""
@@ -245,6 +252,11 @@ class InferenceSpan:
             if isinstance(predicted_ms, (int, float)) and predicted_ms > 0 and isinstance(predicted_n, int) \
                     and predicted_n > 0:
                 self.extra["tps"] = predicted_n / (predicted_ms / 1000.0)
+            drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+            if isinstance(drafted, int) and isinstance(accepted, int) and drafted > 0:  # speculative decoding
+                self.extra.update({"lemon.speculation.draft_tokens": drafted,
+                                   "lemon.speculation.accepted_tokens": accepted,
+                                   "lemon.speculation.acceptance_rate": round(accepted / drafted, 4)})
 
     def _llm_answer(self, content: dict[str, Any]) -> None:
         choices = content.get("choices")

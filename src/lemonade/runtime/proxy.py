@@ -32,6 +32,7 @@ from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.remote_http import RemoteHttp, RemoteStream
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
 from lemonade.runtime.router import LoadedModel, Router
+from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats, cache_tokens_of
 
 log = logging.getLogger("lemonade.proxy")
@@ -117,13 +118,14 @@ class Proxy:
     """Requests to loaded engines. Built once per server from the few collaborators it needs."""
 
     def __init__(self, router: Router, remote: RemoteHttp, client: EngineClient,
-                 options: RecipeOptions, stats: Stats, metrics: Metrics) -> None:
+                 options: RecipeOptions, stats: Stats, metrics: Metrics, speculation: SpeculationSwitch) -> None:
         self.router = router
         self.remote = remote  # cloud engines, and uploads streamed from files
         self.client = client  # JSON round trips to local engines
         self.options = options
         self.stats = stats
         self.metrics = metrics
+        self.speculation = speculation  # speculative decoding per model: measured, switched (speculation_switch.py)
 
     def _options(self, model: ModelInfo) -> Callable[[], dict[str, Any]]:
         return lambda: self.options.resolve(model.name, model.recipe)
@@ -131,8 +133,12 @@ class Proxy:
     def _account(self, model: ModelInfo, endpoint: str, body: dict[str, Any] | None) -> None:
         if body is None:
             return
-        tokens_in, tokens_out = self.stats.record_llamacpp(body)
+        speedup = self.speculation.after(model, body)
+        tokens_in, tokens_out = self.stats.record_llamacpp(body, speedup)
         self.metrics.record_inference(model.public, endpoint, tokens_in, tokens_out, cache_tokens_of(body))
+        span = request_trace.get()
+        if span is not None and speedup is not None:
+            span.extra["lemon.speculation.speedup"] = speedup
 
     async def _call(self, lm: LoadedModel, method: str, path: str, body: dict[str, Any] | None,
                     raw: bytes | FileBody | Framed | None = None, content_type: str = "application/json") -> bytes:
@@ -232,6 +238,7 @@ class Proxy:
 
     async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
         """POST to the model's engine; an engine found dead is started again once and asked again."""
+        await self.speculation.before(model, body, self._options(model))
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
                 try:
@@ -276,13 +283,17 @@ class Proxy:
 
     async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
         """Non-streamed: relay the engine's bytes as they are; its stats are read once they are sent
-        (the client's wait ends before that parse, and before the next request is read)."""
+        (the client's wait ends before that parse, and before the next request is read), or before
+        when the request is traced (its span ends as the answer leaves, with the figures read)."""
         content = await self._round_trip(model, path, body)
 
         async def account() -> None:
             with contextlib.suppress(ValueError):
                 self._account(model, endpoint, json.loads(content))
 
+        if request_trace.get() is not None:  # a span ends as the answer leaves: what it is told comes first
+            await account()
+            return Response(content, media_type="application/json")
         return Response(content, media_type="application/json", background=BackgroundTask(account))
 
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
@@ -317,6 +328,7 @@ class Proxy:
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
                       media_type: str) -> Response:
+        await self.speculation.before(model, body, self._options(model))
         for attempt in range(2):
             use = self.router.use(model, self._options(model))
             lm = await use.__aenter__()
@@ -428,7 +440,7 @@ class Proxy:
 
 def trace_engine(span: InferenceSpan, lm: LoadedModel) -> None:
     """The request's span learns which model and engine serve it (telemetry or a span listener on)."""
-    span.engine(lm.model.recipe, lm.model.checkpoint, lm.launch.device)
+    span.engine(lm.model.recipe, lm.model.checkpoint, lm.launch.device, lm.launch.speculation.kind)
 
 
 def tokens_of(answer: dict[str, Any] | None) -> tuple[int | None, int | None]:

@@ -1,4 +1,8 @@
-"""`/v1/stats`: figures from the engine's own timings for the last request, plus running totals."""
+"""`/v1/stats`: figures from the engine's own timings for the last request, plus running totals.
+
+Speculative decoding adds the last request's draft tokens, how many the model accepted and its
+measured speed-up, the running totals of both, and (`api/lemonade/status.py`) each model's figures
+from the controller (runtime/speculation.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,11 @@ from typing import Any
 
 ROUTE_CONVERSATIONS_KEPT = 1024  # conversations whose last routed member is remembered (least recent dropped)
 _TOTALS = ("request_count_total", "input_tokens_total", "output_tokens_total", "prompt_tokens_total",
-           "cache_tokens_total", "routing_decisions_total", "routing_switches_total")
+           "cache_tokens_total", "routing_decisions_total", "routing_switches_total", "draft_tokens_total",
+           "draft_accepted_tokens_total")
+# The last request's speculative decoding (llama-server's `timings.draft_n` / `draft_n_accepted`, absent
+# when it drafted nothing) and its measured speed-up (runtime/speculation.py); None when not known.
+_SPECULATION = ("draft_tokens", "draft_accepted_tokens", "draft_acceptance_rate", "speculative_speedup")
 
 
 def cache_tokens_of(body: Any) -> int | None:
@@ -28,27 +36,36 @@ class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.last: dict[str, Any] = {"time_to_first_token": None, "tokens_per_second": None, "input_tokens": None,
-                                     "output_tokens": None, "prompt_tokens": None, "cache_tokens": None}
+                                     "output_tokens": None, "prompt_tokens": None, "cache_tokens": None,
+                                     **dict.fromkeys(_SPECULATION)}
         self.totals = dict.fromkeys(_TOTALS, 0)
         self._routes: OrderedDict[str, str] = OrderedDict()  # conversation key -> member it was last routed to
 
     def record(self, *, ttft: float | None, tps: float | None, input_tokens: int | None,
-               output_tokens: int | None, cache_tokens: int | None, prompt_tokens: int | None = None) -> None:
+               output_tokens: int | None, cache_tokens: int | None, prompt_tokens: int | None = None,
+               drafted: int | None = None, accepted: int | None = None, speedup: float | None = None) -> None:
         """`prompt_tokens`: the whole prompt where the answer counts it so (OpenAI's `prompt_tokens`
-        includes the cached ones); else llama.cpp's way, the tokens evaluated plus those from its cache."""
+        includes the cached ones); else llama.cpp's way, the tokens evaluated plus those from its cache.
+        `drafted`/`accepted`: speculative decoding's draft tokens; `speedup`: its measured speed-up."""
         prompt = prompt_tokens if prompt_tokens is not None else \
             (input_tokens or 0) + (cache_tokens or 0) if input_tokens is not None else None
+        rate = round(accepted / drafted, 4) if drafted and accepted is not None else None
         with self._lock:
             self.last = {"time_to_first_token": ttft, "tokens_per_second": tps, "input_tokens": input_tokens,
-                         "output_tokens": output_tokens, "prompt_tokens": prompt, "cache_tokens": cache_tokens}
+                         "output_tokens": output_tokens, "prompt_tokens": prompt, "cache_tokens": cache_tokens,
+                         "draft_tokens": drafted, "draft_accepted_tokens": accepted, "draft_acceptance_rate": rate,
+                         "speculative_speedup": speedup}
             self.totals["request_count_total"] += 1
             self.totals["input_tokens_total"] += input_tokens or 0
             self.totals["output_tokens_total"] += output_tokens or 0
             self.totals["prompt_tokens_total"] += prompt or 0
             self.totals["cache_tokens_total"] += cache_tokens or 0
+            self.totals["draft_tokens_total"] += drafted or 0
+            self.totals["draft_accepted_tokens_total"] += accepted or 0
 
-    def record_llamacpp(self, body: dict[str, Any]) -> tuple[int | None, int | None]:
-        """Take llama-server's `timings` (or OpenAI `usage`) from a response; returns (in, out) tokens."""
+    def record_llamacpp(self, body: dict[str, Any], speedup: float | None = None) -> tuple[int | None, int | None]:
+        """Take llama-server's `timings` (or OpenAI `usage`) from a response; returns (in, out) tokens.
+        `speedup`: what speculative decoding measurably gave this response (runtime/speculation.py)."""
         timings = body.get("timings") if isinstance(body, dict) else None
         usage = body.get("usage") if isinstance(body, dict) else None
         if isinstance(timings, dict):
@@ -57,7 +74,8 @@ class Stats:
             prompt_ms = timings.get("prompt_ms")
             self.record(ttft=round(prompt_ms / 1000, 4) if isinstance(prompt_ms, (int, float)) else None,
                         tps=timings.get("predicted_per_second"), input_tokens=prompt_n,
-                        output_tokens=predicted, cache_tokens=timings.get("cache_n"))
+                        output_tokens=predicted, cache_tokens=timings.get("cache_n"),
+                        drafted=timings.get("draft_n"), accepted=timings.get("draft_n_accepted"), speedup=speedup)
             return prompt_n, predicted
         if isinstance(usage, dict):  # a cloud provider's answer: its cached prompt tokens count too
             prompt_n = usage.get("prompt_tokens", usage.get("input_tokens"))

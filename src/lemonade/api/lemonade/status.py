@@ -52,7 +52,9 @@ async def health(request: Request) -> dict[str, Any]:
 
 @router.get("/stats")
 async def stats(request: Request) -> dict[str, Any]:
-    return services(request).stats.snapshot()
+    svc = services(request)
+    # per model: acceptance rate, measured speed-up, what its engine runs (runtime/speculation_switch.py)
+    return {**svc.stats.snapshot(), "speculation": svc.speculation.describe()}
 
 
 @router.get("/system-stats")

@@ -230,6 +230,8 @@ export function create(root) {
         checkpoint: `${info.checkpoint}:${v.name}`, recipe: info.recipe, source: info.source,
         ...(info.suggested_labels?.length ? { labels: info.suggested_labels } : {}),
         ...(info.mmproj_files?.length ? { mmproj: info.mmproj_files[0] } : {}),
+        // One draft model beside it (dflash-*, mtp-*) becomes its draft checkpoint, as `lemonade pull` does.
+        ...(info.draft_files?.length === 1 ? { checkpoints: { draft: `${info.checkpoint}:${info.draft_files[0]}` } } : {}),
       })) }, 'Download'))));
     if (!info.variants.length) box.append(h('p', { class: 'empty' }, 'No GGUF variant in this repository.'));
   }
