@@ -33,7 +33,8 @@ import httpx
 import psutil
 
 from lemonade.backends.llamacpp_context import layer_rows
-from lemonade.backends.llamacpp_memory import engine_flags
+from lemonade.backends.llamacpp_memory import MiB as _MiB
+from lemonade.backends.llamacpp_memory import engine_flags, prompt_cache_mib
 from lemonade.catalog.gguf_meta import gguf_layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,11 @@ class Peak:
             self.rss, self.pss = max(self.rss, info.rss), max(self.pss, info.pss)
             self.samples += 1
             time.sleep(0.05)
+
+
+def prompt_cache_bytes(path: Path, args: str, ctx: int) -> int:
+    """The `--cache-ram` the server gives this load (the machine's RAM as the cap: no container here)."""
+    return prompt_cache_mib(path, args, ctx, psutil.virtual_memory().total) * _MiB
 
 
 def words(n: int, seed: int) -> str:
@@ -139,6 +145,10 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         flags = engine_flags(args)
         rows = layer_rows(gguf_layout(path).meta)
         busy, tokens = fill_plan(ctx, flags.slots, flags.unified, rows[2] if rows else 0)
+        if rows is not None and not embeddings:  # enough rounds to fill the prompt cache (its size: the KV cache's)
+            state = tokens * rows[0] + min(tokens, rows[2] or tokens) * rows[1]
+            cache = entry["memory_estimate_bytes"] and prompt_cache_bytes(path, args, ctx)
+            rounds = max(rounds, min(8, 2 + -(-cache // max(1, busy * state))))
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
         await fill(c, name, busy, tokens, per_word, embeddings, rounds)

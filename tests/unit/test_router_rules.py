@@ -290,3 +290,19 @@ def test_loads_under_way_count_against_the_budget():
                   loading={"b": "llm"}, loading_bytes={"b": 700 * MiB}, memory=1024 * MiB)
     assert isinstance(rules.plan(alone)[0], rules.Refuse)  # more than the whole budget: refused at once
 
+
+
+def test_what_an_engine_may_leave_out_goes_before_any_other_model():
+    """Speculative decoding in auto (its drafted tokens' logits) yields to memory: the load starts
+    without it rather than evicting another model or being refused."""
+    other = R("emb", type="embedding", held_bytes=600 * MiB)
+    plain = chat_need(300)
+    need = MemoryNeed(450 * MiB, (), 4096, None, {"weights": 450 * MiB}, fallback=plain)
+    (load,) = rules.plan(queue([W("b", need=need)], [other], limit={"llm": 1, "embedding": 1}, memory=1000 * MiB))
+    assert isinstance(load, rules.Load) and load.fallback and load.bytes == 300 * MiB
+    # with room for all of it, nothing is left out
+    (load,) = rules.plan(queue([W("b", need=need)], [], memory=1000 * MiB))
+    assert not load.fallback and load.bytes == 450 * MiB
+    # short even without it: others make room for the smaller need
+    decisions = rules.plan(queue([W("b", need=need)], [other], limit={"llm": 1, "embedding": 1}, memory=800 * MiB))
+    assert kinds(decisions) == [("Evict", "emb")]

@@ -133,13 +133,16 @@ class MemoryNeed:
     context is chosen. `ctx`: the context it is asked for (the largest, with `ctx_size: -1`);
     `ctx_min`: with `ctx_size: -1`, the smallest context worth loading (the router picks the largest
     from `ctx_min` to `ctx` that fits the memory free). `parts` names what `fixed` is made of, for
-    messages and `/v1/health`."""
+    messages and `/v1/health`. `fallback`: what the load holds without an extra the engine may leave
+    out when memory is short (llama.cpp's speculative decoding in `auto`), taken instead of evicting
+    anything or refusing."""
 
     fixed: int
     terms: tuple[tuple[float, int | None], ...] = ()
     ctx: int | None = None
     ctx_min: int | None = None
     parts: Mapping[str, int] = field(default_factory=dict)
+    fallback: MemoryNeed | None = None
     ALIGN: ClassVar[int] = 256  # llama.cpp sizes its KV cache in steps of 256 cells
 
     def at(self, ctx: int | None = None) -> int:

@@ -8,6 +8,7 @@ into a `llama-server` command line.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -402,7 +403,8 @@ class LlamaCppEngine(Engine):
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         choice = choose_context(options, files, backend, model.mode)
-        speculate = self.speculation_wanted(model.name)
+        # the controller's verdict; the router leaves it out when memory is short (MemoryNeed.fallback)
+        speculate = self.speculation_wanted(model.name) and options.get("resolved_speculation") != "off"
         argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size, speculate)
         user_args = engine_args(options.get("llamacpp_args", ""), binary)
         _, speculation = speculation_args(model, files, options, user_args, speculate)  # what build_argv gave it
@@ -478,7 +480,13 @@ class LlamaCppEngine(Engine):
         memory is not accounted (None), as before."""
         if uses_gpu(backend, detect_devices()):
             return None
-        return memory_need(files, options, backend, cap_bytes, model.mode)
+        need = memory_need(files, options, backend, cap_bytes, model.mode)
+        if need is not None and str(options.get("speculation") or "auto") == "auto":
+            # speculation in auto yields to memory: without it the load holds less (no drafted logits)
+            plain = memory_need(files, {**options, "speculation": "off"}, backend, cap_bytes, model.mode)
+            if plain is not None and plain.at() < need.at():
+                need = dataclasses.replace(need, fallback=plain)
+        return need
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         backend = self.requested_backend(options)

@@ -39,8 +39,11 @@ SPEC_TYPE_FLAG = "--spec-type"
 # lookup per token and nothing else; and it proposes no more tokens after a key than the model accepted
 # there last time, so drafts that fail shrink. Chosen over ngram-simple (same speed-up, fewer drafted
 # tokens accepted), ngram-mod and shorter n-grams by measurement (docs/performance.md).
-NGRAM_ARGS = [SPEC_TYPE_FLAG, "ngram-map-k"]
-NGRAM_DRAFT_MAX = 48  # the tokens ngram-map-k proposes at most (--spec-ngram-map-k-size-m, b11312's default)
+# At most 16 drafted tokens (b11312's default is 48): llama-server keeps the logits of every drafted token
+# of every slot (a MiB each with Gemma 3's 262k vocabulary, so 392 MiB for 8 slots at 48), which the
+# memory estimate counts (llamacpp_memory.py)
+NGRAM_DRAFT_MAX = 16
+NGRAM_ARGS = [SPEC_TYPE_FLAG, "ngram-map-k", "--spec-ngram-map-k-size-m", str(NGRAM_DRAFT_MAX)]
 DRAFT_N_MAX = 3  # ... and a draft model (--spec-draft-n-max, b11312's default)
 MTP_ARGS = [SPEC_TYPE_FLAG, "draft-mtp"]  # no draft-length defaults, as upstream since 7715e9e92
 DFLASH_ARGS = [SPEC_TYPE_FLAG, "draft-dflash"]

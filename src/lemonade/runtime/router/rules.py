@@ -86,6 +86,7 @@ class Load:
     waiter: Any  # its model starts loading into a slot (or no slot: helper, remote, unlimited type)
     ctx: int | None = None  # the context that fits the memory budget (its estimate's asked one, or the largest)
     bytes: int = 0  # what the load is counted for until it is loaded
+    fallback: bool = False  # without what its need's `fallback` leaves out (memory was short)
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,11 @@ def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: M
     ctx = need.fit(free)
     if ctx is not None:
         return [Load(w, ctx or None, need.at(ctx or None))]
+    if need.fallback is not None:  # what the engine may leave out goes before any other model does
+        need = need.fallback
+        ctx = need.fit(free)
+        if ctx is not None:
+            return [Load(w, ctx or None, need.at(ctx or None), fallback=True)]
     if retiring and need.fit(free + sum(r.bytes for r in retiring)) is not None:
         return []  # what is stopping will free enough
     waiting = {x.name for x in waiters}
@@ -408,7 +414,7 @@ def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: M
     if need.fit(room) is None:
         if need.fit(room + sum(loading_bytes.values())) is not None:
             return []  # a load under way may leave again once it has served its waiters
-        return [Refuse(w, insufficient_memory(w, q, sims, free))]
+        return [Refuse(w, insufficient_memory(w, need, q, sims, free))]
     return [Evict(s.lm, w.name, memory=True) if s.active == 0 else Drain(s.lm)
             for s in chosen if s.active == 0 or s.state is not ModelState.DRAINING]
 
@@ -417,10 +423,9 @@ def _mib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def insufficient_memory(w: Wanted, q: Queue, sims: Mapping[str, _Sim], free: int) -> APIError:
-    """507: the load cannot fit; what it needs, what is free, and what would make it fit."""
-    assert w.need is not None and q.memory is not None
-    need = w.need
+def insufficient_memory(w: Wanted, need: MemoryNeed, q: Queue, sims: Mapping[str, _Sim], free: int) -> APIError:
+    """507: the load cannot fit; what it needs (its smallest form), what is free, and what would help."""
+    assert q.memory is not None
     lowest = need.at(need.ctx_min if need.ctx_min is not None else need.ctx)
     parts = ", ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in need.parts.items() if v >= 2**20)
     pinned = [s for s in sims.values() if not s.gone and s.usable and s.lm.pinned and not s.lm.remote]

@@ -355,8 +355,9 @@ class Router:
 
     def _runs_with(self, lm: LoadedModel, wanted: dict[str, Any]) -> bool:
         """Would a load with `wanted` run the engine `lm` is? An `auto` backend matches the backend it
-        chose, and the context it sized (`resolved_ctx_size`) is not an option of its own."""
-        shown = {k: v for k, v in lm.options.items() if k != "resolved_ctx_size"}
+        chose, and what the router decided for the load (`resolved_ctx_size`, `resolved_speculation`)
+        is not an option of its own."""
+        shown = {k: v for k, v in lm.options.items() if not k.startswith("resolved_")}  # the router's own decisions
         wanted = dict(wanted)
         key = lm.engine.backend_option
         if key is not None and wanted.get(key) == "auto":
@@ -388,7 +389,7 @@ class Router:
                 self._take(lm, w.pinned)
                 w.future.set_result(lm)
             elif isinstance(decision, rules.Load):
-                self._begin_load(decision.waiter, decision.ctx, decision.bytes)
+                self._begin_load(decision.waiter, decision.ctx, decision.bytes, decision.fallback)
             elif isinstance(decision, rules.Evict):
                 victim = decision.model
                 waiting = sum(1 for x in self._queue if x.model.name == decision.for_name)
@@ -425,20 +426,24 @@ class Router:
                 x.future.set_exception(exc)
 
     # ----- loading ---------------------------------------------------------------------------------
-    def _begin_load(self, w: Waiter, ctx: int | None = None, held: int = 0) -> None:
+    def _begin_load(self, w: Waiter, ctx: int | None = None, held: int = 0, fallback: bool = False) -> None:
         # A remote model's load, and a helper's, is counted under no standard slot type (they take none).
         self._loading[w.model.name] = "remote" if w.remote else HELPER if w.helper else w.model.type
         self._loading_bytes[w.model.name] = held
         pinned = w.pinned if w.pinned is not None else self.crashed.get(w.model.name, {}).get("pinned")
         self.prune_helpers()  # as Lemonade does before every load: stale helpers leave first
+        need = w.need.fallback if fallback and w.need is not None else w.need
         self._spawn(self._load(w.model, w.options, pinned, HELPER if w.helper else STANDARD,  # a pin survives a crash
-                               w.need, ctx))
+                               need, ctx, fallback))
 
     async def _load(self, model: ModelInfo, options: Options, pinned: bool | None, residency: str = STANDARD,
-                    need: MemoryNeed | None = None, ctx: int | None = None) -> None:
+                    need: MemoryNeed | None = None, ctx: int | None = None, fallback: bool = False) -> None:
         opts = options() if callable(options) else options
         if need is not None and need.auto and ctx:
             opts = {**opts, "resolved_ctx_size": ctx}  # ctx_size -1: the context the memory budget leaves
+        if fallback:  # memory was short: without what the engine may leave out (speculative decoding)
+            log.info("Loading %s without speculative decoding: with it, it would not fit the memory free", model.name)
+            opts = {**opts, "resolved_speculation": "off"}
         try:
             try:
                 lm = await self._start(model, opts, bool(pinned), residency)
