@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "global_timeout": 600,  # seconds: an engine start may take; a cloud provider may stay silent
     "max_queue_depth": 256,  # requests waiting for a model slot; more get 503 + Retry-After
     "swap_batch": 32,  # requests a model serves before it yields its slot to a waiting model
+    "kv_store_gb": 4.0,  # warm swaps: saved conversation states kept on disk (least recently used go first); 0: off
     "engine_watchdog_seconds": 120,  # a busy engine that makes no progress this long is killed
     "max_request_body_mb": 64,  # larger request bodies get 413 (audio uploads and base64 images fit)
     "offline": False,
@@ -258,6 +259,8 @@ def _check_range(key: str, value: Any) -> None:
     if key in ("max_queue_depth", "swap_batch", "engine_watchdog_seconds", "max_request_body_mb", "global_timeout") \
             and value < 1:
         raise ConfigError(f"Config key '{key}' must be a positive integer, got {value}")
+    if key == "kv_store_gb" and value < 0:
+        raise ConfigError(f"Config key 'kv_store_gb' must be 0 (warm swaps off) or more gigabytes, got {value}")
     if key == "auto_evict_threshold_pct" and not 0.0 < value <= 1.0:
         raise ConfigError(f"Config key '{key}' must be a fraction above 0 and at most 1 (0.90 = 90 %), got {value}")
     if key == "log_level" and value.lower() not in LOG_LEVELS:

@@ -136,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
                              "total_slots": len(self.engine.slots), "model_alias": self.engine.alias})
         elif path == "/slots":
             self._json(200, [{"id": s["id"], "n_ctx": self.engine.ctx, "is_processing": s["busy"],
-                              "n_tokens": len(s["tokens"])} for s in self.engine.slots])
+                              "n_prompt_tokens": len(s["tokens"])} for s in self.engine.slots])
         elif path == "/metrics":
             text = f"llamacpp:requests_processing 0\nllamacpp:n_decode_total {self.engine.requests}\n".encode()
             self.send_response(200)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
+
+from lemonade.api.app import create_app
 from lemonade.config import Config
 from lemonade.model_info import ModelInfo
+from lemonade.observability.logs import LogBuffer
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.router import Router
+from lemonade.services import Services
+from tests.gguf_factory import write_gguf
 from tests.standin.engine import StandInEngine
 
 T = TypeVar("T")
@@ -45,3 +52,25 @@ def router(tmp: Path, **config: Any) -> tuple[Router, StandInEngine]:
 def run(scenario: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
     """Run a scenario to its end; every engine it started is stopped by its router's shutdown."""
     return asyncio.run(asyncio.wait_for(scenario(), timeout))  # type: ignore[arg-type]
+
+
+MODEL = "tiny-chat"  # a GGUF in the extra models dir: the catalog reads its header; the stand-in serves it
+
+
+@contextlib.asynccontextmanager
+async def app_client(tmp: Path, models: tuple[str, ...] = (MODEL,), **config: Any
+                     ) -> AsyncIterator[tuple[httpx.AsyncClient, Services, StandInEngine]]:
+    """The whole app in-process (lifespan included) whose llama.cpp engine is the stand-in; `models`:
+    GGUFs put in the extra models dir; `config`: settings a test needs (it says why)."""
+    for name in models:
+        write_gguf(tmp / "models" / f"{name}.gguf", context_length=4096)
+    settings = Config(tmp / "config", cli_overrides=config,
+                      environ={"LEMONADE_EXTRA_MODELS_DIR": str(tmp / "models")})
+    services = Services(tmp / "cache", settings, LogBuffer())
+    engine = StandInEngine(tmp / "cache", settings)
+    services.engines.replace(engine)
+    app = create_app(services)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=30) as http:
+            yield http, services, engine

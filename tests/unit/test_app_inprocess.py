@@ -8,36 +8,11 @@ misbehaves. Each behaviour here keeps its end-to-end test on the real engine (te
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import openai
 
-from lemonade.api.app import create_app
-from lemonade.config import Config
-from lemonade.observability.logs import LogBuffer
-from lemonade.services import Services
-from tests.gguf_factory import write_gguf
-from tests.standin.engine import StandInEngine
-from tests.unit.standin_world import run
-
-MODEL = "tiny-chat"  # a GGUF in the extra models dir: the catalog reads its header; the stand-in serves it
-
-
-@contextlib.asynccontextmanager
-async def app_client(tmp: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Services, StandInEngine]]:
-    write_gguf(tmp / "models" / f"{MODEL}.gguf", context_length=4096)
-    config = Config(tmp / "config", environ={"LEMONADE_EXTRA_MODELS_DIR": str(tmp / "models")})
-    services = Services(tmp / "cache", config, LogBuffer())
-    engine = StandInEngine(tmp / "cache", config)
-    services.engines.replace(engine)
-    app = create_app(services)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=30) as http:
-            yield http, services, engine
+from tests.unit.standin_world import MODEL, app_client, run
 
 
 def test_chat_through_the_official_client_is_relayed_and_counted(tmp_path):
@@ -47,15 +22,16 @@ def test_chat_through_the_official_client_is_relayed_and_counted(tmp_path):
             answer = await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "one two three"}], max_tokens=3)
             chunks = [c async for c in await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "one two three four"}], max_tokens=2,
-                stream=True)]
+                model=MODEL, messages=[{"role": "user", "content": "one two three"},
+                                       {"role": "assistant", "content": "tok0 tok1 tok2"},
+                                       {"role": "user", "content": "four"}], max_tokens=2, stream=True)]
             streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             stats = (await http.get("/api/v1/stats")).json()
             return answer.choices[0].message.content, streamed, stats
 
     content, streamed, stats = run(scenario)
     assert content == "tok0 tok1 tok2" and streamed == "tok0 tok1"
-    # the second prompt shares its first three words with the first, in the same slot: cached, as llama.cpp says
+    # the second turn goes back to the first one's slot, which has its three words cached (llama.cpp's cache_n)
     assert stats["output_tokens"] == 2 and stats["cache_tokens"] == 3
 
 

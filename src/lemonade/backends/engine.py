@@ -121,6 +121,9 @@ class Launch:
     # (tokens, slots) of a KV cache that all of the engine's slots share (llama-server with a unified
     # cache and several slots): requests reserve a part of it before they are sent (runtime/kv_pool.py).
     shared_kv: tuple[int, int] | None = None
+    # The engine's slots, where requests may be sent to one by id (llama-server's `id_slot`): the router
+    # sends each conversation back to the slot holding it (runtime/slot_affinity.py). None: it has none.
+    slots: int | None = None
     speculation: Speculation = field(default_factory=Speculation)
 
 
@@ -425,6 +428,17 @@ class Engine(ABC):
     async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Free dynamic memory of an idle model while keeping its weights; False when not possible."""
         return False
+
+    # ----- warm swaps (docs/warm-swaps.md): what a model had read outlives its process ------------------
+    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str]) -> int:
+        """Before an idle engine stops: save what it holds (per slot, `keys` saying which conversation)
+        so a later load of the same configuration continues from it; the tokens saved. Nothing by default."""
+        return 0
+
+    async def restore_warm(self, launch: Launch, client: EngineHTTP) -> tuple[dict[int, str], int]:
+        """After a start, before the first request: what was saved for exactly this configuration,
+        restored; (the conversation each restored slot holds, tokens restored)."""
+        return {}, 0
 
     # ----- remote engines (remote = True): what leaves the machine and what comes back --------------
     def outbound(self, launch: Launch, path: str, body: dict[str, Any] | None,

@@ -51,7 +51,7 @@ from lemonade.backends.llamacpp_flags import (
     unknown_flags,
 )
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
-from lemonade.backends.llamacpp_memory import CHECKPOINTS, memory_need, prompt_cache_mib
+from lemonade.backends.llamacpp_memory import CHECKPOINTS, memory_need, prompt_cache_mib, swa_full_chosen
 from lemonade.backends.llamacpp_rpc import (
     HEALTH_TIMEOUT,
     check_option,
@@ -62,6 +62,7 @@ from lemonade.backends.llamacpp_rpc import (
     unreachable_message,
 )
 from lemonade.backends.llamacpp_spec import speculation_args
+from lemonade.backends.llamacpp_warm import WarmStore, restore_slots, save_slots, with_timeout
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
@@ -171,7 +172,7 @@ def refuse_unknown_architecture(model: ModelInfo, files: dict[str, list[Path]]) 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                port: int, backend: str = "cpu", slot_dir: Path | None = None, ctx_size: int | None = None,
-               speculate: bool = True) -> list[str]:
+               speculate: bool = True, warm: bool = False, swa_full: bool = False) -> list[str]:
     """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
     llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
     load (`choose_context`), else the options' own. `speculate`: the controller's verdict for a model
@@ -204,18 +205,27 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
     argv += rpc_args(workers)
     if model.mode == "chat":
-        argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx)
+        argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx, warm, swa_full)
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
     spec_args, _ = speculation_args(model, files, options, user_args, speculate)
     return argv + spec_args + user_args  # user_args come last, so the user's own values still win
 
 
-def growth_args(main: Path, llamacpp_args: str, ctx: int) -> list[str]:
+def growth_args(main: Path, llamacpp_args: str, ctx: int, warm: bool = False, swa_full: bool = False) -> list[str]:
     """Bounds on what llama-server grows to while it serves, which its memory estimate counts
     (llamacpp_memory.py): the host prompt cache sized to the KV cache (llama-server's default is 8 GiB)
-    and a few context checkpoints per slot (32 by default). A user's own flags come after and win."""
-    cache = prompt_cache_mib(main, llamacpp_args, ctx, read_budget().cap_bytes)
-    return ["--cache-ram", str(cache), "--ctx-checkpoints", str(CHECKPOINTS)]
+    and a few context checkpoints per slot (32 by default). With warm swaps (llamacpp_warm.py) idle
+    slots keep their conversations in the KV cache (llama-server moves them to the prompt cache and
+    clears them at every new request by default, so at unload there would be little left to save; it
+    still clears one when it needs the room), and a sliding-window model may get its full window cache
+    (`swa_full`: llamacpp_memory.swa_full_chosen). A user's own flags come after and win."""
+    cache = prompt_cache_mib(main, llamacpp_args, ctx, read_budget().cap_bytes, swa_full)
+    argv = ["--cache-ram", str(cache), "--ctx-checkpoints", str(CHECKPOINTS)]
+    if warm:
+        argv.append("--no-cache-idle-slots")
+    if swa_full:
+        argv.append("--swa-full")
+    return argv
 
 
 def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[str]:
@@ -294,6 +304,7 @@ class LlamaCppEngine(Engine):
         self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
         self._bins = BinChoice(config, LatestTag("llama.cpp", resolve_latest), self.installer.root, OwnBuild,
                                lambda tag: TaggedInstaller(self.cache_dir, tag))
+        self.warm_store.clean_partials()  # states a crash cut short are never restored
 
     # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
     def installer_for(self, backend: str, installing: bool = False) -> Any:
@@ -405,7 +416,10 @@ class LlamaCppEngine(Engine):
         choice = choose_context(options, files, backend, model.mode)
         # the controller's verdict; the router leaves it out when memory is short (MemoryNeed.fallback)
         speculate = self.speculation_wanted(model.name) and options.get("resolved_speculation") != "off"
-        argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size, speculate)
+        warm = self.warm_swaps and model.mode == "chat"
+        swa_full = warm and swa_full_chosen(files, options, read_budget().cap_bytes)
+        argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size, speculate, warm,
+                          swa_full)
         user_args = engine_args(options.get("llamacpp_args", ""), binary)
         _, speculation = speculation_args(model, files, options, user_args, speculate)  # what build_argv gave it
         try:
@@ -436,7 +450,8 @@ class LlamaCppEngine(Engine):
         shared = (choice.ctx_size, slots) if served and slots and slots > 1 and served * slots > choice.ctx_size \
             else None
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu",
-                      context_length=context, context_reason=reason, shared_kv=shared, speculation=speculation)
+                      context_length=context, context_reason=reason, shared_kv=shared, slots=slots,
+                      speculation=speculation)
 
     @staticmethod
     def _split_note(args: str) -> str:
@@ -465,14 +480,15 @@ class LlamaCppEngine(Engine):
     async def health_fields(self, loaded: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """`rpc_workers` in `/v1/health`: every worker configured or used by a loaded model, whether it
         answers a TCP connect now, its connect latency and the loaded models spread over it."""
+        store = {"kv_store": {**self.warm_store.describe(), "enabled": self.warm_swaps}}  # warm swaps' saved states
         users: dict[str, list[str]] = {w: [] for w in self._configured_workers()}
         for name, options in loaded.items():
             for worker in worker_list(options.get("rpc_workers") or []):
                 users.setdefault(worker, []).append(name)
         if not users:
-            return {}
+            return store
         results = await asyncio.gather(*(probe(w, HEALTH_TIMEOUT) for w in users))
-        return {"rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
+        return {**store, "rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
 
     def memory_need(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
                     cap_bytes: int | None = None) -> MemoryNeed | None:
@@ -480,10 +496,11 @@ class LlamaCppEngine(Engine):
         memory is not accounted (None), as before."""
         if uses_gpu(backend, detect_devices()):
             return None
-        need = memory_need(files, options, backend, cap_bytes, model.mode)
+        swa_full = self.warm_swaps and model.mode == "chat" and swa_full_chosen(files, options, cap_bytes)
+        need = memory_need(files, options, backend, cap_bytes, model.mode, swa_full)
         if need is not None and str(options.get("speculation") or "auto") == "auto":
             # speculation in auto yields to memory: without it the load holds less (no drafted logits)
-            plain = memory_need(files, {**options, "speculation": "off"}, backend, cap_bytes, model.mode)
+            plain = memory_need(files, {**options, "speculation": "off"}, backend, cap_bytes, model.mode, swa_full)
             if plain is not None and plain.at() < need.at():
                 need = dataclasses.replace(need, fallback=plain)
         return need
@@ -491,6 +508,27 @@ class LlamaCppEngine(Engine):
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         backend = self.requested_backend(options)
         return choose_context(options, files, backend).ctx_size
+
+    # ----- warm swaps (llamacpp_warm.py, docs/warm-swaps.md) -------------------------------------------
+    @property
+    def warm_store(self) -> WarmStore:
+        return WarmStore(self.cache_dir / "slots", int(float(self.config.get("kv_store_gb")) * 1e9))
+
+    @property
+    def warm_swaps(self) -> bool:
+        return float(self.config.get("kv_store_gb")) > 0
+
+    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str]) -> int:
+        if not self.warm_swaps or not launch.slots:
+            return 0
+        saved = await with_timeout(save_slots(self.warm_store, launch.server.base_url, client, launch.server.argv,
+                                              keys))
+        return sum(int(s.get("tokens") or 0) for s in saved)
+
+    async def restore_warm(self, launch: Launch, client: EngineHTTP) -> tuple[dict[int, str], int]:
+        if not self.warm_swaps or not launch.slots:
+            return {}, 0
+        return await with_timeout(restore_slots(self.warm_store, launch.server.base_url, client, launch.server.argv))
 
     async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""

@@ -25,6 +25,7 @@ engine may hold; the router admits a load only when it fits the memory budget
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import shlex
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ MiB = 1 << 20
 # at most CHECKPOINTS context checkpoints (sliding-window and recurrent models only).
 PROMPT_CACHE_SHARE = 0.10
 CHECKPOINTS = 2
+# Warm swaps of a sliding-window model need its window layers' whole cache (`--swa-full`): a restored
+# state holds only the last window of them otherwise, and the next turn would be read again from the
+# start (docs/warm-swaps.md). Chosen when that costs at most this share of the memory the server may use.
+SWA_FULL_SHARE = 0.05
 # Measured on llama-server b11312, x86-64 (docs/memory.md, "Calibration"): the process without its
 # buffers (code, threads, heap: 15-17 MiB for MiniLM and a tiny Qwen3), and what the tokenizer's tables
 # add per vocabulary entry (Gemma 3's 262,144 entries: about 25 MiB more).
@@ -172,17 +177,41 @@ def _file_bytes(paths: list[Path]) -> int:
     return total
 
 
+def swa_full_chosen(files: dict[str, list[Path]], options: dict[str, Any], cap_bytes: int | None) -> bool:
+    """Whether a warm-swapping load of this sliding-window model gets a full-size window cache: when the
+    user's flags ask for it, or when it adds at most SWA_FULL_SHARE of the cap at the largest context."""
+    flags = engine_flags(str(options.get("llamacpp_args") or ""))
+    if flags.swa_full:
+        return True
+    mains = _layouts(files.get("main") or [])
+    if not mains or cap_bytes is None:
+        return False
+    meta = mains[0].meta
+    rows = layer_rows(meta, flags.k_bytes, flags.v_bytes)
+    if rows is None or not rows[1] or not rows[2]:
+        return False
+    arch = str(meta.get("general.architecture", ""))
+    asked = options.get("ctx_size", -1)
+    ctx = asked if isinstance(asked, int) and asked > 0 else int(meta.get(f"{arch}.context_length") or FALLBACK_CTX)
+    streams = 1 if flags.unified else flags.slots
+    cells = _pad(rows[2] * (flags.slots if flags.unified else 1) + flags.ubatch) * streams
+    return rows[1] * max(0, ctx - cells) <= SWA_FULL_SHARE * cap_bytes
+
+
 def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: str = "cpu",
-                cap_bytes: int | None = None, mode: str = "chat") -> MemoryNeed | None:
+                cap_bytes: int | None = None, mode: str = "chat", swa_full: bool = False) -> MemoryNeed | None:
     """The most this load may hold, or None when the main file cannot be read as a GGUF. `cap_bytes`:
     the most the server could ever use here (the budget's cap), which bounds the prompt cache;
-    `mode`: the model's deployment mode (an embedding or reranking model keeps no KV cache to speak of)."""
+    `mode`: the model's deployment mode (an embedding or reranking model keeps no KV cache to speak of);
+    `swa_full`: the load gets a full-size window cache (`swa_full_chosen`)."""
     mains = _layouts(files.get("main") or [])
     if not mains:
         return None
     meta = mains[0].meta
     arch = str(meta.get("general.architecture", ""))
     flags = engine_flags(str(options.get("llamacpp_args") or ""))
+    if swa_full:
+        flags = dataclasses.replace(flags, swa_full=True)
     repack = repacked_types(backend)
     data = extra = 0
     for layout in mains:
@@ -272,11 +301,11 @@ def _kv_terms(rows: tuple[float, float, int] | None, flags: EngineFlags
         cells = per_stream * streams
         kv.append((swa, None if flags.swa_full else cells))  # a window per slot, fewer for a small context
         masks.append((MASK_BYTES * ub / streams, None if flags.swa_full else cells))
-        checkpoint = swa * window
+        checkpoint = 0.0 if flags.swa_full else swa * window  # a full window cache needs no checkpoints
     return kv, masks, checkpoint
 
 
-def prompt_cache_mib(main: Path, llamacpp_args: str, ctx: int, cap_bytes: int | None) -> int:
+def prompt_cache_mib(main: Path, llamacpp_args: str, ctx: int, cap_bytes: int | None, swa_full: bool = False) -> int:
     """`--cache-ram` for a load at context `ctx`: the KV cache's size at that context (what
     `memory_need` counted for the prompt cache), within PROMPT_CACHE_SHARE of the cap. 0 turns the cache
     off: nothing worth keeping."""
@@ -285,6 +314,8 @@ def prompt_cache_mib(main: Path, llamacpp_args: str, ctx: int, cap_bytes: int | 
     except (OSError, GGUFError):
         return 0
     flags = engine_flags(llamacpp_args)
+    if swa_full:
+        flags = dataclasses.replace(flags, swa_full=True)
     kv, _, _ = _kv_terms(layer_rows(meta, flags.k_bytes, flags.v_bytes), flags)
     size = sum(rate * (ctx if cap is None else min(ctx, cap)) for rate, cap in kv)
     if cap_bytes is not None:

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
@@ -32,6 +33,7 @@ from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.remote_http import RemoteHttp, RemoteStream
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
 from lemonade.runtime.router import LoadedModel, Router
+from lemonade.runtime.slot_affinity import text_of
 from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats, cache_tokens_of
 
@@ -149,15 +151,28 @@ class Proxy:
         try:
             return await self._send(lm, method, path, body, raw, content_type)
         finally:
-            if held:
-                lm.kv.release(held)  # type: ignore[union-attr]
+            held.release(lm)
 
-    async def _reserve(self, lm: LoadedModel, body: dict[str, Any] | None) -> int:
-        """Room in the engine's shared KV cache for this request (0: it has none, or needs none);
-        waits while earlier requests hold it (runtime/kv_pool.py)."""
-        if lm.kv is None or not body:
-            return 0
-        return await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
+    async def _reserve(self, lm: LoadedModel, body: dict[str, Any] | None) -> Held:
+        """The slot the request goes to (the one holding its conversation: runtime/slot_affinity.py),
+        and room in the engine's shared KV cache for it (runtime/kv_pool.py: waits while earlier
+        requests hold it)."""
+        held = Held()
+        if not body:
+            return held
+        if lm.affinity is not None and "id_slot" not in body:
+            held.text = text_of(body)
+            held.slot = lm.affinity.choose(held.text)
+            if held.slot is not None:
+                body["id_slot"] = held.slot
+                lm.affinity.take(held.slot)
+        if lm.kv is not None:
+            try:
+                held.tokens = await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
+            except BaseException:
+                held.release(lm)
+                raise
+        return held
 
     async def _crash(self, lm: LoadedModel, exc: Exception) -> EngineUnreachable:
         """The error for a request whose engine went away: once the router has seen the process end
@@ -333,14 +348,13 @@ class Proxy:
             use = self.router.use(model, self._options(model))
             lm = await use.__aenter__()
             released = False
-            held = [0]  # KV cache tokens reserved for this attempt, given back with the model
+            held = [Held()]  # this attempt's slot and KV cache tokens, given back with the model
 
-            async def release(use: Any = use, lm: LoadedModel = lm, held: list[int] = held) -> None:
+            async def release(use: Any = use, lm: LoadedModel = lm, held: list[Held] = held) -> None:
                 nonlocal released
                 if not released:
                     released = True
-                    if held[0]:
-                        lm.kv.release(held[0])  # type: ignore[union-attr]
+                    held[0].release(lm)
                     await use.__aexit__(None, None, None)
 
             span = request_trace.get()
@@ -436,6 +450,23 @@ class Proxy:
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                  background=BackgroundTask(_cleanup, resp, release))
+
+
+@dataclass
+class Held:
+    """What a request holds of its engine while it runs: a slot chosen for it, KV cache tokens."""
+
+    tokens: int = 0
+    slot: int | None = None
+    text: str = ""
+
+    def release(self, lm: LoadedModel) -> None:
+        if self.tokens and lm.kv is not None:
+            lm.kv.release(self.tokens)
+            self.tokens = 0
+        if self.slot is not None and lm.affinity is not None:
+            lm.affinity.release(self.slot, self.text)
+            self.slot = None
 
 
 def trace_engine(span: InferenceSpan, lm: LoadedModel) -> None:

@@ -349,8 +349,14 @@ class Router:
         if current is not None and (reload or (not callable(options) and not self._runs_with(current, options))):
             pinned = current.pinned if pinned is None else pinned
             await self.retire(current)
+        raced = model.name in self._loading  # a load (maybe with other options) is already under way
         lm = await self.acquire(model, options, pinned)
         self.release(lm)
+        if raced and not callable(options) and not self._runs_with(lm, options):
+            # a load with other options was under way and won: this one starts once it has finished
+            await self.retire(lm)
+            lm = await self.acquire(model, options, pinned)
+            self.release(lm)
         return lm
 
     def _runs_with(self, lm: LoadedModel, wanted: dict[str, Any]) -> bool:
@@ -493,12 +499,38 @@ class Router:
         except BackendStartError as exc:
             raise APIError(500, f"Failed to load model {model.public}: {exc}", type="server_error",
                            code="model_load_error") from None
-        elapsed = time.perf_counter() - started
-        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, load_seconds=elapsed,
-                         residency=residency)
+        lm = LoadedModel(model=model, engine=engine, launch=launch, pinned=pinned, residency=residency)
         launch.server.on_exit = lambda srv, code, lm=lm: self._crashed(lm, code)
+        await self._restore_warm(lm)  # before its first request: the conversations it held before
+        lm.load_seconds = elapsed = time.perf_counter() - started
         log.info("Loaded %s in %.2fs (pid %s)", model.name, elapsed, launch.server.pid)
         return lm
+
+    # ----- warm swaps (docs/warm-swaps.md): what a model had read outlives its process --------------
+    async def _restore_warm(self, lm: LoadedModel) -> None:
+        if self.client is None:
+            return
+        try:
+            keys, tokens = await lm.engine.restore_warm(lm.launch, self.client)
+        except Exception as exc:  # a state that cannot be restored costs its prefill, nothing else
+            log.warning("Restoring the saved conversations of %s failed: %s", lm.name, exc)
+            return
+        if tokens:
+            log.info("Restored %d saved conversation(s) of %s (%d tokens)", len(keys), lm.name, tokens)
+            if lm.affinity is not None:
+                lm.affinity.restored(keys)
+
+    async def _save_warm(self, lm: LoadedModel) -> None:
+        """Before an idle engine stops (evicted, idle, under pressure, unloaded, at shutdown)."""
+        if self.client is None or not lm.server.alive or lm.remote:
+            return
+        try:
+            tokens = await lm.engine.save_warm(lm.launch, self.client, dict(lm.affinity.held) if lm.affinity else {})
+        except Exception as exc:  # saving must never keep a model from leaving
+            log.warning("Saving the conversations of %s failed: %s", lm.name, exc)
+            return
+        if tokens:
+            log.info("Saved the conversations of %s (%d tokens) for its next load", lm.name, tokens)
 
     async def _unload_all_for_retry(self, model: ModelInfo, exc: APIError) -> bool:
         """Lemonade's failed-load rule (multi-model guide, Eviction Policy 3): a load that failed for any
@@ -571,6 +603,7 @@ class Router:
     async def _finish_retiring(self, lm: LoadedModel) -> None:
         try:
             await lm.idle.wait()
+            await self._save_warm(lm)
             await lm.server.stop()
         finally:
             with contextlib.suppress(ValueError):
@@ -619,6 +652,8 @@ class Router:
             task.cancel()
         for lm in list(self.loaded.values()) + list(self._retiring):
             lm.state = ModelState.RETIRING
+            if lm.active == 0:
+                await self._save_warm(lm)
             await lm.server.stop(grace=3.0)
         self.loaded.clear()
 

@@ -18,6 +18,7 @@ from lemonade.backends.engine import Engine, Launch, MemoryNeed
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.kv_pool import KvPool
 from lemonade.runtime.options import RESIDENCY_OPTIONS
+from lemonade.runtime.slot_affinity import SlotAffinity
 
 STANDARD, HELPER = "standard", "routing_helper"  # residency classes (scheduler.py's docstring)
 Options = dict[str, Any] | Callable[[], dict[str, Any]]  # a callable is only evaluated when a load happens
@@ -58,11 +59,14 @@ class LoadedModel:
     anon_bytes: int = 0  # the anonymous part of it
     peak_bytes: int = 0  # the most it was measured to hold
     exit_reason: str | None = None  # why its process ended, once the router knows (an OOM kill, an exit code)
+    affinity: SlotAffinity | None = None  # which conversation each of its slots holds (slot_affinity.py)
 
     def __post_init__(self) -> None:
         self.idle.set()
         if self.kv is None and self.launch.shared_kv:
             self.kv = KvPool(*self.launch.shared_kv)
+        if self.affinity is None and self.launch.slots and self.launch.slots > 1 and self.model.mode == "chat":
+            self.affinity = SlotAffinity(self.launch.slots)
 
     @property
     def name(self) -> str:

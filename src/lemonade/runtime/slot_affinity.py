@@ -1,0 +1,91 @@
+"""Each conversation goes back to its slot (issue 40).
+
+An engine with several slots keeps one prompt's KV cache in each. llama-server picks, for a new
+request, the idle slot whose cached prompt is most similar; when that slot is busy it takes another
+and the conversation's cache is lost to it (and the other slot's conversation loses its own). The
+router knows more: what each slot was last given. So a request that continues what a slot holds
+(its text begins with all of it) is sent to that slot (`id_slot`), idle or not, within a guard: a busy
+slot is waited for by one request at most and only for a prefix worth it, so one hot conversation
+cannot starve the others. A request that continues nothing goes to an empty slot rather than over
+another conversation (a shared system prompt is read again once; the other conversation keeps its
+cache), and only when none is empty to the idle slot with the longest prefix in common, then the one
+unused longest, as llama-server would choose.
+
+What a request gives the engine is told by its text: one line per message (or the prompt), serialised
+the same way every time, so a conversation's next turn begins with exactly the text of its last one.
+Only the first TEXT_KEPT characters are kept and compared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TEXT_KEPT = 1 << 18  # characters of a request's text compared (a quarter of a million: ~60k tokens)
+WORTH_WAITING = 2048  # characters in common before a busy slot is worth waiting for (about 500 tokens)
+_STEP = 4096
+
+
+def text_of(body: dict[str, Any]) -> str:
+    """The request's prompt-bearing part, serialised the same way every time."""
+    if isinstance(body.get("messages"), list):
+        lines = (json.dumps(m, sort_keys=True, ensure_ascii=False) for m in body["messages"])
+        return "".join(line + "\n" for line in lines)[:TEXT_KEPT]
+    prompt = body.get("prompt")
+    return prompt[:TEXT_KEPT] if isinstance(prompt, str) else ""
+
+
+def common(a: str, b: str) -> int:
+    """Length of the common prefix: whole chunks compared at C speed, then the one that differs."""
+    n = min(len(a), len(b))
+    i = 0
+    while i + _STEP <= n and a[i:i + _STEP] == b[i:i + _STEP]:
+        i += _STEP
+    end = min(i + _STEP, n)
+    while i < end and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class SlotAffinity:
+    """What each slot of one engine holds, and which slots are serving now."""
+
+    slots: int
+    held: dict[int, str] = field(default_factory=dict)  # slot -> the text of the last request it served
+    busy: dict[int, int] = field(default_factory=dict)  # slot -> requests sent to it and not finished
+    last_use: dict[int, float] = field(default_factory=dict)
+
+    def choose(self, text: str) -> int | None:
+        """The slot for a request with this text (None: let the engine choose)."""
+        if not text or self.slots < 2:
+            return None
+        score = {s: common(text, self.held.get(s, "")) for s in range(self.slots)}
+        idle = [s for s in range(self.slots) if self.busy.get(s, 0) == 0]
+        continued = [s for s in range(self.slots) if self.held.get(s) and score[s] == len(self.held[s])]
+        if continued:
+            own = max(continued, key=lambda s: (score[s], s in idle))
+            if own in idle or (score[own] >= WORTH_WAITING and self.busy.get(own, 0) < 2):
+                return own  # its own conversation is in it: wait for this one request, not longer
+        if not idle:
+            return None
+        empty = [s for s in idle if not self.held.get(s)]
+        if empty:
+            return empty[0]
+        # every slot holds another conversation: the longest prefix in common, else the one unused longest
+        return max(idle, key=lambda s: (score[s], -self.last_use.get(s, 0.0)))
+
+    def take(self, slot: int) -> None:
+        self.busy[slot] = self.busy.get(slot, 0) + 1
+
+    def release(self, slot: int, text: str) -> None:
+        """The request sent to `slot` is done: the slot now holds its conversation."""
+        self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
+        self.held[slot] = text
+        self.last_use[slot] = time.monotonic()
+
+    def restored(self, held: dict[int, str]) -> None:
+        """States restored into slots after a reload (llamacpp_warm.py) hold these conversations."""
+        self.held.update({s: t for s, t in held.items() if 0 <= s < self.slots})

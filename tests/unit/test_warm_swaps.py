@@ -1,0 +1,104 @@
+"""Warm swaps (issue 40) on the engine stand-in: what the router saves at unload, restores at load,
+and how it routes a conversation back to its slot. The stand-in keeps each slot's prompt (its words)
+and reports `cache_n` as llama-server does, so the tests read what a client would.
+
+End to end on the real engine and Gemma 3: tests/test_warm_swaps.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from tests.unit.standin_world import app_client, run
+
+A, B = "model-a", "model-b"
+
+
+def words(n: int, seed: int = 0) -> str:
+    return " ".join(f"w{(i * 7 + seed) % 1000}" for i in range(n))
+
+
+async def chat(http: httpx.AsyncClient, model: str, messages: list[dict]) -> dict:
+    resp = await http.post("/api/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def states(tmp: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp / "cache" / "slots").glob("*/warm-*.json"))]
+
+
+def test_a_conversation_survives_a_swap_and_goes_back_to_its_slot(tmp_path):
+    # one model at a time (default 1 llm slot): B's request evicts A, A's next turn loads it again
+    async def scenario() -> tuple[int, int, list[dict], list[str]]:
+        async with app_client(tmp_path, models=(A, B)) as (http, services, engine):
+            system = {"role": "system", "content": words(300)}
+            first = [system, {"role": "user", "content": "hello"}]
+            await chat(http, A, first)
+            other = [system, {"role": "user", "content": "something else entirely " + words(50, 3)}]
+            await chat(http, A, other)  # a second conversation, on another slot
+            await chat(http, B, [{"role": "user", "content": "hi"}])  # the swap
+            saved = states(tmp_path)
+            again = await chat(http, A, first + [{"role": "assistant", "content": "tok0 tok1"},
+                                                 {"role": "user", "content": "more"}])
+            other_again = await chat(http, A, other + [{"role": "user", "content": "and"}])
+            return again["timings"]["cache_n"], other_again["timings"]["cache_n"], saved, engine.launches
+
+    cached, other_cached, saved, launches = run(scenario)
+    assert launches == ["extra.model-a", "extra.model-b", "extra.model-a"]
+    assert {s["model"] for s in saved} == {"extra.model-a"} and len(saved) == 2
+    assert all(s["tokens"] > 300 for s in saved)
+    # every word of each conversation's earlier turn came back from the restored slot
+    assert cached == 301 and other_cached == 353  # system prompt and first message; the other one's too
+
+
+def test_a_state_is_never_restored_into_another_layout(tmp_path):
+    async def scenario() -> tuple[int, int]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            convo = [{"role": "user", "content": words(200)}]
+            assert (await http.post("/api/v1/load", json={"model_name": A, "ctx_size": 2048})).status_code == 200
+            await chat(http, A, convo)
+            # a load with another context: the state saved at this unload does not fit it
+            assert (await http.post("/api/v1/load", json={"model_name": A, "ctx_size": 4096})).status_code == 200
+            other_layout = (await chat(http, A, convo + [{"role": "user", "content": "x"}]))["timings"]["cache_n"]
+            assert (await http.post("/api/v1/load", json={"model_name": A, "ctx_size": 2048})).status_code == 200
+            same_layout = (await chat(http, A, convo + [{"role": "user", "content": "y"}]))["timings"]["cache_n"]
+            return other_layout, same_layout
+
+    other_layout, same_layout = run(scenario)
+    assert other_layout == 0 and same_layout >= 200
+
+
+def test_the_store_keeps_to_its_cap_and_leaves_no_half_file(tmp_path):
+    # a store of 10 kB (default 4 GB): each stand-in state is a few kB, so older ones must go
+    async def scenario() -> tuple[list[dict], dict]:
+        async with app_client(tmp_path, models=(A, B), kv_store_gb=10e-6) as (http, services, engine):
+            for i in range(4):
+                await chat(http, A, [{"role": "user", "content": words(300, i)}])
+                await chat(http, B, [{"role": "user", "content": words(300, 100 + i)}])
+            health = (await http.get("/api/v1/health")).json()
+            return states(tmp_path), health["kv_store"]
+
+    left, store = run(scenario)
+    total = sum(p.stat().st_size for p in (tmp_path / "cache" / "slots").glob("*/warm-*.bin"))  # after shutdown's save
+    assert left and 0 < store["bytes"] <= 10_000 and store["cap_bytes"] == 10_000 and total <= 10_000
+    assert not list((tmp_path / "cache" / "slots").glob("**/*.partial"))
+
+
+def test_warm_swaps_off_saves_nothing_and_a_crash_leftover_is_removed_at_start(tmp_path):
+    leftover = tmp_path / "cache" / "slots" / "extra.model-a" / "warm-0123-s0.partial"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"cut short")
+
+    # kv_store_gb 0 turns warm swaps off (default 4)
+    async def scenario() -> list[dict]:
+        async with app_client(tmp_path, models=(A, B), kv_store_gb=0) as (http, services, engine):
+            await chat(http, A, [{"role": "user", "content": words(100)}])
+            await chat(http, B, [{"role": "user", "content": words(100, 5)}])
+            return states(tmp_path)
+
+    assert run(scenario) == []
+    assert not leftover.exists()
