@@ -148,10 +148,16 @@ def test_pinned_slots_with_a_load_under_way_wait_instead_of_refusing():
     assert rules.plan(queue([W("b")], [a], limit=2, loading={"c": "llm"})) == []
 
 
-def test_one_eviction_at_a_time_per_type():
+def test_a_model_that_is_stopping_gives_its_slot_to_the_next_at_once_memory_permitting():
     a, b = R("a"), R("b")
-    leaving = R("old", state=ModelState.RETIRING)
-    assert rules.plan(queue([W("c")], [a, b], limit=3, retiring=[leaving])) == []
+    leaving = R("old", state=ModelState.RETIRING, held_bytes=400 * MiB)
+    # the slot is free: the next model starts while the old one saves its conversations and exits
+    assert kinds(rules.plan(queue([W("c")], [a, b], limit=3, retiring=[leaving]))) == [("Load", "c")]
+    # ...but its memory is still counted until it is gone
+    q = queue([W("c", need=chat_need(300))], [a, b], limit=3, retiring=[leaving], memory=600 * MiB)
+    assert rules.plan(q) == []
+    # and no second eviction of the type while one is under way
+    assert rules.plan(queue([W("c"), W("d")], [a, b], limit=2, retiring=[leaving])) == []
 
 
 def test_a_model_whose_old_process_is_stopping_waits_for_it():

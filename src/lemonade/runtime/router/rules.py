@@ -449,10 +449,12 @@ def insufficient_memory(w: Wanted, need: MemoryNeed, q: Queue, sims: Mapping[str
 
 
 def _occupied(mtype: str, sims: Mapping[str, _Sim], loading: Mapping[str, str], retiring: Sequence[_Leaving]) -> int:
-    """Standard slots of the type taken: resident, loading and still stopping (helpers take none)."""
+    """Standard slots of the type taken: resident and loading (helpers take none). A model still stopping
+    has given its slot up: the next one starts while it saves its conversations and exits, as long as
+    both fit in memory (it is counted there until it is gone)."""
     names = {n for n, s in sims.items() if not s.gone and s.standard(mtype)}
     names |= {n for n, t in loading.items() if t == mtype}
-    return len(names) + sum(1 for r in retiring if r.standard and r.type == mtype)
+    return len(names)
 
 
 def _make_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading: Mapping[str, str],

@@ -1,0 +1,282 @@
+"""Warm swaps: what a conversation keeps across a swap and a restart, and what slot routing saves.
+
+Why: a swap used to throw away every token a model had read (0 cached after one request to another
+model; 0 after a restart). Four figures, each against a reference measured in the same run:
+
+1. swap: `max_loaded_models` 1, conversation A with a ~2,000-token system prompt, one request to
+   model B, then A's next turn: the share of A's earlier prompt served from cache
+   (`usage.prompt_tokens_details.cached_tokens`) and A's prefill time (llama-server's `prompt_ms`)
+   against the cold prefill of its first turn; and swap-to-first-token latency (unload, load, restore,
+   first token) p50/p99 with the model file in the page cache and evicted from it;
+2. the same after the server is stopped and started again;
+3. 8 conversations sharing a 1,500-token system prompt with growing histories, at once, on the
+   shipped slot layout (8 slots, one shared cache): prompt tokens the engine computed and mean time to
+   first token, through this server against llama-server started with the launch command of before
+   (the same model, context and slots; llama-server's own slot choice and idle-slot caching);
+4. 16 simultaneous requests for a model that is not loaded: loads and answers;
+and, for the choice of how a sliding-window model keeps its window layers (Gemma 3: five layers in
+six), llama-server alone both ways: context checkpoints (its default) and the full window cache
+(`--swa-full`), what each costs in memory and how much of a conversation a saved and restored slot
+gives back.
+
+    .venv/bin/python benchmarks/bench_warm.py [--swaps 6] [--turns 4]
+
+Results: docs/performance.md ("Warm swaps"). It prints figures and never asserts. Every process it
+starts is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serving import (  # noqa: E402 - sibling module, not a package
+    Processes,
+    backend_dir,
+    free_port,
+    gemma_dir,
+    lemonade_env,
+    load_avg,
+    new_cache,
+    pct,
+    serve_argv,
+    wait_ok,
+)
+
+A, B = "warm-a", "warm-b"
+
+
+def system_prompt(words: int, seed: int = 0) -> str:
+    return " ".join(f"lemon{(i + seed) % 37} river{i % 11} stone{i % 7}" for i in range(words // 3))
+
+
+async def chat(c: httpx.AsyncClient, model: str | None, messages: list[dict], path: str = "/v1/chat/completions",
+               max_tokens: int = 8) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if model:
+        body["model"] = model
+    started = time.perf_counter()
+    resp = await c.post(path, json=body)
+    resp.raise_for_status()
+    out = resp.json()
+    out["_seconds"] = time.perf_counter() - started
+    return out
+
+
+async def streamed(c: httpx.AsyncClient, model: str | None, messages: list[dict], max_tokens: int = 16
+                   ) -> tuple[float, dict[str, Any], str]:
+    """(seconds to the first token, the engine's timings, the text) of a streamed chat request."""
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if model:
+        body["model"] = model
+    started = time.perf_counter()
+    first, timings, text = None, {}, []
+    async with c.stream("POST", "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter() - started
+                    text.append(piece)
+            timings = event.get("timings") or timings
+    return first if first is not None else time.perf_counter() - started, timings, "".join(text)
+
+
+def cached(answer: dict[str, Any]) -> int:
+    details = answer.get("usage", {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or answer.get("timings", {}).get("cache_n") or 0)
+
+
+def evict_page_cache(path: Path) -> None:
+    """Drop a file's pages from the page cache (the kernel keeps pages that are mapped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def start_server(procs: Processes, root: Path, cache: Path, models: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=root / f"server-{port}.log")
+    wait_ok(f"http://127.0.0.1:{port}/live", proc, 60)
+    return proc
+
+
+async def swap_figures(url: str, gguf: Path, swaps: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=1800) as c:
+        convo = [{"role": "system", "content": system_prompt(2000)}, {"role": "user", "content": "Name a fruit."}]
+        first = await chat(c, A, convo)
+        prefix = first["usage"]["prompt_tokens"]
+        cold_ms = first["timings"]["prompt_ms"]
+        latencies: dict[str, list[float]] = {"page cache warm": [], "page cache evicted": []}
+        share, prefill = [], []
+        for i in range(swaps):
+            await chat(c, B, [{"role": "user", "content": f"Hello {i}"}])
+            kind = "page cache evicted" if i % 2 else "page cache warm"
+            if i % 2:
+                evict_page_cache(gguf)
+            convo = convo + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"Another {i}."}]
+            answer = await chat(c, A, convo, max_tokens=1)
+            latencies[kind].append(answer["_seconds"])
+            share.append(cached(answer) / prefix)
+            prefill.append(answer["timings"]["prompt_ms"] / cold_ms)
+        return {"prefix_tokens": prefix, "cold_prefill_ms": cold_ms, "cached_share": share, "prefill_ratio": prefill,
+                "latencies": latencies, "convo": convo}
+
+
+async def restart_figure(url: str, convo: list[dict], prefix: int, cold_ms: float) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=1800) as c:
+        answer = await chat(c, A, convo + [{"role": "assistant", "content": "ok"},
+                                           {"role": "user", "content": "After the restart."}], max_tokens=1)
+        return {"cached_share": cached(answer) / prefix, "prefill_ratio": answer["timings"]["prompt_ms"] / cold_ms}
+
+
+async def conversations(url: str, model: str | None, turns: int, n: int = 8) -> dict[str, float]:
+    """`n` conversations at once sharing a 1,500-token system prompt, `turns` turns each."""
+    system = {"role": "system", "content": system_prompt(1500)}
+    computed, ttft = [], []
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+        async def one(k: int) -> None:
+            messages = [system]
+            for t in range(turns):
+                messages.append({"role": "user", "content": f"Conversation {k}, question {t}: "
+                                                            + system_prompt(60, seed=k * 10 + t)})
+                seconds, timings, text = await streamed(c, model, messages)
+                computed.append(int(timings.get("prompt_n") or 0))
+                ttft.append(seconds)
+                messages.append({"role": "assistant", "content": text})
+        await asyncio.gather(*(one(k) for k in range(n)))
+    return {"prompt_tokens_computed": sum(computed), "mean_ttft_s": statistics.mean(ttft), "requests": len(ttft)}
+
+
+async def sixteen_at_once(url: str) -> dict[str, int]:
+    async with httpx.AsyncClient(base_url=url, timeout=1800) as c:
+        await c.post("/v1/unload", json={})
+        before = (await c.get("/v1/health")).json()["queue"]["loads_total"]
+        answers = await asyncio.gather(*(chat(c, A, [{"role": "user", "content": f"Hi {i}"}], max_tokens=2)
+                                         for i in range(16)), return_exceptions=True)
+        after = (await c.get("/v1/health")).json()["queue"]["loads_total"]
+    return {"loads": after - before, "answers": sum(1 for a in answers if isinstance(a, dict))}
+
+
+async def window_cache_way(procs: Processes, root: Path, gguf: Path, swa_full: bool) -> dict[str, Any]:
+    """One way of keeping the window layers: engine memory after a conversation, and what its next turn
+    reads again after the slot was saved, the engine restarted and the slot restored."""
+    import psutil
+
+    slots = root / ("slots-full" if swa_full else "slots-ckpt")
+    slots.mkdir(exist_ok=True)
+    binary = backend_dir() / "llama-server"
+    port = free_port()
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "32768",
+            "--jinja", "--no-webui", "-ngl", "0", "-np", "8", "-kvu", "--no-cache-idle-slots",
+            "--slot-save-path", str(slots)] + (["--swa-full"] if swa_full else ["--ctx-checkpoints", "2"])
+    convo = [{"role": "system", "content": system_prompt(2000)}, {"role": "user", "content": "Name a fruit."}]
+    out: dict[str, Any] = {}
+    for phase in ("first", "restored"):
+        proc = procs.start(argv, log=root / f"window-{swa_full}.log")
+        wait_ok(f"http://127.0.0.1:{port}/health", proc, 300)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1800) as c:
+            if phase == "first":
+                first = await chat(c, None, convo)
+                out["prompt"] = first["usage"]["prompt_tokens"]
+                out["rss_mib"] = psutil.Process(proc.pid).memory_info().rss / 2**20
+                await c.post("/slots/0?action=save", json={"filename": "bench.bin"})
+                convo = convo + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                                 {"role": "user", "content": "Another."}]
+            else:
+                await c.post("/slots/0?action=restore", json={"filename": "bench.bin"})
+                body = {"messages": convo, "max_tokens": 1, "temperature": 0, "id_slot": 0}
+                answer = (await c.post("/v1/chat/completions", json=body)).json()
+                out["read_again"] = answer["timings"]["prompt_n"]
+                out["cached"] = answer["timings"]["cache_n"]
+        procs.stop(proc)
+    return out
+
+
+def stock_llama_server(procs: Processes, root: Path, gguf: Path, port: int) -> subprocess.Popen[bytes]:
+    """llama-server as this server started it before warm swaps: 8 slots sharing one cache, the context
+    and prompt cache llama-server chooses, its own slot choice (the auto-tune profile's flags)."""
+    binary = backend_dir() / "llama-server"
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "32768",
+            "--jinja", "--no-webui", "-ngl", "0", "-np", "8", "-kvu"]
+    proc = procs.start(argv, log=root / "stock.log")
+    wait_ok(f"http://127.0.0.1:{port}/health", proc, 300)
+    return proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--swaps", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    args = parser.parse_args()
+    procs = Processes()
+    with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
+        root = Path(tmp)
+        models = root / "models"
+        models.mkdir()
+        gguf = next(gemma_dir().glob("*.gguf"))
+        for name in (A, B):
+            (models / f"{name}.gguf").symlink_to(gguf)
+        cache = new_cache(root, "cache", backend_dir())
+        port = free_port()
+        print(f"load average {load_avg()} before", flush=True)
+        server = start_server(procs, root, cache, models, port)
+        url = f"http://127.0.0.1:{port}"
+        swaps = asyncio.run(swap_figures(url, gguf, args.swaps))
+        four = asyncio.run(sixteen_at_once(url))
+        procs.stop(server)
+        server = start_server(procs, root, cache, models, port)
+        restart = asyncio.run(restart_figure(url, swaps["convo"], swaps["prefix_tokens"], swaps["cold_prefill_ms"]))
+        ours = asyncio.run(conversations(url, A, args.turns))
+        procs.stop(server)
+        stock_port = free_port()
+        stock = stock_llama_server(procs, root, gguf, stock_port)
+        theirs = asyncio.run(conversations(f"http://127.0.0.1:{stock_port}", None, args.turns))
+        procs.stop(stock)
+        ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
+                for name, full in (("context checkpoints", False), ("full window cache", True))}
+        print(f"load average {load_avg()} after\n")
+
+    lat = swaps["latencies"]
+    print(f"1. swap, A's prefix {swaps['prefix_tokens']} tokens (cold prefill {swaps['cold_prefill_ms']:.0f} ms):")
+    print(f"   cached share of the prefix after each swap: {', '.join(f'{s:.3f}' for s in swaps['cached_share'])}")
+    print(f"   prefill after the swap / cold prefill: {', '.join(f'{r:.3f}' for r in swaps['prefill_ratio'])}")
+    for kind, values in lat.items():
+        if values:
+            print(f"   swap-to-first-token, {kind}: p50 {pct(values, 50):.2f} s, p99 {pct(values, 99):.2f} s "
+                  f"({len(values)} swaps)")
+    print(f"2. after a restart: cached share {restart['cached_share']:.3f}, "
+          f"prefill / cold {restart['prefill_ratio']:.3f}")
+    print(f"3. 8 conversations x {args.turns} turns, 1,500-token shared system prompt:")
+    mine, stock = ours["prompt_tokens_computed"], theirs["prompt_tokens_computed"]
+    print(f"   prompt tokens computed: {mine} through this server, {stock} stock ({mine / stock:.3f}x)")
+    mine_s, stock_s = ours["mean_ttft_s"], theirs["mean_ttft_s"]
+    print(f"   mean time to first token: {mine_s:.2f} s through this server, {stock_s:.2f} s stock "
+          f"({mine_s / stock_s:.3f}x)")
+    print(f"4. 16 simultaneous requests for an unloaded model: {four['loads']} load(s), {four['answers']} answers")
+    print("Window layers of Gemma 3 (ctx 32768, 8 slots), saved, restarted and restored:")
+    for name, way in ways.items():
+        print(f"   {name}: engine RSS {way['rss_mib']:.0f} MiB after a {way['prompt']}-token prompt; the next turn "
+              f"read {way['read_again']} tokens again ({way['cached']} from the restored slot)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

@@ -1,0 +1,87 @@
+"""Warm swaps (issue 40), end to end on the real engine and Gemma 3 270M, with the shipped defaults.
+
+One model at a time (`max_loaded_models` 1, the default): a conversation with a long system prompt,
+a request to another model (which evicts the first), then the conversation's next turn: llama-server
+reads only what is new, because the router saved the conversation's slot at the unload and restored
+it at the load (`usage.prompt_tokens_details.cached_tokens`, as the client sees it). The same after
+the server is stopped and started again. Gemma 3 is a sliding-window model: its restored state
+continues only with its full window cache, which the server gives it here (5 % of this machine's
+memory covers it; docs/warm-swaps.md). The file hygiene of the store is checked on the stand-in
+(tests/unit/test_warm_swaps.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Server, ServerFactory
+
+A, B = "warm-a", "warm-b"
+SYSTEM = " ".join(f"lemon{i % 37} river{i % 11} stone{i % 7}" for i in range(500))  # about 2,000 tokens
+
+
+@pytest.fixture(scope="module")
+def models(gemma_dir, tmp_path_factory) -> Path:
+    """Gemma under two names: two models that take turns in the one llm slot."""
+    folder = tmp_path_factory.mktemp("warm-models")
+    gguf = next(gemma_dir.glob("*.gguf"))
+    for name in (A, B):
+        (folder / f"{name}.gguf").symlink_to(gguf)
+    return folder
+
+
+def chat(server: Server, model: str, messages: list[dict]) -> dict:
+    with server.client(timeout=900) as http:
+        resp = http.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8,
+                                                       "temperature": 0})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+
+def cached(answer: dict) -> int:
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_conversation_survives_a_swap_and_a_restart(make_server: ServerFactory, models: Path):
+    env = {"LEMONADE_EXTRA_MODELS_DIR": str(models)}
+    server = make_server(env=env)
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit."}]
+    first = chat(server, A, turn1)
+    prefix = first["usage"]["prompt_tokens"]
+    assert prefix > 1500 and cached(first) == 0
+
+    chat(server, B, [{"role": "user", "content": "Hello"}])  # A leaves its slot to B
+    with server.client() as http:
+        health = http.get("/v1/health").json()
+    assert [m["model_name"] for m in health["all_models_loaded"]] == [B]
+    assert health["kv_store"]["states"] >= 1 and health["kv_store"]["enabled"]
+
+    turn2 = turn1 + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "Name another."}]
+    second = chat(server, A, turn2)
+    assert cached(second) >= 0.99 * prefix, second["usage"]
+
+    # stopped and started again on the same folders: the conversation is still warm
+    server.stop()
+    server = make_server(env=env, cache=server.cache)
+    turn3 = turn2 + [{"role": "assistant", "content": second["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "And one more."}]
+    third = chat(server, A, turn3)
+    assert cached(third) >= 0.99 * prefix, third["usage"]
+    saved = [json.loads(p.read_text()) for p in (server.cache / "slots").glob("*/warm-*.json")]
+    assert saved and not list((server.cache / "slots").glob("**/*.partial"))
+
+
+def test_a_state_is_not_restored_into_another_context(make_server: ServerFactory, models: Path):
+    """The fingerprint: a state saved by a load with one context is never restored into another."""
+    server = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(models)})
+    convo = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit."}]
+    with server.client(timeout=900) as http:
+        assert http.post("/v1/load", json={"model_name": A, "ctx_size": 8192}).status_code == 200
+        chat(server, A, convo)
+        assert http.post("/v1/load", json={"model_name": A, "ctx_size": 4096}).status_code == 200
+    answer = chat(server, A, convo + [{"role": "user", "content": "Another."}])
+    assert cached(answer) == 0
