@@ -212,7 +212,10 @@ def test_non_streamed_answer_assembled_from_the_stream_matches_the_engines(serve
     """We ask llama-server for a stream and build the non-streamed answer (so a client that leaves
     stops the engine); it must be the answer llama-server itself gives to the same greedy request.
     (Every budget here is above SHORT_ANSWER_TOKENS, so each request really goes the streamed way.)"""
-    body = {"model": GEMMA_NAME, **body, "temperature": 0, "seed": 7}
+    # No prompt cache: with Gemma's full window cache (--swa-full) the second request would read only its
+    # last prompt token from the first one's cache, and a batch of another shape can tip a near tie of
+    # greedy decoding (llama-server does that to itself); this test is about the assembly, not the cache.
+    body = {"model": GEMMA_NAME, **body, "temperature": 0, "seed": 7, "cache_prompt": False}
     ours = httpx.post(server.url + path, json=body, timeout=300).json()
     direct = httpx.post(engine_url(server) + path, json=body, timeout=300).json()
     assert keys(ours) == keys(direct), (ours, direct)
