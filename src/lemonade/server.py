@@ -22,6 +22,7 @@ from lemonade.observability.logs import setup_logging
 from lemonade.paths import cache_dir as default_cache_dir
 from lemonade.paths import config_dir as default_config_dir
 from lemonade.util.browser import app_url, local_base_url, open_url
+from lemonade.util.tcp_keepalive import keep_alive
 
 log = logging.getLogger("lemonade.server")
 
@@ -91,6 +92,22 @@ def warn_if_exposed(host: str, port: int, api_key: str | None) -> None:
     log.warning("Listening on %s:%d, reachable from other machines, without LEMONADE_API_KEY: anyone who can "
                 "reach this port can use and manage the server. Set LEMONADE_API_KEY (and LEMONADE_ADMIN_API_KEY "
                 "for /internal/*), or bind to 127.0.0.1 (lemonade config set host=127.0.0.1).", host, port)
+
+
+def kept_alive_http() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools where installed) with TCP keep-alive on every connection it
+    accepts (util/tcp_keepalive.py says why). A WebSocket begins as an HTTP request on the same
+    connection, so the WebSockets of both ports have it too."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class KeptAlive(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                keep_alive(sock)
+            super().connection_made(transport)
+
+    return KeptAlive
 
 
 def build(cli_overrides: dict[str, Any] | None = None, cache: Path | None = None,
@@ -223,10 +240,12 @@ def serve(cli_overrides: dict[str, Any] | None = None, open_app: bool = False) -
     # Last resort if the interpreter exits without running the lifespan shutdown.
     atexit.register(services.router.kill_all_now)
     log.info("Starting Lemonade on http://%s:%d", host, port)
+    http = kept_alive_http()
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                   timeout_graceful_shutdown=5, ws_ping_interval=20))
+                                   timeout_graceful_shutdown=5, ws_ping_interval=20, http=http))
     follower = Follower(uvicorn.Config(websocket_only(app, port), lifespan="off", log_level="warning",
-                                       access_log=False, timeout_graceful_shutdown=5, ws_ping_interval=20))
+                                       access_log=False, timeout_graceful_shutdown=5, ws_ping_interval=20,
+                                       http=http))
     server.follower = (follower, ws_sock)
     services.stop_server = server.request_exit  # POST /internal/shutdown: the same way out as Ctrl-C
     log.info("WebSockets (/realtime, /logs/stream, /spans/stream) also on the dedicated port %d",

@@ -30,8 +30,14 @@ class SSEEvent:
     data: Any
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
-    """Parse SSE bytes into events; `data: [DONE]` ends the stream. Non-JSON data is skipped."""
+# The name of the event `sse_events` makes of a comment line, when asked: the proxy's keep-alive while
+# the engine reads a long prompt (runtime/keepalive.py), which a translator passes on in its own terms.
+COMMENT = ":"
+
+
+async def sse_events(chunks: AsyncIterator[bytes], comments: bool = False) -> AsyncIterator[SSEEvent]:
+    """Parse SSE bytes into events; `data: [DONE]` ends the stream. Non-JSON data is skipped, and so
+    are comment lines unless `comments` (then each is an event named COMMENT, without data)."""
     buffer = b""
     name: str | None = None
     data_lines: list[bytes] = []
@@ -67,7 +73,9 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
                 data_lines.append(line[5:].lstrip(b" "))
             elif line.startswith(b"event:"):
                 name = line[6:].strip().decode(errors="replace")
-            # comments (":") and other fields (id, retry) are irrelevant here
+            elif comments and line.startswith(b":"):
+                yield SSEEvent(COMMENT, None)
+            # other fields (id, retry) are irrelevant here
     if buffer.strip().startswith(b"data:"):
         data_lines.append(buffer.strip()[5:].lstrip(b" "))
     event = take()

@@ -10,6 +10,7 @@ that a client hanging up stops it as well; the answer is assembled here (runtime
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -29,6 +30,7 @@ from lemonade.observability.spans import InferenceSpan
 from lemonade.runtime.assemble import Assembly
 from lemonade.runtime.engine_client import EngineClient, EngineStream
 from lemonade.runtime.engine_request import EngineError, FileBody, encode, may_run_long, refuse_oversized_prompt
+from lemonade.runtime.keepalive import FIRST_CHUNK_WAIT, KEEPALIVE, KEEPALIVE_INTERVAL, SSE, is_comment
 from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.remote_http import RemoteHttp, RemoteStream
 from lemonade.runtime.request_context import ClientGone, cancelled_when_gone, request_trace
@@ -313,7 +315,7 @@ class Proxy:
 
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
-                     media_type: str = "text/event-stream", in_band_errors: bool = True) -> Response:
+                     media_type: str = SSE, in_band_errors: bool = True) -> Response:
         """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream.
 
         A client that asked for a stream reads the engine's errors as a stream too (context overflow,
@@ -344,55 +346,25 @@ class Proxy:
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
                       media_type: str) -> Response:
         await self.speculation.before(model, body, self._options(model))
-        for attempt in range(2):
-            use = self.router.use(model, self._options(model))
-            lm = await use.__aenter__()
-            released = False
-            held = [Held()]  # this attempt's slot and KV cache tokens, given back with the model
-
-            async def release(use: Any = use, lm: LoadedModel = lm, held: list[Held] = held) -> None:
-                nonlocal released
-                if not released:
-                    released = True
-                    held[0].release(lm)
-                    await use.__aexit__(None, None, None)
-
-            span = request_trace.get()
-            if span is not None:
-                trace_engine(span, lm)
-            t0 = time.perf_counter()
-            asked_usage: list[dict[str, Any]] = []  # usage events we asked a remote service for (not relayed)
-            opened: EngineStream | RemoteStream | None = None
+        up = _Upstream(self, model, path, body)
+        await up.acquire()  # admission errors (queue full, slots pinned, ...) keep their HTTP status
+        # Our response starts with the engine's first chunk, not with its headers: llama-server sends
+        # those before it reads the prompt, and starting a response (ours, and the client reading it)
+        # meanwhile took CPU from the prompt's batch, a few ms of every stream's first token on 2 cores
+        # (docs/performance.md, sixth round). A long prompt takes seconds, though, and a client or a
+        # proxy with an idle timeout would give up on a silent connection (lemonade#1364): an SSE
+        # stream whose engine is still silent after FIRST_CHUNK_WAIT starts without it and sends
+        # keep-alives until the first chunk (`relay`); an NDJSON or audio stream has no such line.
+        if media_type == SSE:
+            up.waiting = asyncio.ensure_future(up.first_chunk())
             try:
-                refuse_oversized_prompt(lm, body)
-                held[0] = await self._reserve(lm, body)
-                resp = opened = await self._open_stream(lm, path, body)
-                chunks = aiter(resp)
-                if lm.engine.remote and lm.engine.asks_stream_usage(path, body):
-                    chunks = _without_usage_events(chunks, asked_usage)
-                # Our response starts with the engine's first chunk, not with its headers: llama-server
-                # sends those before it reads the prompt, and starting a response (ours, and the client
-                # reading it) meanwhile took CPU from the prompt's batch, a few ms of every stream's
-                # first token on 2 cores (docs/performance.md, sixth round). An engine that dies before
-                # its first chunk is started again and asked again, as for a non-streamed request.
-                first = await cancelled_when_gone(anext(chunks, None)) if resp.status == 200 else None
-                break
-            except ENGINE_ERRORS as exc:
-                if opened is not None:
-                    opened.close()
-                await release()
-                if attempt or not await self.router.confirm_crash(lm):
-                    raise await self._crash(lm, exc) from None
+                first = await up.next_after(FIRST_CHUNK_WAIT)
             except BaseException:
-                if opened is not None:
-                    opened.close()
-                await release()
+                up.release()
                 raise
-        if resp.status != 200:
-            text = (await resp.read()).decode(errors="replace")
-            resp.close()
-            await release()
-            raise upstream_error(lm, resp.status, text)
+        else:
+            first = await cancelled_when_gone(up.first_chunk())
+        span = request_trace.get()
         reader = span.stream_reader() if span is not None else None  # the span reads what is relayed
 
         async def relay() -> AsyncIterator[bytes]:
@@ -403,11 +375,15 @@ class Proxy:
             accounted = False
             chunk = first
             try:
+                while up.waiting is not None:  # the engine reads the prompt: a keep-alive every interval
+                    yield KEEPALIVE
+                    chunk = await up.next_after(KEEPALIVE_INTERVAL)
+                lm = up.lm
                 while chunk is not None:
                     if not started:
                         started = True
                         lm.streaming += 1
-                        log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - t0) * 1000)
+                        log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - up.t0) * 1000)
                     # No copying per chunk (a 16 KB `(tail + chunk)[-16K:]` cost two copies of it per token).
                     tail.append(chunk)
                     kept += len(chunk)
@@ -419,37 +395,131 @@ class Proxy:
                         # /v1/stats about it at once (the web app does): count it before it leaves, not
                         # at the engine's EOF, which can come later than that question on a busy machine.
                         accounted = True
-                        final = asked_usage[-1] if asked_usage else _final_event(tail)
+                        final = up.asked_usage[-1] if up.asked_usage else _final_event(tail)
                         self._account(model, endpoint, final)
                     if reader is not None:
                         reader.feed(chunk)
                     yield chunk
-                    chunk = await anext(chunks, None)
+                    chunk = await anext(up.chunks, None)  # type: ignore[arg-type]
+            except ClientGone:
+                pass  # it left while the engine read the prompt: the engine's stream is closed below
+            except APIError as err:  # the engine failed or refused before its first chunk, after keep-alives
+                log.warning("Streamed request to %s failed: %s", model.name, err.message)
+                if span is not None:
+                    span.fail(err.message)
+                yield error_event(err)
             except ENGINE_ERRORS as exc:
-                err = await self._crash(lm, exc)
+                err = await self._crash(up.lm, exc)
                 log.error("%s", err.message)
                 if span is not None:
                     span.fail(err.message)
                 yield error_event(err)
             finally:
                 if started:
-                    lm.streaming -= 1
+                    up.lm.streaming -= 1
                 # A stream without [DONE] (other engines; a client gone first) is counted here: the
                 # figures are in `tail` already.
                 if not accounted:
-                    final = asked_usage[-1] if asked_usage else _final_event(tail)
+                    final = up.asked_usage[-1] if up.asked_usage else _final_event(tail)
                     self._account(model, endpoint, final)
                 if reader is not None:
-                    if asked_usage:
-                        reader.span.count_usage(asked_usage[-1].get("usage"), None)
+                    if up.asked_usage:
+                        reader.span.count_usage(up.asked_usage[-1].get("usage"), None)
                     reader.close()
-                resp.close()
-                await release()
+                up.release()
 
         source = relay()
         return StreamingResponse(transform(source) if transform else source, media_type=media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(_cleanup, resp, release))
+                                 background=BackgroundTask(_cleanup, up))
+
+
+class _Upstream:
+    """The engine side of one streamed request: the model it holds, its room in the engine's KV
+    cache, the engine's answer, and the wait for that answer's first chunk."""
+
+    def __init__(self, proxy: Proxy, model: ModelInfo, path: str, body: dict[str, Any]) -> None:
+        self.proxy, self.model, self.path, self.body = proxy, model, path, body
+        self.lm: LoadedModel = None  # type: ignore[assignment]  # set by acquire(), before anything else
+        self.taken = False
+        self.held = Held()  # the slot chosen and the KV cache tokens reserved, given back with the model
+        self.resp: EngineStream | RemoteStream | None = None
+        self.chunks: AsyncIterator[bytes] | None = None
+        self.asked_usage: list[dict[str, Any]] = []  # usage events we asked a remote service for (not relayed)
+        self.waiting: asyncio.Task[bytes | None] | None = None  # the read of a chunk, while keep-alives go out
+        self.t0 = time.perf_counter()
+
+    async def acquire(self) -> None:
+        self.lm = await self.proxy.router.acquire(self.model, self.proxy._options(self.model))
+        self.taken = True
+        span = request_trace.get()
+        if span is not None:
+            trace_engine(span, self.lm)
+
+    def release(self) -> None:
+        """Stop reading, close the engine's answer (which stops its work) and give back the model and
+        the KV room; once, however the request ends."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            if not waiting.done():
+                waiting.cancel()
+            elif not waiting.cancelled():
+                waiting.exception()  # seen: a failure after the client left is nobody's to report
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self.resp is not None:
+            self.resp.close()
+        if self.taken:
+            self.taken = False
+            self.held.release(self.lm)
+            self.proxy.router.release(self.lm)
+
+    async def first_chunk(self) -> bytes | None:
+        """Send the request and wait for the engine's first chunk (None: an empty stream). An engine
+        that dies before it has sent the client nothing of the answer, keep-alives at most, so it is
+        started again and asked again, once. Its refusal is raised as an EngineError. Whatever
+        fails, the model and the KV room are given back first."""
+        proxy = self.proxy
+        for attempt in range(2):
+            if attempt:
+                await self.acquire()
+            lm = self.lm
+            try:
+                refuse_oversized_prompt(lm, self.body)
+                self.held = await proxy._reserve(lm, self.body)
+                resp = self.resp = await proxy._open_stream(lm, self.path, self.body)
+                self.chunks = aiter(resp)
+                if lm.engine.remote and lm.engine.asks_stream_usage(self.path, self.body):
+                    self.asked_usage = []
+                    self.chunks = _without_usage_events(self.chunks, self.asked_usage)
+                if resp.status != 200:
+                    raise upstream_error(lm, resp.status, (await resp.read()).decode(errors="replace"))
+                return await anext(self.chunks, None)
+            except ENGINE_ERRORS as exc:
+                self._let_go()
+                if attempt or not await proxy.router.confirm_crash(lm):
+                    raise await proxy._crash(lm, exc) from None
+            except BaseException:
+                self._let_go()
+                raise
+        raise AssertionError("unreachable")
+
+    async def next_after(self, timeout: float) -> bytes | None:
+        """What `waiting` reads, if it comes within `timeout` s: then `waiting` is None and the
+        chunk is returned (None: the stream ended); else `waiting` still reads and None is returned.
+        A chunk of comment lines only (llama-server's own keep-alive after 30 s of silence) is not
+        passed on, ours are: the wait goes on. The client leaving ends it (ClientGone)."""
+        assert self.waiting is not None
+        done, _ = await cancelled_when_gone(asyncio.wait((self.waiting,), timeout=timeout))
+        if not done:
+            return None
+        chunk = self.waiting.result()
+        self.waiting = None
+        if chunk is not None and is_comment(chunk):
+            self.waiting = asyncio.ensure_future(anext(self.chunks, None))  # type: ignore[arg-type]
+            return None
+        return chunk
 
 
 @dataclass
@@ -545,7 +615,6 @@ async def _error_events(err: APIError) -> AsyncIterator[bytes]:
     yield error_event(err)
 
 
-async def _cleanup(resp: EngineStream | RemoteStream, release: Callable[[], Any]) -> None:
+async def _cleanup(up: _Upstream) -> None:
     """Runs after the response ends, however it ends (also when the stream never started)."""
-    resp.close()
-    await release()
+    up.release()

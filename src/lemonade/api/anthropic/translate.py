@@ -19,7 +19,7 @@ from typing import Any
 
 from lemonade.api.anthropic.protocol import SUPPORTED_FIELDS, CountTokensRequest, MessagesRequest
 from lemonade.api.errors import APIError
-from lemonade.api.sse import SSEEvent, error_message, sse_events
+from lemonade.api.sse import COMMENT, SSEEvent, error_message, sse_events
 from lemonade.util import jsonparse
 
 log = logging.getLogger("lemonade.anthropic")
@@ -335,6 +335,9 @@ def _sse(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n".encode()
 
 
+PING = _sse("ping", {})
+
+
 class EventWriter:
     """Turns OpenAI stream deltas into Anthropic events, one content block open at a time.
 
@@ -460,10 +463,15 @@ def stream_error_type(event: SSEEvent) -> str:
 
 
 async def anthropic_stream(source: AsyncIterator[bytes], model: str, tr: Translation) -> AsyncIterator[bytes]:
+    """The event sequence of the module's docstring; a keep-alive of the proxy while the engine reads
+    a long prompt becomes Anthropic's `ping` event (which its clients skip), after message_start."""
     writer = EventWriter(model, tr)
     yield writer.start()
     try:
-        async for event in sse_events(source):
+        async for event in sse_events(source, comments=True):
+            if event.name == COMMENT:
+                yield PING
+                continue
             message = error_message(event)
             if message is not None:
                 yield error_event(message, stream_error_type(event))

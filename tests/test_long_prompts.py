@@ -1,0 +1,290 @@
+"""Issue 40, part 5: long prompts never time out before their first token.
+
+While the engine reads a long prompt, a Server-Sent Events stream sends keep-alives (an SSE comment
+line for OpenAI chat, completions and Responses; Anthropic's `ping` event for /v1/messages), the
+official `openai` and `anthropic` clients parse such streams, a client with a 5 s read timeout gets
+its answer, a client that hangs up during the prompt frees the engine's slot on every streaming
+surface, and the server's connections have TCP keep-alive. All of it on the real server, the real
+llama-server and the real Gemma 3 270M.
+
+"Long" is by construction: LONG_WORDS words take seconds of prompt work on a CPU (a 4,000-token
+prompt takes 5-16 s on 2 cores; docs/performance.md, "Long prompts"), well past the one second the
+server waits for a first token before it starts a response with keep-alives. Every prompt starts
+with a number of its own, so llama-server's prompt cache never shortens one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+
+from tests.helpers import GEMMA_NAME, Server, wait_for
+
+LONG_WORDS = 6000
+_numbers = itertools.count(int(time.time()) % 100000)
+
+
+def long_text(words: int = LONG_WORDS) -> str:
+    """A prompt of at least `words` tokens that no earlier prompt is a prefix of."""
+    return f"{next(_numbers)} " + "lemon " * words + "\nHow many lemons?"
+
+
+@pytest.fixture(scope="module")
+def server(gemma_server: Server) -> Server:
+    with gemma_server.client() as c:  # loaded once, so that no test waits for the load
+        hello = {"model": GEMMA_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+        assert c.post("/v1/chat/completions", json=hello).status_code == 200
+    return gemma_server
+
+
+def recorder(http: Any) -> Any:
+    """An httpx transport (of `http`: the `openai` client takes httpx's, the `anthropic` client its
+    fork httpx2's) that keeps every byte of the answers it passes to an official client in `.raw`."""
+
+    class Recorder(http.BaseTransport):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            self.inner = http.HTTPTransport()
+            self.raw = bytearray()
+
+        def handle_request(self, request: Any) -> Any:
+            resp = self.inner.handle_request(request)
+            raw, body = self.raw, resp.stream
+
+            class Tee(http.SyncByteStream):  # type: ignore[misc,name-defined]
+                def __iter__(self) -> Iterator[bytes]:
+                    for chunk in body:
+                        raw.extend(chunk)
+                        yield chunk
+
+                def close(self) -> None:
+                    body.close()
+
+            return http.Response(resp.status_code, headers=resp.headers, stream=Tee(), extensions=resp.extensions)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    return Recorder()
+
+
+def before_first_event(raw: bytes, marker: bytes) -> bytes:
+    """What the stream carried before its first `data:` line that contains `marker`."""
+    at = raw.find(marker)
+    assert at > 0, raw[:2000]
+    return raw[:raw.rfind(b"\n", 0, at) + 1]
+
+
+# ----- keep-alives, parsed by the official clients -------------------------------------------------
+
+def openai_client(server: Server, transport: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.Client(transport=transport, timeout=600))
+
+
+def test_chat_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+    rec = recorder(httpx)
+    stream = openai_client(server, rec).chat.completions.create(
+        model=GEMMA_NAME, messages=[{"role": "user", "content": long_text()}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens > LONG_WORDS
+    head = before_first_event(bytes(rec.raw), b'"choices"')
+    assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
+
+
+def test_completions_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+    rec = recorder(httpx)
+    stream = openai_client(server, rec).completions.create(
+        model=GEMMA_NAME, prompt=long_text(), max_tokens=8, stream=True, extra_body={"ignore_eos": True})
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text
+    head = before_first_event(bytes(rec.raw), b'"choices"')
+    assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
+
+
+def test_responses_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+    rec = recorder(httpx)
+    stream = openai_client(server, rec).responses.create(
+        model=GEMMA_NAME, input=long_text(), max_output_tokens=8, stream=True)
+    events = list(stream)
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[-1].response.output_text
+    head = before_first_event(bytes(rec.raw), b"response.created")
+    assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
+
+
+def test_messages_stream_pings_during_the_prompt_and_parses_in_anthropic(server: Server) -> None:
+    """Anthropic's own order: message_start, ping..., then the content blocks."""
+    rec = recorder(httpx2)
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                                 http_client=httpx2.Client(transport=rec, timeout=600))
+    with client.messages.stream(model=GEMMA_NAME, max_tokens=8,
+                                messages=[{"role": "user", "content": long_text()}]) as stream:
+        message = stream.get_final_message()
+    assert message.content[0].type == "text" and message.usage.input_tokens > LONG_WORDS
+    names = [line[7:] for line in bytes(rec.raw).decode().splitlines() if line.startswith("event: ")]
+    first_block = names.index("content_block_start")
+    assert names[0] == "message_start" and names[1:first_block] == ["ping"] * (first_block - 1), names
+    assert first_block >= 2, names  # at least one ping: the prompt took longer than the first wait
+    assert "ping" not in names[first_block:], names
+    pings = [json.loads(line[6:]) for line in bytes(rec.raw).decode().splitlines()
+             if line.startswith("data: ") and '"ping"' in line]
+    assert pings and all(p == {"type": "ping"} for p in pings)
+
+
+def test_a_client_with_a_5_s_read_timeout_gets_its_answer(server: Server) -> None:
+    """The client gives up after 5 s without a byte; the engine reads the prompt for longer than that
+    on the machines this runs on, and the keep-alives carry the connection through."""
+    body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": long_text()}], "max_tokens": 8,
+            "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(5.0, connect=5.0)) as c, \
+            c.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        lines = [line for line in resp.iter_lines() if line]
+    assert lines[0] == ": keep-alive" and lines[-1] == "data: [DONE]", lines[:3]
+    data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert data[-1]["timings"]["prompt_n"] > LONG_WORDS
+
+
+def test_an_engine_that_dies_after_keepalives_is_started_again_and_asked_again(server: Server) -> None:
+    """The client has seen keep-alives only, nothing of the answer: the engine that died while it read
+    the prompt is started again, and the stream goes on with the new one's answer."""
+    with server.client() as c:
+        pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
+        body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": long_text()}], "max_tokens": 8,
+                "stream": True, "ignore_eos": True}
+        with c.stream("POST", "/v1/chat/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            assert next(lines) == ": keep-alive"
+            os.kill(pid, signal.SIGKILL)
+            rest = [line for line in lines if line]
+        assert "event: error" not in rest and rest[-1] == "data: [DONE]", rest[-3:]
+        assert set(rest[:rest.index(next(line for line in rest if line.startswith("data:")))]) <= {": keep-alive"}
+        events = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+        assert any(e["choices"] and e["choices"][0]["delta"].get("content") for e in events)
+        assert c.get("/v1/health").json()["all_models_loaded"][0]["pid"] != pid
+
+
+def test_short_prompts_start_with_their_first_token(server: Server) -> None:
+    """A first token within the first wait: the stream is the engine's, without a keep-alive."""
+    with httpx.Client(base_url=server.url, timeout=120) as c, c.stream("POST", "/v1/chat/completions", json={
+            "model": GEMMA_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "stream": True}) as resp:
+        raw = resp.read()
+    assert raw.startswith(b"data: {") and b"keep-alive" not in raw, raw[:200]
+
+
+# ----- a client that leaves during the prompt ------------------------------------------------------
+
+SURFACES: dict[str, tuple[str, dict[str, Any], bytes | None]] = {
+    # surface: (path, body, what the stream sends during the prompt, None: nothing)
+    "openai-chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "{prompt}"}],
+                                             "max_tokens": 2000, "stream": True}, b": keep-alive"),
+    "openai-completions": ("/v1/completions", {"prompt": "{prompt}", "max_tokens": 2000, "stream": True},
+                           b": keep-alive"),
+    "openai-responses": ("/v1/responses", {"input": "{prompt}", "max_output_tokens": 2000, "stream": True},
+                         b": keep-alive"),
+    "anthropic-messages": ("/v1/messages", {"messages": [{"role": "user", "content": "{prompt}"}],
+                                            "max_tokens": 2000, "stream": True}, b"event: ping"),
+    "ollama-chat": ("/api/chat", {"messages": [{"role": "user", "content": "{prompt}"}], "stream": True,
+                                  "options": {"num_predict": 2000}}, None),
+    "ollama-generate": ("/api/generate", {"prompt": "{prompt}", "stream": True, "options": {"num_predict": 2000}},
+                        None),
+}
+
+
+def fill(body: Any, prompt: str) -> Any:
+    if isinstance(body, dict):
+        return {k: fill(v, prompt) for k, v in body.items()}
+    if isinstance(body, list):
+        return [fill(v, prompt) for v in body]
+    return prompt if body == "{prompt}" else body
+
+
+def raw_request(server: Server, path: str, body: dict[str, Any]) -> socket.socket:
+    """The request sent on a socket of our own, so the test decides when the connection closes."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=600)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def busy_slot(c: httpx.Client) -> dict[str, Any] | None:
+    return next((s for s in c.get("/v1/slots").json() if s.get("is_processing")), None)
+
+
+@pytest.mark.parametrize("surface", list(SURFACES))
+def test_a_client_gone_during_the_prompt_frees_the_engine(server: Server, surface: str) -> None:
+    """The client hangs up while the engine reads its prompt (on an SSE surface, once the keep-alives
+    have started): the engine stops before it has read the whole prompt and generates nothing, and
+    the model is free again."""
+    path, body, during = SURFACES[surface]
+    sock = raw_request(server, path, fill({"model": GEMMA_NAME, **body}, long_text()))
+    with server.client() as c:
+        try:
+            if during is not None:  # the response has started: the keep-alives are coming
+                received = b""
+                while during not in received:
+                    piece = sock.recv(4096)
+                    assert piece, received
+                    received += piece
+                assert b" 200 OK" in received.split(b"\r\n", 1)[0] and b'"delta"' not in received, received
+            slot = wait_for(lambda: busy_slot(c), timeout=120, interval=0.02, what="the engine at work")
+        finally:
+            sock.close()
+        wait_for(lambda: not busy_slot(c), timeout=300, what="the engine to stop")
+        after = next(s for s in c.get("/v1/slots").json() if s["id"] == slot["id"])
+        assert after["id_task"] == slot["id_task"]  # the request of this test, not a later one
+        assert after["next_token"][0]["n_decoded"] == 0, after["next_token"]
+        assert after["n_prompt_tokens_processed"] < LONG_WORDS, after["n_prompt_tokens_processed"]
+        health = c.get("/v1/health").json()["all_models_loaded"][0]
+        assert not health["is_busy"] and not health["is_streaming"]
+        # and it serves the next request at once
+        assert c.post("/v1/chat/completions", json={"model": GEMMA_NAME, "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "Hi"}]}).status_code == 200
+
+
+# ----- TCP keep-alive --------------------------------------------------------------------------------
+
+def tcp_timer(local_port: int, remote_port: int) -> tuple[int, int]:
+    """(timer kind, ticks until it fires) of the server side of a loopback connection, from
+    /proc/net/tcp: kind 2 is the keep-alive timer, armed only on a socket with SO_KEEPALIVE."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = (int(part.split(":")[1], 16) for part in fields[1:3])
+        if (local, remote) == (local_port, remote_port) and fields[3] == "01":  # established
+            kind, ticks = fields[5].split(":")
+            return int(kind, 16), int(ticks, 16)
+    raise AssertionError(f"no connection {local_port} <- {remote_port} in /proc/net/tcp")
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
+def test_the_server_connections_have_tcp_keepalive(server: Server) -> None:
+    """Both listening ports (the API's and the dedicated WebSocket port): the first probe comes after
+    15 s of silence (the timer is due within 15 s, not the system's default of two hours)."""
+    with server.client() as c:
+        ws_port = c.get("/v1/health").json()["websocket_port"]
+    for port in (server.port, ws_port):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            sock.recv(4096)  # answered: the server has accepted and set up the connection
+            kind, ticks = tcp_timer(port, sock.getsockname()[1])
+            assert kind == 2, (port, kind)
+            assert 0 < ticks <= 15 * 100, (port, ticks)  # in USER_HZ (100 per second)
+
