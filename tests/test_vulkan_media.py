@@ -4,9 +4,9 @@ llama.cpp.
 
 On a machine without a GPU, Mesa's software Vulkan driver (lavapipe, Debian `mesa-vulkan-drivers`) is
 the device: both backends are installed with `force` (no GPU passes the hardware filter), built from
-the pinned sources with `-DGGML_VULKAN=ON` (tests/vulkan_sdk.py; `.ci/run` builds them before the
-suite, the CPU builds' ccache giving them everything but ggml's Vulkan backend), and the engines' own
-logs must say the model went to the Vulkan device. With a real GPU the same tests run without
+the pinned sources with `-DGGML_VULKAN=ON` (tests/vulkan_sdk.py; `.ci/run` builds them in the
+background at the lowest priority, the CPU builds' ccache giving them everything but ggml's Vulkan
+backend and its shaders), and the engines' own logs must say the model went to the Vulkan device. With a real GPU the same tests run without
 `force` and the model's health `device` is "gpu".
 
 The models are random-weight ones at real architectures (tests/ggml_whisper.py: Whisper tiny;
@@ -42,6 +42,11 @@ from tests.helpers import TEST_CACHE, Server, engine_lines_since, loaded, served
 from tests.sd_factory import ESRGAN_FILE, SD_FILE, SD_REPO, publish_sd
 from tests.speech import speak
 from tests.vulkan_sdk import ensure_vulkan_backend
+
+# `.ci/run` builds both backends in the background while the suite runs: the first test that needs them
+# may wait for that build on its install lock (or, run alone on a machine without them, build them), which
+# takes longer than the suite's 10 minutes per test on a busy machine.
+pytestmark = pytest.mark.timeout(2400)
 
 WHISPER = "Whisper-Tiny"  # catalog: ggerganov/whisper.cpp:ggml-tiny.bin, the random-weight model published below
 WHISPER_REPO = "ggerganov/whisper.cpp"
