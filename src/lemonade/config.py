@@ -274,9 +274,10 @@ def _check_range(key: str, value: Any) -> None:
         if value not in SPECULATION_MODES:
             raise ConfigError(f"Config key 'llamacpp.speculation' must be one of {', '.join(SPECULATION_MODES)}, "
                               f"got '{value}'")
-    if key in ("whispercpp.backend", "sdcpp.backend") and value not in ("auto", *BACKEND_ARGS[key.split(".")[0]]):
-        known = ", ".join(("auto", *BACKEND_ARGS[key.split(".")[0]]))
-        raise ConfigError(f"Config key '{key}' must be one of {known}, got '{value}'")
+    if key in ("whispercpp.backend", "sdcpp.backend"):
+        known = ("auto", *BACKEND_ARGS[key.split(".")[0]])
+        if value not in known:
+            raise ConfigError(f"Config key '{key}' must be one of {', '.join(known)}, got '{value}'")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
         raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
     if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s",

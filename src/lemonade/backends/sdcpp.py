@@ -110,8 +110,9 @@ def is_upscaler(model: ModelInfo) -> bool:
 
 
 def _unsupported_message(backend: str) -> str:
-    return (f"The sd-cpp '{backend}' backend needs a {backend.upper()} build of stable-diffusion.cpp, which is not "
-            "available in this build of Lemonade; use sd-cpp:vulkan on a GPU, or sd-cpp:cpu.")
+    kind = {"rocm": "ROCm", "cuda": "CUDA", "metal": "Metal"}.get(backend, backend)
+    return (f"The sd-cpp '{backend}' backend needs a {kind} build of stable-diffusion.cpp, which is not available "
+            "in this build of Lemonade; use sd-cpp:vulkan on a GPU, or sd-cpp:cpu.")
 
 
 def generation_settings(model: ModelInfo, options: dict[str, Any], config_defaults: dict[str, Any]) -> dict[str, Any]:

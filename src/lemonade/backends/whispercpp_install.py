@@ -16,12 +16,13 @@ The `vulkan` backend is the same sources built with `-DGGML_VULKAN=ON` (llamacpp
 build needs: glslc, the Vulkan headers and loader, SPIRV-Headers). ggml-org publishes no Vulkan
 archive of whisper.cpp; upstream Lemonade takes its Vulkan builds from its own build repository,
 lemonade-sdk/whisper.cpp-rocm (`whisper-<tag>-linux-vulkan-x86_64.tar.gz`,
-`whisper-<tag>-windows-vulkan-x64.zip`), and so does this one, checked against the digest GitHub
-publishes for it; where that is unreachable (or has no build of the tag), the sources are built.
+`whisper-<tag>-windows-vulkan-x64.zip`; its `get_install_params`), and so does this one, checked
+against the digest GitHub publishes for it (release_digests.py); where that is unreachable (or has
+no build of the tag), the sources are built.
 
 Environment knobs, as llama.cpp's: `LEMONADE_WHISPERCPP_SDIST=<path>` (a local pywhispercpp
 sdist; skips the release archive), `LEMONADE_WHISPERCPP_RELEASE_BASE_URL=<url>` (a mirror of
-`.../releases/download`), `LEMONADE_WHISPERCPP_NO_RELEASE=1`.
+`.../releases/download`, of both release folders: the asset names differ), `LEMONADE_WHISPERCPP_NO_RELEASE=1`.
 
 whisper-server has no `--version`: an install is checked by running `whisper-server --help`, and
 install.json records the pinned version.
