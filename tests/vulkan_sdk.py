@@ -88,8 +88,11 @@ def ensure_vulkan_backend(cache: Path, recipe: str = "llamacpp") -> Path:
         missing = missing_toolkit("vulkan")
         assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
         started = time.monotonic()
-        engine.install("vulkan", progress=lambda e: print(e.get("message", ""), file=sys.stderr, flush=True),
-                       force=not backend_devices("vulkan", report))
+        # `force` only past the hardware filter (lavapipe is no GPU), not to the install: there it also
+        # means "reinstall", and a test that waited on the install lock for .ci/run's background build of
+        # this backend would then build it again instead of finding it installed
+        engine.check_request("vulkan", force=not backend_devices("vulkan", report))
+        engine.installer.install_pinned("vulkan", lambda e: print(e.get("message", ""), file=sys.stderr, flush=True))
         print(f"{recipe}:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
     finally:
         if sdk is None:
