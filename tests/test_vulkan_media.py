@@ -6,8 +6,8 @@ On a machine without a GPU, Mesa's software Vulkan driver (lavapipe, Debian `mes
 the device: both backends are installed with `force` (no GPU passes the hardware filter), built from
 the pinned sources with `-DGGML_VULKAN=ON` (tests/vulkan_sdk.py; `.ci/run` builds them in the
 background at the lowest priority, the CPU builds' ccache giving them everything but ggml's Vulkan
-backend and its shaders), and the engines' own logs must say the model went to the Vulkan device. With a real GPU the same tests run without
-`force` and the model's health `device` is "gpu".
+backend and its shaders), and the engines' own logs must say the model went to the Vulkan device. With
+a real GPU the same tests run without `force` and the model's health `device` is "gpu".
 
 The models are random-weight ones at real architectures (tests/ggml_whisper.py: Whisper tiny;
 tests/sd_factory.py: SD 1.x with the tiny UNet): what they say and draw means nothing, so the tests
