@@ -128,7 +128,13 @@ def test_recipes_info_shape(installed: BackendInstaller, tmp_path):
             assert llama["backends"][name]["state"] in ("installed", "update_required")
         else:
             assert llama["backends"][name]["state"] == ("installable" if devices else "unsupported")
-    assert info["sd-cpp"]["backends"]["vulkan"]["state"] == "unsupported"  # cpu: tests/test_images.py
+    for recipe in ("sd-cpp", "whispercpp"):  # cpu: tests/test_images.py, tests/test_whispercpp.py
+        vulkan = info[recipe]["backends"]["vulkan"]
+        assert vulkan["devices"] == backend_devices("vulkan", report)
+        if (installed.cache_dir / "backends" / recipe / "vulkan").exists():  # the build of test_vulkan_media.py
+            assert vulkan["state"] in ("installed", "update_required"), vulkan
+        else:
+            assert vulkan["state"] == ("installable" if vulkan["devices"] else "unsupported"), vulkan
     for recipe in ("flm", "ryzenai-llm"):
         assert "default_backend" not in info[recipe], "all of its backends are unsupported"
         for b in info[recipe]["backends"].values():

@@ -94,6 +94,8 @@ def test_runtime_changes_and_persisted_changes(tmp_path):
     ({"disable_model_filtering": 1}, "disable_model_filtering"),
     ({"llamacpp_nope": 1}, "llamacpp_nope"),
     ({"llamacpp": {"speculation": "sometimes"}}, "llamacpp.speculation' must be one of auto, on, off"),
+    ({"whispercpp": {"backend": "gpu"}}, "whispercpp.backend' must be one of auto, cpu, vulkan, npu, got 'gpu'"),
+    ({"sdcpp_backend": "cuda12"}, "sdcpp.backend' must be one of auto, cpu, vulkan, rocm, cuda, got 'cuda12'"),
 ])
 def test_bad_values_are_refused_naming_the_key(tmp_path, body, needle):
     config = Config(tmp_path, environ={})
@@ -102,6 +104,15 @@ def test_bad_values_are_refused_naming_the_key(tmp_path, body, needle):
     with pytest.raises(ConfigError, match=needle):
         config.set(body)
     assert not config.path.exists()
+
+
+def test_media_engine_backends_take_auto_and_their_backends(tmp_path):
+    """`whispercpp.backend` and `sdcpp.backend` (Lemonade's keys, default `auto`): `auto` or one of the
+    engine's backends, whose state decides later whether it runs here."""
+    config = Config(tmp_path, environ={})
+    assert config.get("whispercpp.backend") == "auto" and config.get("sdcpp.backend") == "auto"
+    config.set({"whispercpp": {"backend": "vulkan"}, "sdcpp": {"backend": "cpu"}})
+    assert config.get("whispercpp.backend") == "vulkan" and config.get("sdcpp.backend") == "cpu"
 
 
 def test_log_levels_of_the_guide(tmp_path):

@@ -28,6 +28,7 @@ from lemonade.backends.whispercpp import LANGUAGES, transcription_fields, transc
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
 from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
 from lemonade.errors import APIError
+from lemonade.system.devices import detect_devices
 from tests.ggml_whisper import FILE_NAME, tiny_random_whisper_ggml
 from tests.helpers import TEST_CACHE, loaded
 from tests.helpers import transcribe as transcribe_with
@@ -107,12 +108,15 @@ def test_verbose_json_becomes_the_engine_neutral_result():
 
 def test_system_info_shows_whispercpp_installed(http):
     info = http.get("/v1/system-info").json()["recipes"]["whispercpp"]
-    assert info["default_backend"] == "cpu"
+    gpu = bool(detect_devices().vulkan_gpus)  # `auto`: vulkan on a Vulkan GPU (tests/test_vulkan_media.py)
+    assert info["default_backend"] == ("vulkan" if gpu else "cpu")
     cpu = info["backends"]["cpu"]
     assert cpu["state"] == "installed" and cpu["version"] == WHISPER_CPP_VERSION and cpu["devices"] == ["cpu"]
     assert cpu["message"] == "" and cpu["action"] == ""
-    for name in ("vulkan", "npu"):  # listed as upstream does, truthfully not installable here
-        assert info["backends"][name]["state"] == "unsupported" and info["backends"][name]["message"]
+    assert info["backends"]["vulkan"]["state"] == ("installable" if gpu else "unsupported")
+    assert info["backends"]["npu"]["state"] == "unsupported"  # listed as upstream does, truthfully not here
+    for name in ("vulkan", "npu"):
+        assert info["backends"][name]["message"]
 
 
 def test_json_and_verbose_json_with_the_official_client(server, http, speech_wav):

@@ -1,6 +1,6 @@
-"""llama.cpp's `vulkan` backend in the test cache, built once (`.ci/run` runs this module before the
-suite: `python -m tests.vulkan_sdk`; tests/test_vulkan.py calls the same function), and Vulkan
-headers new enough for it.
+"""The engines' `vulkan` backends in the test cache, built once (`.ci/run` runs this module before the
+suite: `python -m tests.vulkan_sdk [RECIPE ...]`, llamacpp by default; tests/test_vulkan.py and
+tests/test_vulkan_media.py call the same function), and Vulkan headers new enough for them.
 
 The machine needs the Debian packages mesa-vulkan-drivers (lavapipe, the software Vulkan device),
 libvulkan-dev, glslc, spirv-headers and vulkan-tools (`.ci/run` installs them). Where no GPU passes
@@ -29,9 +29,17 @@ PACKAGE = "libvulkan-dev"
 
 def debian_vulkan_headers(cache: Path) -> Path:
     """A folder with `include/vulkan/vulkan.hpp` from Debian 13's libvulkan-dev (made once)."""
-    done = sorted(cache.glob("vulkan-sdk-*/include/vulkan/vulkan.hpp"))
-    if done:
-        return done[-1].parents[2]
+    from filelock import FileLock
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / ".vulkan-sdk.lock")):  # .ci/run builds two backends at once
+        done = sorted(cache.glob("vulkan-sdk-*/include/vulkan/vulkan.hpp"))
+        if done:
+            return done[-1].parents[2]
+        return _download_headers(cache)
+
+
+def _download_headers(cache: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="vulkan-headers-") as tmp:
         work = Path(tmp)
         (work / "lists" / "partial").mkdir(parents=True)
@@ -55,20 +63,23 @@ def debian_vulkan_headers(cache: Path) -> Path:
         return target
 
 
-def ensure_vulkan_backend(cache: Path) -> Path:
-    """The `llamacpp:vulkan` backend installed under `cache` (built from the pinned sources when the
-    release archive is unreachable; nothing to do when it is installed already); its folder.
-    Raises AssertionError naming what is missing when no Vulkan device or toolkit is here."""
-    from lemonade.backends.install import BackendInstaller
+def ensure_vulkan_backend(cache: Path, recipe: str = "llamacpp") -> Path:
+    """The `vulkan` backend of `recipe` (llamacpp, whispercpp, sd-cpp) installed under `cache` (built
+    from the pinned sources when the release archive is unreachable; nothing to do when it is
+    installed already); its folder. Raises AssertionError naming what is missing when no Vulkan
+    device or toolkit is here."""
     from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
+    from lemonade.backends.registry import Engines
+    from lemonade.config import Config
     from lemonade.system.devices import detect_devices
 
     report = detect_devices(refresh=True)
     assert report.vulkan, ("no Vulkan device here: apt-get install mesa-vulkan-drivers vulkan-tools (lavapipe, "
                            "Mesa's software Vulkan device; .ci/run installs them)")
-    installer = BackendInstaller(cache)
-    folder = cache / "backends" / "llamacpp" / "vulkan"
-    if installer.state("llamacpp", "vulkan").state == "installed":
+    engine = Engines(cache, Config(cache, environ={})).get(recipe)
+    assert engine is not None, recipe
+    folder = cache / "backends" / recipe / "vulkan"
+    if engine.state("vulkan").state == "installed":
         return folder
     sdk = os.environ.get("VULKAN_SDK")
     if not sdk and any("Vulkan headers" in m for m in missing_toolkit("vulkan")) and shutil.which("apt-get"):
@@ -77,9 +88,12 @@ def ensure_vulkan_backend(cache: Path) -> Path:
         missing = missing_toolkit("vulkan")
         assert not missing, f"the Vulkan source build needs: {'; '.join(missing)}"
         started = time.monotonic()
-        installer.install("llamacpp", "vulkan", force=not backend_devices("vulkan", report),
-                          progress=lambda e: print(e.get("message", ""), file=sys.stderr, flush=True))
-        print(f"llamacpp:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        # `force` only past the hardware filter (lavapipe is no GPU), not to the install: there it also
+        # means "reinstall", and a test that waited on the install lock for .ci/run's background build of
+        # this backend would then build it again instead of finding it installed
+        engine.check_request("vulkan", force=not backend_devices("vulkan", report))
+        engine.installer.install_pinned("vulkan", lambda e: print(e.get("message", ""), file=sys.stderr, flush=True))
+        print(f"{recipe}:vulkan installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
     finally:
         if sdk is None:
             os.environ.pop("VULKAN_SDK", None)
@@ -87,6 +101,13 @@ def ensure_vulkan_backend(cache: Path) -> Path:
 
 
 if __name__ == "__main__":
+    import signal
+
     from tests.helpers import TEST_CACHE
 
-    print(f"llamacpp:vulkan is installed in {ensure_vulkan_backend(TEST_CACHE)}")
+    # .ci/run stops a background build with SIGTERM: leave through the build's own clean-up, which stops
+    # cmake and the compilers it started (native_build.run_logged)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    for name in sys.argv[1:] or ["llamacpp"]:
+        print(f"{name}:vulkan is installed in {ensure_vulkan_backend(TEST_CACHE, name)}")

@@ -63,12 +63,13 @@ DEFAULTS: dict[str, Any] = {
     "llamacpp": {"backend": "auto", "args": "", "device": "", "prefer_system": False, "rpc_workers": [],
                  "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
                  "speculation": "auto"},
-    "whispercpp": {"backend": "cpu", "args": "", "cpu_bin": "builtin"},  # *_bin: backends/native_bins.py
+    # backend "auto": vulkan on a Vulkan GPU, else cpu (backends/native_engine.py); *_bin: backends/native_bins.py
+    "whispercpp": {"backend": "auto", "args": "", "cpu_bin": "builtin", "vulkan_bin": "builtin"},
     # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
     "kokoro": {"cpu_bin": "builtin"},
     "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
-    "sdcpp": {"backend": "cpu", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
-              "cpu_bin": "builtin"},
+    "sdcpp": {"backend": "auto", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
+              "cpu_bin": "builtin", "vulkan_bin": "builtin"},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
     # Inference spans over OTLP (observability/telemetry.py); off by default. session.headers: request
@@ -276,6 +277,10 @@ def _check_range(key: str, value: Any) -> None:
         if value not in SPECULATION_MODES:
             raise ConfigError(f"Config key 'llamacpp.speculation' must be one of {', '.join(SPECULATION_MODES)}, "
                               f"got '{value}'")
+    if key in ("whispercpp.backend", "sdcpp.backend"):
+        known = ("auto", *BACKEND_ARGS[key.split(".")[0]])
+        if value not in known:
+            raise ConfigError(f"Config key '{key}' must be one of {', '.join(known)}, got '{value}'")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
         raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
     if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s",

@@ -476,6 +476,23 @@ def stop_builds() -> None:
 
 _MAKE_PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+# A build nested in the build (ggml's Vulkan shader generator, an ExternalProject) counts its own
+# percentages, reaching 100 % early; its lines say nothing of the whole build's progress.
+_NESTED_BUILD_RE = re.compile(r"vulkan-shaders-gen\b")
+
+
+def build_percent(line: str) -> float | None:
+    """How far the build is, from one line of make's or ninja's output; None for a line that does not
+    say (or says it of a nested build)."""
+    if _NESTED_BUILD_RE.search(line):
+        return None
+    m = _MAKE_PCT_RE.match(line)
+    if m:
+        return float(m.group(1))
+    n = _NINJA_RE.match(line)
+    if n and int(n.group(2)):
+        return round(int(n.group(1)) * 100.0 / int(n.group(2)), 1)
+    return None
 
 
 def cpu_cmake_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
@@ -548,14 +565,7 @@ def cmake_build(project: str, src: Path, build_dir: Path, tools: dict[str, str],
 
     def on_build(line: str) -> None:
         blog.write(line)
-        pct: float | None = None
-        m = _MAKE_PCT_RE.match(line)
-        if m:
-            pct = float(m.group(1))
-        else:
-            n = _NINJA_RE.match(line)
-            if n and int(n.group(2)):
-                pct = round(int(n.group(1)) * 100.0 / int(n.group(2)), 1)
+        pct = build_percent(line)
         # make restarts its percentage for each --target; only ever report forward progress
         if pct is not None and pct > last[0]:
             last[0] = pct

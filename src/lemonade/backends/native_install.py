@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import InstallError
+from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, missing_toolkit
+from lemonade.backends.llamacpp_gpu import cmake_flags as gpu_cmake_flags
 from lemonade.backends.native_build import (
     BuildLog,
     Progress,
@@ -71,6 +73,7 @@ class NativeInstall:
     env_no_release: str = ""  # environment variable that skips the release archive
     config_section: str = ""  # the config section of the engine's settings ("whispercpp", "sdcpp")
     upstream_repo: str = ""  # owner/name on GitHub, whose newest release `<section>.<backend>_bin=latest` is
+    env_release_base_url: str = ""  # environment variable naming a mirror of the release folder(s)
 
     def __init__(self, cache_dir: Path, tag: str | None = None) -> None:
         """`tag`: another upstream release than the pinned one (`<recipe>.<backend>_bin`, native_bins.py),
@@ -117,9 +120,12 @@ class NativeInstall:
             return None
         return info if isinstance(info, dict) else None
 
-    def build_flags(self) -> list[str]:
-        """Every CMake flag a source build on this machine uses (recorded in install.json)."""
-        return [*self.cmake_flags, *cpu_cmake_flags()]
+    def build_flags(self, backend: str = "cpu") -> list[str]:
+        """Every CMake flag a source build of `backend` on this machine uses (recorded in install.json). A
+        GPU backend adds ggml's switch for it, the one llama.cpp's build uses (llamacpp_gpu.cmake_flags):
+        the three engines build the same ggml backends."""
+        gpu = gpu_cmake_flags(backend) if backend in GPU_BACKENDS else ()
+        return [*self.cmake_flags, *cpu_cmake_flags(), *gpu]
 
     def binary(self, name: str, backend: str = "cpu") -> Path | None:
         """One of `executables` of an installed backend, else None."""
@@ -139,7 +145,7 @@ class NativeInstall:
         """A source build made with other CMake flags than this machine's now (e.g. with AMX kernels,
         which crash on some CPUs): it must be rebuilt, not trusted."""
         info = self.read_install_info(backend) or {}
-        return info.get("source") == "source-build" and info.get("cmake_flags") != self.build_flags()
+        return info.get("source") == "source-build" and info.get("cmake_flags") != self.build_flags(backend)
 
     def is_installed(self, backend: str) -> bool:
         """Installed and up to date (the pinned version, built for this machine)."""
@@ -147,8 +153,8 @@ class NativeInstall:
 
     # --- what a subclass says ------------------------------------------------------------------
 
-    def release_asset(self) -> str | None:
-        """The release archive upstream publishes for this machine at `version`, None where there is none."""
+    def release_asset(self, backend: str = "cpu") -> str | None:
+        """The release archive of `backend` published for this machine at `version`, None where there is none."""
         return None
 
     def version_fields(self) -> dict[str, Any]:
@@ -156,12 +162,16 @@ class NativeInstall:
         pinned install."""
         return {"version": self.version}
 
-    def release_url(self, asset: str) -> str:
+    def release_folder(self, backend: str = "cpu") -> str:
+        """The official release folder of `backend`'s archives (`https://github.com/<owner>/<repo>/releases/
+        download`), whose stated digests check an archive that has no pin (release_digests.py)."""
         raise NotImplementedError
 
-    # The official release folder (https://github.com/<owner>/<repo>/releases/download), whose stated
-    # digests check an archive that has no pin (release_digests.py).
-    publisher: str = ""
+    def release_url(self, asset: str, backend: str = "cpu") -> str:
+        """Where `asset` of `version` is downloaded from: the official folder, or the mirror in
+        `$<env_release_base_url>` (laid out the same: `<tag>/<asset>`)."""
+        base = os.environ.get(self.env_release_base_url) or self.release_folder(backend)
+        return f"{base.rstrip('/')}/{self.version}/{asset}"
 
     def _heading(self, backend: str) -> str:
         """The build log's first line: what is installed, from which sources."""
@@ -173,13 +183,14 @@ class NativeInstall:
         assert self.source is not None
         project = self.source.project
         release_error: str | None = None
-        asset = self.release_asset()
+        asset = self.release_asset(backend)
         if self.tag is not None:
-            return self._produce_tagged(asset, staging, work, blog, progress)
+            return self._produce_tagged(backend, asset, staging, work, blog, progress)
         if asset is not None and release_allowed(self.source.env_sdist, self.env_no_release, asset):
             try:
-                folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
-                                       progress, no_release_env=self.env_no_release, publisher=self.publisher)
+                folder = fetch_release(self.release_url(asset, backend), self.executables[0], self.downloads_dir, work,
+                                       blog, progress, no_release_env=self.env_no_release,
+                                       publisher=self.release_folder(backend))
                 self._copy_release(folder, staging)
                 blog.write(f"== release archive unpacked from {folder}")
                 return {"source": "release"}
@@ -191,6 +202,10 @@ class NativeInstall:
                 emit(progress, "download", f"Release archive unavailable; building {project} from source", None)
         try:
             tools = check_toolchain(project)
+            missing = missing_toolkit(backend) if backend in GPU_BACKENDS else []
+            if missing:
+                raise InstallError(f"Cannot build the {project} {backend} backend from source: {'; '.join(missing)} "
+                                   "not found. Install it and try again.", code="toolchain_missing")
         except InstallError as exc:
             if release_error:
                 raise InstallError(f"Could not download the {project} release archive ({release_error}), and {exc}",
@@ -199,23 +214,25 @@ class NativeInstall:
         blog.write("== toolchain: " + ", ".join(f"{k}={v}" for k, v in tools.items() if v))
         sdist = fetch_sdist(self.source, self.downloads_dir, blog, progress)
         src = extract_vendored(self.source, sdist, self.src_root, blog, progress)
-        bin_dir = cmake_build(project, src, self.build_dir(backend), tools, blog, progress, flags=self.build_flags(),
+        flags = self.build_flags(backend)
+        bin_dir = cmake_build(project, src, self.build_dir(backend), tools, blog, progress, flags=flags,
                               targets=self.build_targets, binary=self.executables[0])
         emit(progress, "install", f"Copying {' and '.join(self.executables)} into {self.backend_dir(backend)}", None)
         for exe in self.executables:
             shutil.copy2(bin_dir / exe, staging / exe)
-        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": self.build_flags()}
+        return {"source": "source-build", "build_dir": str(self.build_dir(backend)), "cmake_flags": flags}
 
-    def _produce_tagged(self, asset: str | None, staging: Path, work: Path, blog: BuildLog,
+    def _produce_tagged(self, backend: str, asset: str | None, staging: Path, work: Path, blog: BuildLog,
                         progress: Progress | None) -> dict:
         """Another release than the pinned one: its official archive, or a clear refusal."""
         assert self.source is not None
-        project, key = self.source.project, self.bin_key("cpu")
+        project, key = self.source.project, self.bin_key(backend)
         if asset is None:
-            raise InstallError(self.no_archive_message(), code="unsupported_backend")
+            raise InstallError(self.no_archive_message(backend), code="unsupported_backend")
         try:
-            folder = fetch_release(self.release_url(asset), self.executables[0], self.downloads_dir, work, blog,
-                                   progress, no_release_env=self.env_no_release, publisher=self.publisher)
+            folder = fetch_release(self.release_url(asset, backend), self.executables[0], self.downloads_dir, work,
+                                   blog, progress, no_release_env=self.env_no_release,
+                                   publisher=self.release_folder(backend))
         except InstallError:
             raise
         except Exception as exc:
@@ -226,13 +243,14 @@ class NativeInstall:
         blog.write(f"== release archive {asset} unpacked from {folder}")
         return {"source": "release", "asset": asset}
 
-    def no_archive_message(self) -> str:
+    def no_archive_message(self, backend: str = "cpu") -> str:
         """Why another release than the pinned one cannot be installed here, and the two other ways."""
         assert self.source is not None
-        key = self.bin_key("cpu")
-        return (f"{self.source.project} publishes no release archive of {self.tag} for this platform, and Lemonade "
-                f"builds from source only the version it ships. Point {key} at a folder with your own build, or use "
-                f"the shipped version: lemonade config set {key}=builtin")
+        key = self.bin_key(backend)
+        kind = f" {backend}" if backend != "cpu" else ""
+        return (f"{self.source.project} publishes no{kind} release archive of {self.tag} for this platform, and "
+                f"Lemonade builds from source only the version it ships. Point {key} at a folder with your own build, "
+                f"or use the shipped version: lemonade config set {key}=builtin")
 
     def _copy_release(self, folder: Path, staging: Path) -> None:
         copy_tree_contents(folder, staging)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
@@ -48,9 +47,9 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
-from lemonade.backends.native_engine import NativeCpuBackend
+from lemonade.backends.native_engine import NativeBackends
 from lemonade.backends.sdcpp_flags import check_sdcpp_args
-from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall, release_asset_name
+from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.util.process_group import signal_group
@@ -61,11 +60,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lemonade.sd-cpp")
 
-BACKENDS = ("cpu", "vulkan", "rocm")  # as upstream Lemonade lists them; cpu is the one this build installs
+BACKENDS = ("cpu", "vulkan", "rocm")  # as upstream Lemonade lists them; this build installs cpu and vulkan
 GENERATIONS_PATH = "/v1/images/generations"
 EDITS_PATH = "/v1/images/edits"
 UPSCALE_LABEL = "upscaling"
 DEFAULTS = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}  # lemonade.md's load option defaults
+# On the vulkan backend, as upstream Lemonade (sdcpp_server.cpp, "Vulkan SD workaround"): the VAE decoded in
+# tiles and flash attention in the diffusion model, which keep large pictures within GPU memory (1024x1024
+# failed without them on its AMD GPUs).
+VULKAN_ARGS = ("--vae-tiling", "--diffusion-fa")
 
 
 def _check_steps(v: int) -> str | None:
@@ -85,7 +88,8 @@ def _check_cfg(v: float) -> str | None:
 
 
 def _check_backend(value: str) -> str | None:
-    return None if value in BACKENDS else f"Option 'sd-cpp_backend' must be one of {', '.join(BACKENDS)}, got '{value}'"
+    return None if value in (*BACKENDS, "auto") else \
+        f"Option 'sd-cpp_backend' must be one of auto, {', '.join(BACKENDS)}, got '{value}'"
 
 
 def _check_args(value: str) -> str | None:
@@ -106,8 +110,9 @@ def is_upscaler(model: ModelInfo) -> bool:
 
 
 def _unsupported_message(backend: str) -> str:
-    return (f"The sd-cpp '{backend}' backend needs a GPU build of stable-diffusion.cpp, which is not available "
-            "in this build of Lemonade; use sd-cpp:cpu.")
+    kind = {"rocm": "ROCm", "cuda": "CUDA", "metal": "Metal"}.get(backend, backend)
+    return (f"The sd-cpp '{backend}' backend needs a {kind} build of stable-diffusion.cpp, which is not available "
+            "in this build of Lemonade; use sd-cpp:vulkan on a GPU, or sd-cpp:cpu.")
 
 
 def generation_settings(model: ModelInfo, options: dict[str, Any], config_defaults: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +214,7 @@ def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]
     return args
 
 
-class SdCppEngine(NativeCpuBackend, ImageEngine):
+class SdCppEngine(NativeBackends, ImageEngine):
     # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
     # a small SD 1.x UNet (1011 MiB) peaked at 1480 MiB making 256x256 pictures; larger pictures need more
     memory_base_bytes = 64 << 20
@@ -236,12 +241,9 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         super().__init__(cache_dir, config)
         self.installer = SdCppInstall(self.cache_dir)
 
-    # ----- backends (native_engine.NativeCpuBackend) ----------------------------------------------
+    # ----- backends (native_engine.NativeBackends) ----------------------------------------------
     product = "stable-diffusion.cpp"
     build_minutes = "10 to 30"
-
-    def release_asset(self) -> str | None:
-        return release_asset_name()
 
     def unsupported_message(self, backend: str) -> str:
         return _unsupported_message(backend)
@@ -249,12 +251,6 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
     def cli_path(self, backend: str = "cpu") -> Path | None:
         """`sd-cli` of the installed backend (upscaling), else None."""
         return self.installer_for(backend).binary(CLI_EXE, backend)
-
-    def engine_env(self, backend: str = "cpu") -> dict[str, str]:
-        """A release archive's binaries find their shared libraries next to them."""
-        folder = str(self.installer_for(backend).backend_dir(backend))
-        old = os.environ.get("LD_LIBRARY_PATH")
-        return {**os.environ, "LD_LIBRARY_PATH": folder + (os.pathsep + old if old else "")}
 
     def config_defaults(self) -> dict[str, Any]:
         return {key: self.config.get(opt.config_key) for key, opt in self.options.items()
@@ -283,7 +279,8 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
         argv = [str(binary), *checkpoint_args(model, files), "--listen-ip", "127.0.0.1", "--listen-port", str(port),
                 "--steps", str(settings["steps"]), "--cfg-scale", str(settings["cfg_scale"]),
-                "-W", str(settings["width"]), "-H", str(settings["height"]), *sampler_args(model, options), *user_args]
+                "-W", str(settings["width"]), "-H", str(settings["height"]), *sampler_args(model, options),
+                *(VULKAN_ARGS if backend == "vulkan" else ()), *user_args]
         if backend == "cpu":
             argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
@@ -293,7 +290,8 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
         except BackendStartError as exc:
             raise BackendStartError(f"sd-server could not load {model.public} (is every file a model sd.cpp "
                                     f"reads?): {exc}") from None
-        return Launch(server, {**options, **settings}, backend)
+        # `auto` shows as the backend it chose
+        return Launch(server, {**options, **settings, "sd-cpp_backend": backend}, backend, device=self.device(backend))
 
     # ----- requests ----------------------------------------------------------------------------------
     def is_upscaler(self, model: ModelInfo) -> bool:
@@ -318,25 +316,29 @@ class SdCppEngine(NativeCpuBackend, ImageEngine):
     async def upscale(self, files: dict[str, list[Path]], image: bytes,
                       wait: Callable[[asyncio.Future[Any]], Awaitable[Any]]) -> bytes:
         """`sd-cli -M upscale` on the picture, in a private temp folder removed afterwards; killed if the
-        client leaves. Its output lines go to the log stream."""
-        cli = self.cli_path()
+        client leaves. Its output lines go to the log stream. It runs on the backend a load would use
+        (`sdcpp.backend`; `auto`: vulkan on a Vulkan GPU), as upstream Lemonade's upscale does."""
+        backend = self.requested_backend({"sd-cpp_backend": self.config.get("sdcpp.backend")})
+        cli = self.cli_path(backend)
         if cli is None:  # first use, as a load would: install the backend (progress in the log)
+            name = f"{self.recipe}:{backend}"
             try:
-                await asyncio.to_thread(self.install, "cpu", lambda e: log.info("Installing sd-cpp:cpu: %s",
-                                                                                 e.get("message", "")))
+                await asyncio.to_thread(self.install, backend, lambda e: log.info("Installing %s: %s", name,
+                                                                                   e.get("message", "")))
             except InstallError as exc:
-                raise APIError(500, f"Installing the sd-cpp:cpu backend failed: {exc}\nRetry with: "
-                               f"{install_action(self.recipe, 'cpu')}", type="server_error",
+                raise APIError(500, f"Installing the {name} backend failed: {exc}\nRetry with: "
+                               f"{install_action(self.recipe, backend)}", type="server_error",
                                code="backend_install_failed") from None
-            cli = self.cli_path()
+            cli = self.cli_path(backend)
         model_file = (files.get("main") or [None])[0]
         if cli is None or model_file is None:
             raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")
         with tempfile.TemporaryDirectory(prefix="lemonade-upscale-") as tmp:
             source, target = Path(tmp) / "input.png", Path(tmp) / "output.png"
             source.write_bytes(image)
+            log.info("Upscaling with %s on the %s backend: %s", model_file.name, backend, cli)
             code, tail = await _run_logged(upscale_argv(cli, model_file, source, target), f"sd-cli:{model_file.name}",
-                                           self.engine_env(), wait)
+                                           self.engine_env(backend), wait)
             if code != 0 or not target.is_file():
                 log.warning("sd-cli upscale failed (exit %s): %s", code, " | ".join(tail[-5:]))
                 raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")

@@ -1,4 +1,5 @@
-"""The pinned stable-diffusion.cpp and how `sd-server` and `sd-cli` get into `<cache>/backends/sd-cpp/cpu/`.
+"""The pinned stable-diffusion.cpp and how `sd-server` and `sd-cli` get into `<cache>/backends/sd-cpp/<backend>/`
+(`cpu`, `vulkan`).
 
 The pin is stable-diffusion.cpp master-596-90e87bc, the tree that the `stable-diffusion-cpp-python`
 0.4.7 sdist on PyPI vendors under `vendor/stable-diffusion.cpp/` (every source file identical to
@@ -12,6 +13,11 @@ both through `native_build.py` / `native_install.py` like llama.cpp and whisper.
   web frontend left out: nothing of ours uses them). Cold: 28 minutes measured on 2 cores shared
   with other builds (load average 15-20); expect 10-15 on an idle 2-core machine. With a warm
   ccache (`CMAKE_<LANG>_COMPILER_LAUNCHER=ccache`) a rebuild is a few minutes.
+
+The `vulkan` backend is the same: upstream's Vulkan archive (`...-x86_64-vulkan.zip`,
+`...-bin-win-vulkan-x64.zip`, the names upstream Lemonade installs), else the sources built with
+`-DGGML_VULKAN=ON` (llamacpp_gpu.py says what that needs). sd.cpp picks its ggml device at run time,
+so its own sources compile the same for both backends and the Vulkan build takes them from ccache.
 
 Environment knobs, as whisper.cpp's: `LEMONADE_SDCPP_SDIST=<path>` (a local sdist; skips the
 release archive), `LEMONADE_SDCPP_RELEASE_BASE_URL=<url>` (a mirror of `.../releases/download`),
@@ -75,15 +81,18 @@ CMAKE_FLAGS = (
 )
 
 
-def release_asset_name(commit: str = SDCPP_COMMIT[:7]) -> str | None:
-    """The CPU release archive upstream's CI publishes for this OS/CPU at the pinned tag (its
-    `sd-master-<short commit>-bin-*` assets: Linux x86-64 built on Ubuntu 24.04, Windows x64 AVX2),
-    or None where there is none (macOS: its asset names carry the runner's OS version; build)."""
+def release_asset_name(commit: str = SDCPP_COMMIT[:7], backend: str = "cpu") -> str | None:
+    """The release archive of `backend` upstream's CI publishes for this OS/CPU at the pinned tag (its
+    `sd-master-<short commit>-bin-*` assets: Linux x86-64 built on Ubuntu 24.04, Windows x64; the CPU
+    one for AVX2), or None where there is none (macOS: its asset names carry the runner's OS version;
+    build)."""
     machine = platform.machine().lower()
+    if backend not in ("cpu", "vulkan"):
+        return None
     if sys.platform == "win32" and machine in ("amd64", "x86_64"):
-        return f"sd-master-{commit}-bin-win-avx2-x64.zip"
+        return f"sd-master-{commit}-bin-win-{'avx2' if backend == 'cpu' else 'vulkan'}-x64.zip"
     if sys.platform.startswith("linux") and machine == "x86_64":
-        return f"sd-master-{commit}-bin-Linux-Ubuntu-24.04-x86_64.zip"
+        return f"sd-master-{commit}-bin-Linux-Ubuntu-24.04-x86_64{'-vulkan' if backend == 'vulkan' else ''}.zip"
     return None
 
 
@@ -94,13 +103,8 @@ def tag_commit(tag: str) -> str | None:
     return m.group(1) if m else None
 
 
-def release_url(asset: str, tag: str = SDCPP_VERSION) -> str:
-    base = os.environ.get(ENV_RELEASE_BASE_URL) or RELEASE_BASE_URL
-    return f"{base.rstrip('/')}/{tag}/{asset}"
-
-
 class SdCppInstall(NativeInstall):
-    """The stable-diffusion.cpp `cpu` backend under one cache dir."""
+    """The stable-diffusion.cpp `cpu` and `vulkan` backends under one cache dir."""
 
     recipe = "sd-cpp"
     version = SDCPP_VERSION
@@ -109,18 +113,17 @@ class SdCppInstall(NativeInstall):
     source = SDCPP_SOURCE
     build_targets = ("sd-server", "sd-cli")
     env_no_release = ENV_NO_RELEASE
+    env_release_base_url = ENV_RELEASE_BASE_URL
 
     config_section = "sdcpp"
     upstream_repo = "leejet/stable-diffusion.cpp"
 
-    def release_asset(self) -> str | None:
+    def release_asset(self, backend: str = "cpu") -> str | None:
         commit = tag_commit(self.version)
-        return release_asset_name(commit) if commit else None
+        return release_asset_name(commit, backend) if commit else None
 
-    def release_url(self, asset: str) -> str:
-        return release_url(asset, self.version)
-
-    publisher = RELEASE_BASE_URL
+    def release_folder(self, backend: str = "cpu") -> str:
+        return RELEASE_BASE_URL
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of sd-cpp:{backend} {SDCPP_VERSION} (stable-diffusion.cpp {SDCPP_COMMIT}, "

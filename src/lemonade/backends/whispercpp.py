@@ -27,21 +27,16 @@ from lemonade.backends.engine import (
     Option,
     install_action,
 )
-from lemonade.backends.native_engine import NativeCpuBackend
+from lemonade.backends.native_engine import NativeBackends
 from lemonade.backends.whispercpp_flags import check_whispercpp_args
-from lemonade.backends.whispercpp_install import (
-    EXE,
-    WHISPER_CPP_VERSION,
-    WhisperCppInstall,
-    release_asset_name,
-)
+from lemonade.backends.whispercpp_install import EXE, WHISPER_CPP_VERSION, WhisperCppInstall
 from lemonade.errors import APIError
 
 if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
 
-BACKENDS = ("cpu", "vulkan", "npu")  # as upstream Lemonade lists them; cpu is the one this build installs
+BACKENDS = ("cpu", "vulkan", "npu")  # as upstream Lemonade lists them; this build installs cpu and vulkan
 INFERENCE_PATH = "/inference"
 GGML_MAGIC = b"lmgg"  # 0x67676d6c, little-endian: the first 4 bytes of a whisper.cpp model file
 
@@ -65,8 +60,8 @@ LANGUAGE_CODES = {name.replace("_", " "): code for code, name in LANGUAGES.items
 
 
 def _check_backend(value: str) -> str | None:
-    return None if value in BACKENDS else \
-        f"Option 'whispercpp_backend' must be one of {', '.join(BACKENDS)}, got '{value}'"
+    return None if value in (*BACKENDS, "auto") else \
+        f"Option 'whispercpp_backend' must be one of auto, {', '.join(BACKENDS)}, got '{value}'"
 
 
 def _check_args(value: str) -> str | None:
@@ -78,10 +73,8 @@ def _check_args(value: str) -> str | None:
 
 
 def _unsupported_message(backend: str) -> str:
-    if backend == "npu":
-        return ("Requires Windows and an AMD Ryzen AI NPU; this build of Lemonade runs whisper.cpp on the CPU "
-                "(whispercpp:cpu).")
-    return "The Vulkan backend of whisper.cpp is not available in this build of Lemonade; use whispercpp:cpu."
+    return ("Requires Windows and an AMD Ryzen AI NPU; this build of Lemonade runs whisper.cpp on the CPU or a "
+            "Vulkan GPU (whispercpp:cpu, whispercpp:vulkan).")
 
 
 def model_file(model: ModelInfo, files: dict[str, list[Path]]) -> Path:
@@ -149,7 +142,7 @@ def transcription_result(content: bytes) -> dict[str, Any]:
             "duration": duration, "segments": segments}
 
 
-class WhisperCppEngine(NativeCpuBackend, Engine):
+class WhisperCppEngine(NativeBackends, Engine):
     # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
     # the tiny Whisper architecture (74 MiB of ggml weights) peaked at 158 MiB transcribing
     memory_base_bytes = 95 << 20
@@ -172,12 +165,9 @@ class WhisperCppEngine(NativeCpuBackend, Engine):
         super().__init__(cache_dir, config)
         self.installer = WhisperCppInstall(self.cache_dir)
 
-    # ----- backends (native_engine.NativeCpuBackend) ----------------------------------------------
+    # ----- backends (native_engine.NativeBackends) ----------------------------------------------
     product = "whisper.cpp"
     build_minutes = "3 to 8"
-
-    def release_asset(self) -> str | None:
-        return release_asset_name()
 
     def unsupported_message(self, backend: str) -> str:
         return _unsupported_message(backend)
@@ -205,9 +195,11 @@ class WhisperCppEngine(NativeCpuBackend, Engine):
         # probabilities, which cost a second language-detection pass per request.
         argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-l", "auto", "-nlp",
                 *user_args]
-        server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health")
+        server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/health",
+                               env=self.engine_env(backend))
         await server.start(self.ready_timeout)
-        return Launch(server, dict(options), backend)
+        # `auto` shows as the backend it chose
+        return Launch(server, {**options, "whispercpp_backend": backend}, backend, device=self.device(backend))
 
     # ----- requests ----------------------------------------------------------------------------------
     def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:

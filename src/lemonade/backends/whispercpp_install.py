@@ -1,4 +1,5 @@
-"""The pinned whisper.cpp and how its `whisper-server` gets into `<cache>/backends/whispercpp/cpu/`.
+"""The pinned whisper.cpp and how its `whisper-server` gets into `<cache>/backends/whispercpp/<backend>/`
+(`cpu`, `vulkan`).
 
 The pin is whisper.cpp v1.8.5 (commit f24588a2), the tree the `pywhispercpp` 1.5.1 sdist on PyPI
 vendors under `whisper.cpp/` (its `examples/server` is whisper-server; the files are identical to
@@ -11,9 +12,17 @@ llama.cpp:
 - a static CMake build of the sdist's sources, target `whisper-server` (3 to 8 minutes on 2
   shared cores; `CMAKE_<LANG>_COMPILER_LAUNCHER=ccache` from the environment makes a rebuild quick).
 
+The `vulkan` backend is the same sources built with `-DGGML_VULKAN=ON` (llamacpp_gpu.py says what the
+build needs: glslc, the Vulkan headers and loader, SPIRV-Headers). ggml-org publishes no Vulkan
+archive of whisper.cpp; upstream Lemonade takes its Vulkan builds from its own build repository,
+lemonade-sdk/whisper.cpp-rocm (`whisper-<tag>-linux-vulkan-x86_64.tar.gz`,
+`whisper-<tag>-windows-vulkan-x64.zip`; its `get_install_params`), and so does this one, checked
+against the digest GitHub publishes for it (release_digests.py); where that is unreachable (or has
+no build of the tag), the sources are built.
+
 Environment knobs, as llama.cpp's: `LEMONADE_WHISPERCPP_SDIST=<path>` (a local pywhispercpp
 sdist; skips the release archive), `LEMONADE_WHISPERCPP_RELEASE_BASE_URL=<url>` (a mirror of
-`.../releases/download`), `LEMONADE_WHISPERCPP_NO_RELEASE=1`.
+`.../releases/download`, of both release folders: the asset names differ), `LEMONADE_WHISPERCPP_NO_RELEASE=1`.
 
 whisper-server has no `--version`: an install is checked by running `whisper-server --help`, and
 install.json records the pinned version.
@@ -22,7 +31,6 @@ install.json records the pinned version.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import subprocess
 import sys
@@ -45,6 +53,8 @@ WHISPER_CPP_COMMIT = "f24588a272ae8e23280d9c220536437164e6ed28"
 PYWHISPERCPP_VERSION = "1.5.1"
 
 RELEASE_BASE_URL = "https://github.com/ggml-org/whisper.cpp/releases/download"
+# Upstream Lemonade's builds of whisper.cpp for its GPU backends (whispercpp_server.cpp, get_install_params)
+GPU_RELEASE_BASE_URL = "https://github.com/lemonade-sdk/whisper.cpp-rocm/releases/download"
 ENV_SDIST = "LEMONADE_WHISPERCPP_SDIST"
 ENV_RELEASE_BASE_URL = "LEMONADE_WHISPERCPP_RELEASE_BASE_URL"
 ENV_NO_RELEASE = "LEMONADE_WHISPERCPP_NO_RELEASE"
@@ -71,23 +81,25 @@ CMAKE_FLAGS = (
 )
 
 
-def release_asset_name(tag: str = WHISPER_CPP_VERSION) -> str | None:
-    """The CPU release archive upstream publishes for this OS/CPU at `tag`, or None (v1.8.5:
-    Windows only)."""
-    if sys.platform != "win32":
-        return None
+def release_asset_name(tag: str = WHISPER_CPP_VERSION, backend: str = "cpu") -> str | None:
+    """The release archive of `backend` published for this OS/CPU at `tag`, or None: for `cpu`,
+    ggml-org's (v1.8.5: Windows only); for `vulkan`, Lemonade's build repository's (x86-64 Linux and
+    Windows)."""
     machine = platform.machine().lower()
+    if backend == "vulkan":
+        if machine not in ("x86_64", "amd64"):
+            return None
+        if sys.platform.startswith("linux"):
+            return f"whisper-{tag}-linux-vulkan-x86_64.tar.gz"
+        return f"whisper-{tag}-windows-vulkan-x64.zip" if sys.platform == "win32" else None
+    if backend != "cpu" or sys.platform != "win32":
+        return None
     return {"amd64": "whisper-bin-x64.zip", "x86_64": "whisper-bin-x64.zip",
             "x86": "whisper-bin-Win32.zip", "i386": "whisper-bin-Win32.zip"}.get(machine)
 
 
-def release_url(asset: str, tag: str = WHISPER_CPP_VERSION) -> str:
-    base = os.environ.get(ENV_RELEASE_BASE_URL) or RELEASE_BASE_URL
-    return f"{base.rstrip('/')}/{tag}/{asset}"
-
-
 class WhisperCppInstall(NativeInstall):
-    """The whisper.cpp `cpu` backend under one cache dir."""
+    """The whisper.cpp `cpu` and `vulkan` backends under one cache dir."""
 
     recipe = "whispercpp"
     version = WHISPER_CPP_VERSION
@@ -96,17 +108,16 @@ class WhisperCppInstall(NativeInstall):
     source = WHISPER_SOURCE
     build_targets = ("whisper-server",)
     env_no_release = ENV_NO_RELEASE
+    env_release_base_url = ENV_RELEASE_BASE_URL
 
     config_section = "whispercpp"
     upstream_repo = "ggml-org/whisper.cpp"
 
-    def release_asset(self) -> str | None:
-        return release_asset_name(self.version)
+    def release_asset(self, backend: str = "cpu") -> str | None:
+        return release_asset_name(self.version, backend)
 
-    def release_url(self, asset: str) -> str:
-        return release_url(asset, self.version)
-
-    publisher = RELEASE_BASE_URL
+    def release_folder(self, backend: str = "cpu") -> str:
+        return GPU_RELEASE_BASE_URL if backend != "cpu" else RELEASE_BASE_URL
 
     def _heading(self, backend: str) -> str:
         return (f"Lemonade install of whispercpp:{backend} {WHISPER_CPP_VERSION} (whisper.cpp {WHISPER_CPP_COMMIT}, "

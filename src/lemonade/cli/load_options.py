@@ -63,15 +63,16 @@ FLAGS: tuple[Flag, ...] = (
          "HOST:PORT[,HOST:PORT...] (lemonade worker)", LLAMACPP, "WORKERS"),
     Flag(("--speculation",), "speculation", str, "Speculative decoding: auto (on while it makes the model faster; "
          "the default), on or off", LLAMACPP, "MODE"),
-    Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use", WHISPERCPP, "BACKEND"),
+    Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use: auto (vulkan on a Vulkan GPU, "
+         "else cpu), cpu, vulkan", WHISPERCPP, "BACKEND"),
     Flag(("--whispercpp-args",), "whispercpp_args", str, "Custom arguments to pass to whisper-server",
          WHISPERCPP, "ARGS"),
     Flag(("--fasterwhisper-compute-type",), "fasterwhisper_compute_type", str, "int8 (default), int8_float32, "
          "float32 or default", FASTERWHISPER, "TYPE"),
     Flag(("--fasterwhisper-threads",), "fasterwhisper_threads", int, "CPU threads (0: one per core)",
          FASTERWHISPER, "N"),
-    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, "SD.cpp backend to use: cpu, vulkan, rocm",
-         SDCPP, "BACKEND"),
+    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, "SD.cpp backend to use: auto (vulkan on a Vulkan "
+         "GPU, else cpu), cpu, vulkan", SDCPP, "BACKEND"),
     Flag(("--sdcpp-args",), "sdcpp_args", str, "Custom arguments to pass to sd-server, e.g. \"--vae-tiling "
          "--diffusion-fa\" (must not conflict with the ones Lemonade sets)", SDCPP, "ARGS"),
     Flag(("--steps",), "steps", int, "Default inference steps of an image model", SDCPP, "N"),
