@@ -145,3 +145,44 @@ def test_preflight_and_auto_pull(hub_server_bench, hub_server, tmp_path: Path) -
     (result,) = json.loads(pulled.stdout)["models"][0]["results"]
     (scenario,) = result["scenarios"]
     assert scenario["name"] == "chat-short" and scenario["tps"]["mean"] > 0  # the bundled scenario ran
+
+
+@pytest.fixture(scope="module")
+def vision_and_embedding_server(module_servers, gemma_dir, tmp_path_factory):
+    """An extra models dir with Gemma and a random-weight vision projector in one folder (a `vision`
+    model, tests/vision_projector.py) and all-MiniLM-L6-v2 (an embedding model)."""
+    from tests.models import minilm_gguf
+    from tests.vision_projector import write_vision_projector
+
+    extra = tmp_path_factory.mktemp("bench-extra")
+    (extra / "vis").mkdir()
+    os.link(gemma_dir / f"{GEMMA_NAME}.gguf", extra / "vis" / f"{GEMMA_NAME}.gguf")
+    write_vision_projector(extra / "vis" / "mmproj-gemma.gguf")
+    os.link(minilm_gguf(), extra / "minilm.gguf")
+    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(extra)})
+
+
+def test_vision_and_embed_scenarios_go_to_the_models_that_suit_them(vision_and_embedding_server,
+                                                                     tmp_path: Path) -> None:
+    from PIL import Image
+
+    server = vision_and_embedding_server
+    Image.new("RGB", (56, 56), (200, 40, 40)).save(tmp_path / "red.png")
+    (tmp_path / "mixed.json").write_text(json.dumps({"scenarios": [
+        {"name": "see", "category": "vision", "image_path": "red.png",
+         "messages": [{"role": "user", "content": "Which colour is this?"}], "max_tokens": 4},
+        {"name": "vectors", "category": "embed", "input": ["one lemon", "two lemons"]}]}))
+    done = bench(server, "vis", "minilm", "--scenario-file", str(tmp_path / "mixed.json"), "--scenarios", "all",
+                 "--runs", "1", "--no-reload", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Skipping scenario vectors (embed): not suitable for vis" in done.stderr
+    assert "Skipping scenario see (vision): not suitable for minilm" in done.stderr
+    vis, minilm = json.loads(done.stdout)["models"]
+    (see,) = vis["results"][0]["scenarios"]
+    # the picture reached the engine: its 16 embeddings are counted in the prompt (vision_projector.py)
+    assert see["name"] == "see" and see["input_tokens"] >= 16 and see["tps"]["mean"] > 0
+    (vectors,) = minilm["results"][0]["scenarios"]
+    assert vectors["name"] == "vectors" and vectors["ttft_ms"]["mean"] == vectors["duration_ms"]["mean"] > 0
+    assert vectors["input_tokens"] > 0 and vectors["model_memory_gb"]["peak"] > 0.01
+    text_only = bench(server, "minilm", "--runs", "1", cwd=tmp_path)
+    assert text_only.returncode == 2 and "none of the chosen scenarios suits minilm" in text_only.stderr

@@ -31,6 +31,9 @@ OPT_IN = ("long-context", "embed", "vision", "imagegen")
 IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
                ".gif": "image/gif"}
 CHARS_PER_TOKEN = 4
+# Labels of models that generate no text from chat messages (a text scenario does not suit them).
+NOT_TEXT = frozenset({"embeddings", "embedding", "embed", "reranking", "image", "upscaling", "transcription",
+                      "tts", "classification"})
 
 
 class ScenarioError(ValueError):
@@ -203,3 +206,15 @@ def select(scenarios: list[Scenario], tokens: list[str] | None) -> list[Scenario
         raise ScenarioError(f"--scenarios {', '.join(unknown)}: no scenario has that name or category "
                             f"(there are: {', '.join(names)})")
     return [s for s in scenarios if "all" in tokens or s.name in tokens or s.category in tokens]
+
+
+def suits(scenario: Scenario, labels: set[str]) -> bool:
+    """Whether a model with these labels can run the scenario; Lemonade's bench skips the others
+    (an embed scenario needs an embedding model, vision a `vision` one, imagegen an image model)."""
+    if scenario.kind == "embed":
+        return bool(labels & {"embeddings", "embedding", "embed"})
+    if scenario.kind == "imagegen":
+        return "image" in labels and "upscaling" not in labels
+    if scenario.kind == "vision":
+        return "vision" in labels
+    return not labels & NOT_TEXT

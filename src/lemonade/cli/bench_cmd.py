@@ -194,7 +194,7 @@ def bench(
     auto-tune off (`lemonade config set auto_tune=false`) to measure against the engine's defaults."""
     from lemonade.autotune.bench import Bench, BenchError, settings
     from lemonade.autotune.bench_compare import CompareError, compared, load_previous
-    from lemonade.autotune.scenarios import ScenarioError, bundled, load_dir, load_file, select
+    from lemonade.autotune.scenarios import ScenarioError, bundled, load_dir, load_file, select, suits
     from lemonade.backends.tuning import tuning_params
 
     if scenario_file and scenario_dir:
@@ -263,6 +263,15 @@ def bench(
                           highlight=False)
         installed = [b for b, st in ((info.get("recipes") or {}).get(recipe, {}).get("backends") or {}).items()
                      if isinstance(st, dict) and st.get("state") in ("installed", "update_available")]
+        labels = set(meta.get("labels") or [])
+        runnable = [s for s in chosen if suits(s, labels)]
+        for s in chosen:
+            if s not in runnable:
+                err.print(f"Skipping scenario {s.name} ({s.category}): not suitable for {model} "
+                          f"(labels: {', '.join(sorted(labels)) or 'none'})", highlight=False, markup=False)
+        if not runnable:
+            raise fail(f"none of the chosen scenarios suits {model} (labels: {', '.join(sorted(labels)) or 'none'}); "
+                       "choose others with --scenarios, e.g. --scenarios embed for an embedding model", EXIT_USAGE)
         todo = settings(list(backend or installed or [None]), list(ctx_size or []), list(arg_sets.get(recipe) or []),
                         values)
         runner = Bench(c.url, model, recipe, headers=dict(c.headers), timeout=timeout, memory=not no_memory,
@@ -274,10 +283,10 @@ def bench(
                                             "memory_tracking": not no_memory},
                                  "results": []}
         report["models"].append(entry)
-        err.print(f"Benchmarking {model}: {len(todo)} setting(s) x {len(chosen)} scenario(s)", highlight=False)
+        err.print(f"Benchmarking {model}: {len(todo)} setting(s) x {len(runnable)} scenario(s)", highlight=False)
         for setting in todo:
             try:
-                result = runner.run_setting(setting, chosen, warmup, runs, streams)
+                result = runner.run_setting(setting, runnable, warmup, runs, streams)
             except BenchError as exc:
                 result = {"recipe": recipe, "backend": setting.backend, "error": str(exc)}
             result["label"] = setting.label(recipe)
