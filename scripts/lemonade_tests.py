@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -277,8 +278,14 @@ def start_hub(root: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def file_env(cache: Path, port: int, hub_url: str, extra: dict[str, str]) -> dict[str, str]:
-    """What the server and the test process share: this file's dirs, the port, the hub."""
+    """What the server and the test process share: this file's dirs, the port, the hub, and the test
+    cache's compiler cache for a backend that a test uninstalls and installs again (the source
+    build then takes seconds, not minutes: paths are made relative to the work dir, which is laid
+    out as the test cache, so the suite's entries match; .ci/run does the same)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMONADE_", "HF_"))}
+    env.update({"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+                "CCACHE_DIR": str(TEST_CACHE / "ccache"), "CCACHE_BASEDIR": str(cache.parent),
+                "CCACHE_MAXSIZE": "2G"})
     env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache.with_name(cache.name + "-config")),
                 "HF_HOME": str(cache / "hf"), "HF_ENDPOINT": hub_url, "MODELSCOPE_ENDPOINT": hub_url,
                 "HF_HUB_DISABLE_TELEMETRY": "1", "LEMONADE_TEST_PORT": str(port), "LEMONADE_PORT": str(port),
@@ -341,9 +348,14 @@ def run_file(name: str, checkout: Path, work: Path, hub_url: str, keep: bool) ->
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """The server and everything it started (its own session), by its process group id."""
-    import signal
+    """The process and everything it started (engines, a backend build in a session of its own), by
+    pid: its descendants are listed before it is asked to stop, and whatever outlives it is killed."""
+    import psutil
 
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -351,10 +363,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # engines left behind by a killed server
-    except ProcessLookupError:
-        pass
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"not a file this harness runs: {', '.join(unknown)} "
                          f"({'; '.join(f'{n}: {NOT_RUN[n]}' for n in unknown if n in NOT_RUN) or 'see --list'})")
     work = args.work.resolve()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops what it started
     work.mkdir(parents=True, exist_ok=True)
     checkout = prepare_checkout(args.checkout.resolve(), work)
     print(f"stand-in repos: {build_hub(work / 'hub')} files under {work / 'hub'}", flush=True)
