@@ -15,7 +15,9 @@ How a file runs (what docs/compatibility.md's count was taken with):
 - Each file gets a fresh `lemonade serve` with its own cache and config dirs on a free port
   (`LEMONADE_TEST_PORT`, `LEMONADE_PORT`), the test cache's installed engines linked in as the
   suite's servers have them (tests/helpers.py), and the arguments Lemonade's CI gives that file,
-  with the `cpu` backend.
+  with the `cpu` backend. A file that starts `lemond` on a cache dir of its own (server_jobs) gets
+  the same engines linked into that dir by the wrapper; a backend a test uninstalls and installs
+  again is built from source through the test cache's ccache.
 - Models come from the local hub (tests/hub) under the checkpoints of the built-in catalog, so the
   server downloads them with the real huggingface_hub: Gemma 3 270M for every LLM, all-MiniLM-L6-v2
   for the embedding models, the suite's random-weight reranker, Whisper (ggml), SD 1.x and
@@ -255,10 +257,16 @@ def prepare_checkout(source: Path, work: Path) -> Path:
     build = checkout / "build"
     build.mkdir()
     bin_dir = Path(sys.executable).parent
+    (build / "lemonade").write_text(f'#!/bin/sh\nexec "{bin_dir / "lemonade"}" "$@"\n')
+    # Some files start lemond on a cache dir of their own (`lemond DIR --port N`): it gets the test
+    # cache's installed engines linked in, as the harness's own server has them.
+    links = "".join(f'  [ -d "{TEST_CACHE}/backends/{r}/cpu" ] && [ ! -e "$1/backends/{r}/cpu" ] && '
+                    f'mkdir -p "$1/backends/{r}" && ln -s "{TEST_CACHE}/backends/{r}/cpu" "$1/backends/{r}/cpu"\n'
+                    for r in ENGINES)
+    (build / "lemond").write_text(f'#!/bin/sh\nif [ -n "$1" ] && [ -d "$1" ]; then\n{links}fi\n'
+                                  f'exec "{bin_dir / "lemond"}" "$@"\n')
     for name in ("lemonade", "lemond"):
-        wrapper = build / name
-        wrapper.write_text(f'#!/bin/sh\nexec "{bin_dir / name}" "$@"\n')
-        wrapper.chmod(0o755)
+        (build / name).chmod(0o755)
     return checkout
 
 
