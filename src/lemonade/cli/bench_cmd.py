@@ -15,11 +15,15 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, err, fail, out, require_server
+
+if TYPE_CHECKING:
+    from lemonade.autotune.bench import Setting
+    from lemonade.autotune.scenarios import Scenario
 
 GridOpt = Annotated[list[str] | None, typer.Option(metavar="N|default",
                                                     help="Auto-tune grid: value to try (repeat for several); "
@@ -30,8 +34,6 @@ ArgsOpt = Annotated[list[str] | None, typer.Option(metavar="ARGS")]
 # `repeat_multi_values` turns them into repeated flags before it parses (cli/main.py).
 MULTI_INT = ("--ctx-size",)
 MULTI_ARGS = ("--llamacpp-args", "--whispercpp-args", "--sdcpp-args", "--vllm-args")
-RECIPE_ARGS = {"llamacpp": "--llamacpp-args", "whispercpp": "--whispercpp-args", "sd-cpp": "--sdcpp-args",
-               "vllm": "--vllm-args"}
 
 
 def repeat_multi_values(argv: list[str]) -> list[str]:
@@ -192,31 +194,20 @@ def bench(
     is loaded afresh and runs every chosen scenario. Argument sets are the engine's own flags for the
     load (`--llamacpp-args "-b 1024" "-b 2048"`), replacing the server's. Run on a server with
     auto-tune off (`lemonade config set auto_tune=false`) to measure against the engine's defaults."""
-    from lemonade.autotune.bench import Bench, BenchError, settings
+    from lemonade.autotune.bench import Bench, BenchError
     from lemonade.autotune.bench_compare import CompareError, compared, load_previous
-    from lemonade.autotune.scenarios import ScenarioError, bundled, load_dir, load_file, select, suits
-    from lemonade.backends.tuning import tuning_params
+    from lemonade.autotune.scenarios import ScenarioError
 
-    if scenario_file and scenario_dir:
-        raise fail("give --scenario-file or --scenario-dir, not both", EXIT_USAGE)
     try:
-        if scenario_file:
-            chosen = load_file(scenario_file)
-        elif scenario_dir:
-            chosen, warnings = load_dir(scenario_dir)
-            for warning in warnings:
-                err.print(f"[yellow]Warning: {warning}[/yellow]", highlight=False)
-        else:
-            chosen = bundled()
-        chosen = select(chosen, scenarios)
+        chosen = _scenarios(scenario_file, scenario_dir, scenarios)
         previous = load_previous(compare) if compare else None
     except (ScenarioError, CompareError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
-    if not chosen:
-        raise fail("no scenario to run (the scenario file has none of the default categories; name some with "
-                   "--scenarios)", EXIT_USAGE)
-    grid_given = {"threads": threads, "batch": batch, "ubatch": ubatch, "parallel": parallel}
-    arg_sets = {"llamacpp": llamacpp_args, "whispercpp": whispercpp_args, "sd-cpp": sdcpp_args, "vllm": vllm_args}
+    grid = {name: parsed for name, raw in (("threads", threads), ("batch", batch), ("ubatch", ubatch),
+                                           ("parallel", parallel)) if (parsed := _values(name, raw)) is not None}
+    # Each flag is named for an engine's `*_args` option (the engine description says which is its own).
+    arg_sets = {"llamacpp_args": llamacpp_args, "whispercpp_args": whispercpp_args, "sdcpp_args": sdcpp_args,
+                "vllm_args": vllm_args}
     streams = streams or (8 if submit else 0)
     unique = list(dict.fromkeys(models))
     if len(unique) < len(models):
@@ -224,9 +215,11 @@ def bench(
                   f"{len(unique)} model(s).", highlight=False)
 
     c = require_server(host, port)
-    infos = {model: _preflight(c, model, auto_pull) for model in unique}
+    metas = {model: _preflight(c, model, auto_pull) for model in unique}
     health = c.get("/v1/health")
     info = c.get("/v1/system-info")
+    # Every model's plan before anything runs: a usage mistake about the second model stops the first too.
+    plans = {model: _plan(model, metas[model], info, chosen, backend, ctx_size, grid, arg_sets) for model in unique}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if response_log is not None:
         response_log.parent.mkdir(parents=True, exist_ok=True)
@@ -245,39 +238,11 @@ def bench(
                   "launch_command shows what ran). For the engine's own defaults: lemonade config set "
                   "auto_tune=false[/yellow]", highlight=False)
     failures = False
-    for model in unique:
-        meta = infos[model]
-        recipe = meta.get("recipe", "")
-        values: dict[str, list[int | None]] = {}
-        for name, raw in grid_given.items():
-            parsed = _values(name, raw)
-            if parsed is None:
-                continue
-            if name not in tuning_params(recipe):
-                raise fail(f"--{name}: model {model} (recipe {recipe}) has no such tuning parameter; it has: "
-                           f"{', '.join(tuning_params(recipe)) or 'none'}", EXIT_USAGE)
-            values[name] = parsed
-        for other, given in arg_sets.items():
-            if given and other != recipe:
-                err.print(f"[yellow]{RECIPE_ARGS[other]} does not apply to {model} (recipe {recipe})[/yellow]",
-                          highlight=False)
-        installed = [b for b, st in ((info.get("recipes") or {}).get(recipe, {}).get("backends") or {}).items()
-                     if isinstance(st, dict) and st.get("state") in ("installed", "update_available")]
-        labels = set(meta.get("labels") or [])
-        runnable = [s for s in chosen if suits(s, labels)]
-        for s in chosen:
-            if s not in runnable:
-                err.print(f"Skipping scenario {s.name} ({s.category}): not suitable for {model} "
-                          f"(labels: {', '.join(sorted(labels)) or 'none'})", highlight=False, markup=False)
-        if not runnable:
-            raise fail(f"none of the chosen scenarios suits {model} (labels: {', '.join(sorted(labels)) or 'none'}); "
-                       "choose others with --scenarios, e.g. --scenarios embed for an embedding model", EXIT_USAGE)
-        todo = settings(list(backend or installed or [None]), list(ctx_size or []), list(arg_sets.get(recipe) or []),
-                        values)
+    for model, (recipe, runnable, todo) in plans.items():
         runner = Bench(c.url, model, recipe, headers=dict(c.headers), timeout=timeout, memory=not no_memory,
                        reload=not no_reload, response_log=response_log, timestamp=started,
                        progress=lambda msg: err.print(msg, highlight=False, markup=False))
-        entry: dict[str, Any] = {"model": model, "checkpoint": meta.get("checkpoint"), "recipe": recipe,
+        entry: dict[str, Any] = {"model": model, "checkpoint": metas[model].get("checkpoint"), "recipe": recipe,
                                  "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "config": {"warmup_runs": warmup or 0, "measurement_runs": runs or 3,
                                             "memory_tracking": not no_memory},
@@ -296,6 +261,74 @@ def bench(
                 _write(output, report)
         c.post("/v1/unload", {"model_name": model})
     final = compared(report, previous, str(compare)) if previous is not None else report
+    _show(final, as_json, output, percentiles=(runs or 3) >= 10, compare_file=str(compare) if compare else None)
+    if submit:
+        _submit(report, submit_file, unique, started)
+    if failures:
+        raise typer.Exit(1)
+
+
+def _scenarios(scenario_file: Path | None, scenario_dir: Path | None, tokens: list[str] | None) -> list[Scenario]:
+    """The scenarios asked for: of a file, a folder or the bundled set, selected by `--scenarios`."""
+    from lemonade.autotune.scenarios import bundled, load_dir, load_file, select
+
+    if scenario_file and scenario_dir:
+        raise fail("give --scenario-file or --scenario-dir, not both", EXIT_USAGE)
+    if scenario_file:
+        found = load_file(scenario_file)
+    elif scenario_dir:
+        found, warnings = load_dir(scenario_dir)
+        for warning in warnings:
+            err.print(f"[yellow]Warning: {warning}[/yellow]", highlight=False)
+    else:
+        found = bundled()
+    chosen = select(found, tokens)
+    if not chosen:
+        raise fail("no scenario to run (the scenario file has none of the default categories; name some with "
+                   "--scenarios)", EXIT_USAGE)
+    return chosen
+
+
+def _plan(model: str, meta: dict[str, Any], info: dict[str, Any], chosen: list[Scenario], backends: list[str] | None,
+          ctx_sizes: list[int] | None, grid: dict[str, list[int | None]],
+          arg_sets: dict[str, list[str] | None]) -> tuple[str, list[Scenario], list[Setting]]:
+    """(recipe, the scenarios that suit the model, its settings); a usage error when the grid names a
+    parameter its engine lacks or no scenario suits it."""
+    from lemonade.autotune.bench import settings
+    from lemonade.autotune.scenarios import suits
+    from lemonade.backends.tuning import args_option, tuning_params
+
+    recipe = meta.get("recipe", "")
+    for name in grid:
+        if name not in tuning_params(recipe):
+            raise fail(f"--{name}: model {model} (recipe {recipe}) has no such tuning parameter; it has: "
+                       f"{', '.join(tuning_params(recipe)) or 'none'}", EXIT_USAGE)
+    own = args_option(recipe)
+    for option, given in arg_sets.items():
+        if given and option != own:
+            err.print(f"[yellow]--{option.replace('_', '-')} does not apply to {model} (recipe {recipe})[/yellow]",
+                      highlight=False)
+    labels = set(meta.get("labels") or [])
+    runnable = [s for s in chosen if suits(s, labels)]
+    named = ", ".join(sorted(labels)) or "none"
+    for s in chosen:
+        if s not in runnable:
+            err.print(f"Skipping scenario {s.name} ({s.category}): not suitable for {model} (labels: {named})",
+                      highlight=False, markup=False)
+    if not runnable:
+        raise fail(f"none of the chosen scenarios suits {model} (labels: {named}); choose others with --scenarios, "
+                   "e.g. --scenarios embed for an embedding model", EXIT_USAGE)
+    installed = [b for b, st in ((info.get("recipes") or {}).get(recipe, {}).get("backends") or {}).items()
+                 if isinstance(st, dict) and st.get("state") in ("installed", "update_available")]
+    todo = settings(list(backends or installed or [None]), list(ctx_sizes or []),
+                    list(arg_sets.get(own or "") or []), grid)
+    return recipe, runnable, todo
+
+
+def _show(final: dict[str, Any], as_json: bool, output: Path | None, percentiles: bool,
+          compare_file: str | None) -> None:
+    """As Lemonade's: JSON to stdout, or to `--output` alone; else the tables (and the comparison),
+    with the JSON also in `--output`."""
     if output is not None:
         _write(output, final)
     if as_json:
@@ -303,17 +336,13 @@ def bench(
             out.print_json(json.dumps(final))
         else:
             err.print(f"Results written to {output}", highlight=False)
-    else:
-        for entry in final["models"]:
-            print_table(entry, percentiles=(runs or 3) >= 10)
-            if previous is not None:
-                print_comparison(entry, str(compare), final.get("previous_timestamp"))
-        if output is not None:
-            err.print(f"JSON results also written to {output}", highlight=False)
-    if submit:
-        _submit(report, submit_file, unique, started)
-    if failures:
-        raise typer.Exit(1)
+        return
+    for entry in final["models"]:
+        print_table(entry, percentiles)
+        if compare_file is not None:
+            print_comparison(entry, compare_file, final.get("previous_timestamp"))
+    if output is not None:
+        err.print(f"JSON results also written to {output}", highlight=False)
 
 
 def _preflight(c: Any, model: str, auto_pull: bool) -> dict[str, Any]:
