@@ -415,11 +415,13 @@ def main(argv: list[str] | None = None) -> int:
                 args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     finally:
         stop(hub)
-    print("\n| file | passed | run | skipped |\n|---|---|---|---|")
+    print("\n| file | passed | failed | skipped | tests |\n|---|---|---|---|---|")
     for r in results:
-        print(f"| {r.file} | {r.passed} | {r.ran} | {len(r.skipped)} |")
-    total = sum(r.passed for r in results), sum(r.ran for r in results), sum(len(r.skipped) for r in results)
-    print(f"| total | {total[0]} | {total[1]} | {total[2]} |")
+        total = r.passed + len(r.failed) + len(r.skipped)
+        print(f"| {r.file} | {r.passed} | {len(r.failed)} | {len(r.skipped)} | {total} |")
+    passed, failed, skipped = (sum(r.passed for r in results), sum(len(r.failed) for r in results),
+                               sum(len(r.skipped) for r in results))
+    print(f"| total | {passed} | {failed} | {skipped} | {passed + failed + skipped} |")
     return 0
 
 
