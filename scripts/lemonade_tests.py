@@ -4,8 +4,9 @@
     .venv/bin/python scripts/lemonade_tests.py CHECKOUT --list
 
 CHECKOUT is a checkout of lemonade-sdk/lemonade (or any folder holding its `test/`): the files
-`test/server_*.py` and `test/test_*.py` with `test/utils/`. FILE names which of them to run
-(`server_llm` or `server_llm.py`); none runs every file of `FILES`, one after the other.
+`test/server_*.py` and `test/test_*.py` with `test/utils/`, and `docs/` where one test reads it.
+FILE names which of them to run (`server_llm` or `server_llm.py`); none runs every file of `FILES`,
+one after the other.
 
 How a file runs (what docs/compatibility.md's count was taken with):
 
@@ -250,6 +251,8 @@ def prepare_checkout(source: Path, work: Path) -> Path:
     checkout = work / "checkout"
     shutil.rmtree(checkout, ignore_errors=True)
     shutil.copytree(test_dir, checkout / "test")
+    if (test_dir.parent / "docs").is_dir():  # server_cli2 checks its help text against docs/guide/cli.md
+        shutil.copytree(test_dir.parent / "docs", checkout / "docs")
     for path in (checkout / "test").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         if "failfast=True" in text:
@@ -297,7 +300,7 @@ def file_env(cache: Path, port: int, hub_url: str, extra: dict[str, str]) -> dic
     env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache.with_name(cache.name + "-config")),
                 "HF_HOME": str(cache / "hf"), "HF_ENDPOINT": hub_url, "MODELSCOPE_ENDPOINT": hub_url,
                 "HF_HUB_DISABLE_TELEMETRY": "1", "LEMONADE_TEST_PORT": str(port), "LEMONADE_PORT": str(port),
-                "LEMONADE_BROADCAST": "false", "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", **extra})
+                "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", **extra})
     return env
 
 
@@ -352,6 +355,7 @@ def run_file(name: str, checkout: Path, work: Path, hub_url: str, keep: bool) ->
         server_log.close()
         if not keep:
             shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(config_dir, ignore_errors=True)
     return result
 
 
