@@ -83,9 +83,10 @@ FILES: dict[str, list[str]] = {
     "test_multi_checkpoint_completeness.py": [],
     "test_websocket_idle.py": [],
 }
-# Environment some files read: the real-download checks of server_downloads, on (against the hub).
+# Environment some files read: their real-download and "live Hugging Face" checks, on (against the hub).
 FILE_ENV: dict[str, dict[str, str]] = {
     "server_downloads.py": {"LEMONADE_RUN_REAL_DOWNLOAD_TESTS": "1", "LEMONADE_RUN_GGUF_MAGIC_TESTS": "1"},
+    "server_endpoints.py": {"LEMONADE_INTEGRATION_TESTS": "1"},
 }
 # Files an API key is given to (they test the key itself): the server and the test both get it.
 FILE_KEYS: dict[str, dict[str, str]] = {
@@ -164,6 +165,9 @@ EXTRA_FILES = [
     ("bartowski/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct-Q2_K.gguf", "llm"),
     ("ggml-org/tiny-llamas", "stories15M-q4_0.gguf", "llm"),
     ("Comfy-Org/z_image", "split_files/vae/ae.safetensors", "upscaling"),  # only downloaded, never run
+    # server_endpoints' "live Hugging Face" checks of /pull/variants, asked of the local hub instead
+    ("TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF", "tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf", "llm"),
+    ("TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF", "tinyllama-1.1b-chat-v1.0.Q8_0.gguf", "llm"),
 ]
 
 
