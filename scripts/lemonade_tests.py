@@ -22,7 +22,9 @@ How a file runs (what docs/compatibility.md's count was taken with):
 - Models come from the local hub (tests/hub) under the checkpoints of the built-in catalog, so the
   server downloads them with the real huggingface_hub: Gemma 3 270M for every LLM, all-MiniLM-L6-v2
   for the embedding models, the suite's random-weight reranker, Whisper (ggml), SD 1.x and
-  Real-ESRGAN, Kokoro-82M, and a random Gemma 3 vision projector as every `mmproj` (`build_hub`).
+  Real-ESRGAN, Kokoro-82M, a random Gemma 3 vision projector as every `mmproj`, and the built-in
+  collections' collection files (`build_hub`). The speech sample Lemonade ships beside its tests is
+  put in the test's temp dir, where server_whisper looks before downloading it.
 - One harness setting is not a user's: `llamacpp.args = "-n 12"` in the server's config.json.
   Lemonade's tests were written for instruct models that stop after a short reply; base Gemma
   writes until its context is full, and the tests that send no `max_tokens` would time out.
@@ -193,6 +195,18 @@ def build_hub(root: Path) -> int:
             os.link(source, target)
         except OSError:  # another filesystem
             shutil.copyfile(source, target)
+    # Built-in collections name a repository holding their collection file (catalog/collection_file.py);
+    # the stand-in file lists the components the catalog gives inline.
+    for name, entry in _builtin_definitions().items():
+        if entry.get("recipe", "").startswith("collection.") and entry.get("checkpoint") and entry.get("components"):
+            repo = entry["checkpoint"]
+            target = root / repo / f"{repo.rsplit('/', 1)[-1]}.json"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(json.dumps({"model_name": name, "recipe": entry["recipe"],
+                                              "components": entry["components"], "models": [],
+                                              "size": entry.get("size")}))
+                files.append((repo, target.name, "collection"))
     kokoro = root / "mikkoph" / "kokoro-onnx"
     if not (kokoro / "index.json").exists():
         kokoro.mkdir(parents=True, exist_ok=True)
@@ -323,8 +337,15 @@ def run_file(name: str, checkout: Path, work: Path, hub_url: str, keep: bool) ->
     config_dir = cache.with_name(stem + "-config")
     config_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / "config.json").write_text(json.dumps(HARNESS_CONFIG))
+    # The test's own temp dir, holding the speech sample Lemonade ships beside its tests (server_whisper
+    # looks for it there before it would download the same file from GitHub).
+    tmp = work / "tmp" / stem
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if (checkout / "test" / "test_speech.wav").is_file():
+        shutil.copyfile(checkout / "test" / "test_speech.wav", tmp / "test_speech.wav")
     port = free_port()
-    env = file_env(cache, port, hub_url, {**FILE_ENV.get(name, {}), **FILE_KEYS.get(name, {})})
+    env = file_env(cache, port, hub_url, {**FILE_ENV.get(name, {}), **FILE_KEYS.get(name, {}), "TMPDIR": str(tmp)})
     server_log = open(work / f"{stem}.server.log", "wb")  # noqa: SIM115 - closed below
     server = subprocess.Popen([sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port)],
                               env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -360,6 +381,7 @@ def run_file(name: str, checkout: Path, work: Path, hub_url: str, keep: bool) ->
         if not keep:
             shutil.rmtree(cache, ignore_errors=True)
             shutil.rmtree(config_dir, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
