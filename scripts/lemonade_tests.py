@@ -284,8 +284,8 @@ def prepare_checkout(source: Path, work: Path) -> Path:
     links = "".join(f'  [ -d "{TEST_CACHE}/backends/{r}/cpu" ] && [ ! -e "$1/backends/{r}/cpu" ] && '
                     f'mkdir -p "$1/backends/{r}" && ln -s "{TEST_CACHE}/backends/{r}/cpu" "$1/backends/{r}/cpu"\n'
                     for r in ENGINES)
-    (build / "lemond").write_text(f'#!/bin/sh\nif [ -n "$1" ] && [ -d "$1" ]; then\n{links}fi\n'
-                                  f'exec "{bin_dir / "lemond"}" "$@"\n')
+    first_arg_is_a_dir = 'if [ -n "$1" ] && [ "${1#-}" = "$1" ]; then\n  mkdir -p "$1"\n'
+    (build / "lemond").write_text(f'#!/bin/sh\n{first_arg_is_a_dir}{links}fi\nexec "{bin_dir / "lemond"}" "$@"\n')
     for name in ("lemonade", "lemond"):
         (build / name).chmod(0o755)
     return checkout
