@@ -280,11 +280,14 @@ def prepare_checkout(source: Path, work: Path) -> Path:
     bin_dir = Path(sys.executable).parent
     (build / "lemonade").write_text(f'#!/bin/sh\nexec "{bin_dir / "lemonade"}" "$@"\n')
     # Some files start lemond on a cache dir of their own (`lemond DIR --port N`): it gets the test
-    # cache's installed engines linked in, as the harness's own server has them.
+    # cache's installed engines linked in, as the harness's own server has them, ...
     links = "".join(f'  [ -d "{TEST_CACHE}/backends/{r}/cpu" ] && [ ! -e "$1/backends/{r}/cpu" ] && '
                     f'mkdir -p "$1/backends/{r}" && ln -s "{TEST_CACHE}/backends/{r}/cpu" "$1/backends/{r}/cpu"\n'
                     for r in ENGINES)
-    first_arg_is_a_dir = 'if [ -n "$1" ] && [ "${1#-}" = "$1" ]; then\n  mkdir -p "$1"\n'
+    # ... and the harness's config (the `-n 12` cap) where the test writes none of its own.
+    config = json.dumps(HARNESS_CONFIG)
+    first_arg_is_a_dir = ('if [ -n "$1" ] && [ "${1#-}" = "$1" ]; then\n  mkdir -p "$1"\n'
+                          f'  [ -e "$1/config.json" ] || echo \'{config}\' > "$1/config.json"\n')
     (build / "lemond").write_text(f'#!/bin/sh\n{first_arg_is_a_dir}{links}fi\nexec "{bin_dir / "lemond"}" "$@"\n')
     for name in ("lemonade", "lemond"):
         (build / name).chmod(0o755)
