@@ -65,7 +65,7 @@ def grid(backends: list[str | None], values: dict[str, list[int | None]]) -> lis
     seen: set[str] = set()
     for backend in backends:
         combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]
-        stock = {n: None for n in names}
+        stock: dict[str, int | None] = {n: None for n in names}
         for params in [stock] + combos:
             cell = Cell(backend, params)
             key = json.dumps([backend, params], sort_keys=True)
@@ -181,14 +181,16 @@ class Bench:
                 runs = await asyncio.gather(*(timed_stream(client, self.model, prompt(next(n), s.prompt_tokens),
                                                            s.max_tokens) for _ in range(s.streams)))
                 rounds.append(runs)
-        one = {"ttft_ms": [round((r["first"] - r["start"]) * 1000, 1) for r in single],
-               "tokens_per_s": [round(r["tokens"] / max(r["end"] - r["start"], 1e-9), 2) for r in single],
-               "decode_tokens_per_s": [round(max(r["tokens"] - 1, 0) / max(r["end"] - r["first"], 1e-9), 2)
-                                       for r in single]}
-        many = {"ttft_ms": [round((r["first"] - r["start"]) * 1000, 1) for runs in rounds for r in runs],
-                "tokens_per_s": [round(sum(r["tokens"] for r in runs)
-                                       / max(max(r["end"] for r in runs) - min(r["start"] for r in runs), 1e-9), 2)
-                                 for runs in rounds]}
+        one: dict[str, Any] = {  # lists of figures, then their medians
+            "ttft_ms": [round((r["first"] - r["start"]) * 1000, 1) for r in single],
+            "tokens_per_s": [round(r["tokens"] / max(r["end"] - r["start"], 1e-9), 2) for r in single],
+            "decode_tokens_per_s": [round(max(r["tokens"] - 1, 0) / max(r["end"] - r["first"], 1e-9), 2)
+                                    for r in single]}
+        many: dict[str, Any] = {
+            "ttft_ms": [round((r["first"] - r["start"]) * 1000, 1) for runs in rounds for r in runs],
+            "tokens_per_s": [round(sum(r["tokens"] for r in runs)
+                                   / max(max(r["end"] for r in runs) - min(r["start"] for r in runs), 1e-9), 2)
+                             for runs in rounds]}
         for part in (one, many):
             part["median"] = {k: median(v) for k, v in list(part.items())}
         return {"single": one, "multi": many}

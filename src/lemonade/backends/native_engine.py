@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lemonade.backends.bin_select import BinChoice, LatestTag, Unresolved, latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 class NativeCpuBackend:
     """Mixed into an `Engine` (before it): `state`, `install` and `uninstall` for the `cpu` backend."""
 
-    recipe: str
-    backends: tuple[str, ...]
+    recipe: ClassVar[str]
+    backends: ClassVar[tuple[str, ...]]
     installer: NativeInstall  # the pinned version ("builtin")
     config: Config  # the Engine's
     cache_dir: Path  # the Engine's

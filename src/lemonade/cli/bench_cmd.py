@@ -144,8 +144,11 @@ def bench(
                  "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": []}
         report["models"].append(entry)
         # The file is rewritten after each setting, so an interrupted run keeps what it measured.
-        results = runner.run(cells, on_result=lambda done, e=entry: (e.update(results=list(done)),
-                                                                    _write(path, report)))
+        def saved(done: list[dict[str, Any]], e: dict[str, Any] = entry) -> None:
+            e.update(results=list(done))
+            _write(path, report)
+
+        results = runner.run(cells, on_result=saved)
         c.post("/v1/unload", {"model_name": model})
         if not as_json:
             out.print(results_table(model, results, streams))

@@ -86,8 +86,8 @@ class EngineUnreachable(EngineError):
 
 def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
     if lm.engine.remote:
-        status, message, code = lm.engine.unreachable(lm.launch, exc)
-        return EngineUnreachable(status, message, type="server_error", code=code)
+        status, message, error_code = lm.engine.unreachable(lm.launch, exc)
+        return EngineUnreachable(status, message, type="server_error", code=error_code)
     if lm.exit_reason is not None:  # the router knows why (an out-of-memory kill, an exit code)
         return EngineUnreachable(502, f"The engine for {lm.model.public} ended while answering: {lm.exit_reason}",
                                  type="server_error", code="backend_crashed")
@@ -323,6 +323,7 @@ class Proxy:
         if not lm.engine.remote:
             return await self.client.stream(lm.base_url, path, encode(body))
         url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
+        assert sent is not None  # outbound passes a body on, it never drops one
         return await self.remote.stream(url, encode(sent), headers)
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
