@@ -109,6 +109,7 @@ class Services:
         for engine in self.engines:
             if engine.args_option and engine.available:
                 key = engine.options[engine.args_option].config_key
+                assert key is not None  # every `*_args` option is a config key
                 config.add_check(key, self._args_check(engine))
                 section = key.rsplit(".", 1)[0]
                 for backend in BACKEND_ARGS.get(section, ()):

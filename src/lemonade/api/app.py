@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from starlette.routing import Match
+from starlette.types import Scope
 
 from lemonade import __version__
 from lemonade.api import internal, internal_mcp
@@ -131,7 +132,8 @@ def skip_other_paths(app: FastAPI) -> None:
         if not heads or not callable(getattr(route, "matches", None)):
             continue
 
-        def matches(scope: dict[str, Any], _original: Any = route.matches, _heads: tuple[str, ...] = heads) -> Any:
+        def matches(scope: Scope, _original: Any = route.matches,
+                    _heads: tuple[str, ...] = heads) -> tuple[Match, Scope]:
             path: str = scope.get("path", "")
             root = scope.get("root_path", "")
             if root and path.startswith(root):
@@ -140,7 +142,7 @@ def skip_other_paths(app: FastAPI) -> None:
                 return Match.NONE, {}
             return _original(scope)
 
-        route.matches = matches
+        route.matches = matches  # type: ignore[method-assign]  # replaced on purpose (see the docstring)
 
 
 def create_app(services: Services) -> FastAPI:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -34,7 +34,7 @@ class DirectRoute:
     def __init__(self, route: APIRoute) -> None:
         self.endpoint: Endpoint = route.endpoint
         self.body_field = route.body_field
-        self.body_param = route.body_field.name if route.body_field is not None else None
+        self.body_param = route.body_field.name if route.body_field is not None else ""
 
     @staticmethod
     def eligible(route: Any) -> bool:
@@ -103,7 +103,7 @@ class DirectRoutes:
         request = Request(scope, receive, send)
         started = False
 
-        async def tracked_send(message: dict[str, Any]) -> None:
+        async def tracked_send(message: MutableMapping[str, Any]) -> None:
             nonlocal started
             started = True
             await send(message)
@@ -126,5 +126,5 @@ class DirectRoutes:
             if cls is Exception:
                 return None
             if cls in handlers:
-                return handlers[cls]
+                return handlers[cls]  # type: ignore[return-value]  # the app registers async handlers only
         return None

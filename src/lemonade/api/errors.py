@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -61,12 +62,12 @@ def error_body(family: str, status: int, message: str, type_: str, code: str | N
     return {"error": err, "status": "error", "message": message}
 
 
-def error_response(request_path: str, exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(request_path: str, exc: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     body = error_body(api_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra, exc.plain)
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
-def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
+def describe_validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """Turn pydantic's error list into one sentence naming the field, plus a spec error code."""
     if not errors:
         return "Invalid request", "invalid_argument"

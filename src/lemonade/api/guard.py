@@ -16,7 +16,7 @@ Plain ASGI (not BaseHTTPMiddleware), so streamed responses pass through untouche
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from lemonade.api.disconnect import DisconnectWatch
@@ -163,7 +163,7 @@ class RequestGuard:
         start = time.perf_counter()
         status = 500
 
-        async def send_wrapper(message: dict[str, Any]) -> None:
+        async def send_wrapper(message: MutableMapping[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

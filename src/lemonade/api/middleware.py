@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -16,7 +16,7 @@ from lemonade.api.errors import APIError, api_family, error_body
 from lemonade.api.webapp import OPEN_WEB_PATHS, OPEN_WEB_PREFIXES
 from lemonade.config import Config
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]  # as Starlette's
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
 
 OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico", *OPEN_WEB_PATHS)
@@ -80,7 +80,7 @@ def chosen_subprotocol(scope: Scope) -> str | None:
     if APP_SUBPROTOCOL in offered:
         return APP_SUBPROTOCOL
     plain = [p for p in offered if not p.startswith(KEY_CARRIERS)]
-    return (plain or offered or [None])[0]
+    return next(iter(plain or offered), None)
 
 
 def is_span_stream(scope: Scope) -> bool:

@@ -45,8 +45,8 @@ _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.ite
 # definition on /v1/pull (errors.registration_error), and as Lemonade's server answers bad settings,
 # variant queries, routing policies and jobs (its clients read `error` as the message), next to the
 # status/message pair.
-PLAIN_ERROR = {"title": "RegistrationError", "type": "object", "required": ["error"],
-               "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
+PLAIN_ERROR: dict[str, Any] = {"title": "RegistrationError", "type": "object", "required": ["error"],
+                               "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
 PLAIN_ERROR_PATHS = ("/pull", "/params", "/pull/variants", "/routing/validate", "/jobs")
 # Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
 STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),

@@ -20,13 +20,14 @@ import ipaddress
 import json
 import logging
 import socket
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from lemonade.api.errors import api_family, error_body
 
 log = logging.getLogger("lemonade.server")
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]  # as Starlette's
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WEB_SCHEMES = ("http", "https")
@@ -99,7 +100,7 @@ class OriginPolicy:
         if parts.hostname and is_loopback_name(parts.hostname):
             return True
         # The server's own pages (its web app opened by IP or host name) are same-origin.
-        return bool(host_header) and parts.netloc == host_header.strip().lower()
+        return bool(host_header and parts.netloc == host_header.strip().lower())
 
 
 def refusal(policy: OriginPolicy, host: str | None, origin: str | None) -> str | None:
@@ -116,7 +117,7 @@ def refusal(policy: OriginPolicy, host: str | None, origin: str | None) -> str |
 VARY_ORIGIN = (b"vary", b"Origin")  # on every answer: it depends on the Origin (caches must not mix pages)
 
 
-def with_vary(message: dict[str, Any]) -> dict[str, Any]:
+def with_vary(message: Mapping[str, Any]) -> dict[str, Any]:
     """A response start that says its answer depends on the Origin header."""
     headers = list(message.get("headers", []))
     if not any(k.lower() == b"vary" for k, _ in headers):
@@ -124,7 +125,7 @@ def with_vary(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "headers": headers}
 
 
-def with_cors(message: dict[str, Any], origin: str) -> dict[str, Any]:
+def with_cors(message: Mapping[str, Any], origin: str) -> dict[str, Any]:
     """A response start for an allowed page: its CORS headers (any the app set are replaced)."""
     headers = [(k, v) for k, v in message.get("headers", [])
                if not k.lower().startswith(b"access-control-") and k.lower() != b"vary"]

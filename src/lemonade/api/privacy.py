@@ -19,11 +19,11 @@ from lemonade.services import Services
 
 def path_redactor(svc: Services) -> Callable[[str], str]:
     values = svc.config.values
-    places = [(str(svc.cache_dir), "<cache>"), (str(svc.config_dir), "<config>"),
-              (values.get("extra_models_dir") or "", "<extra_models_dir>"),
-              (values.get("models_dir") if values.get("models_dir") != "auto" else "", "<models_dir>"),
-              (sys.prefix, "<python>"), (str(Path.home()), "~")]
-    places = sorted(((str(Path(p).expanduser()), name) for p, name in places if p and p != "/"),
+    given = [(str(svc.cache_dir), "<cache>"), (str(svc.config_dir), "<config>"),
+             (values.get("extra_models_dir") or "", "<extra_models_dir>"),
+             (values.get("models_dir") if values.get("models_dir") != "auto" else "", "<models_dir>"),
+             (sys.prefix, "<python>"), (str(Path.home()), "~")]
+    places = sorted(((str(Path(p).expanduser()), name) for p, name in given if p and p != "/"),
                     key=lambda item: -len(item[0]))  # the longest (innermost) folder first
 
     def redact(text: str) -> str:

@@ -86,7 +86,8 @@ def settings(backends: list[str | None], ctx_sizes: list[int | None], arg_sets: 
     seen: set[str] = set()
     for backend, ctx, args in itertools.product(backends, ctx_sizes or [None], arg_sets or [""]):
         combos = [dict(zip(names, c, strict=True)) for c in itertools.product(*(values[n] for n in names))]
-        for params in [{n: None for n in names}, *combos]:
+        stock: dict[str, int | None] = {n: None for n in names}
+        for params in [stock, *combos]:
             key = json.dumps([backend, ctx, args, params], sort_keys=True)
             if key not in seen:
                 seen.add(key)
@@ -215,12 +216,13 @@ class Bench:
         run.memory_gb, run.vram_gb = system.get("memory_gb"), system.get("vram_gb")
 
     def _local_tree_bytes(self, pid: Any) -> int | None:
-        from lemonade.system.memory import process_tree_bytes
+        from lemonade.system.memory import process_tree_memory
 
         if not isinstance(pid, int) or (urlsplit(self.base_url).hostname or "") not in ("127.0.0.1", "localhost",
                                                                                          "::1"):
             return None
-        return process_tree_bytes(pid)
+        measured = process_tree_memory(pid)
+        return measured[0] if measured else None
 
     # ----- a scenario ----------------------------------------------------------------------------------------
 
@@ -355,8 +357,8 @@ async def timed_stream(client: httpx.AsyncClient, model: str, scenario: Scenario
 def _figures(data: dict[str, Any], run: Run, scenario: Scenario) -> None:
     """TTFT, tokens/s and token counts from the answer: the engine's `timings` first, then `usage`;
     an embedding's or a picture's TTFT is its whole request (Lemonade's rule)."""
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
+    usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
+    timings: dict[str, Any] = data["timings"] if isinstance(data.get("timings"), dict) else {}
     run.input_tokens = int(timings.get("prompt_n") or usage.get("prompt_tokens") or 0)
     run.output_tokens = int(timings.get("predicted_n") or usage.get("completion_tokens") or 0)
     if scenario.kind in ("embed", "imagegen"):

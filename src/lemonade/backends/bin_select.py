@@ -202,6 +202,9 @@ class Unresolved:
     def binary(self, name: str, backend: str = "cpu") -> Path | None:
         return None
 
+    def backend_dir(self, backend: str) -> Path:
+        raise self.error()
+
     def install_pinned(self, backend: str, progress: Progress | None = None, force: bool = False) -> dict[str, Any]:
         raise self.error()
 

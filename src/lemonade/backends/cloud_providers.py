@@ -158,7 +158,9 @@ def model_from_listing(provider: str, entry: dict[str, Any]) -> ModelInfo | None
     if not isinstance(upstream, str) or not upstream:
         return None
     kind = str(entry.get("type") or "").lower()
-    caps = entry.get("capabilities") if isinstance(entry.get("capabilities"), (list, dict)) else []
+    caps = entry.get("capabilities")
+    if not isinstance(caps, (list, dict)):
+        caps = []
     modality = str((entry.get("architecture") or {}).get("modality") or "") if isinstance(
         entry.get("architecture"), dict) else ""
     if kind in ("embedding", "embeddings") or EMBEDDING.search(upstream):

@@ -158,7 +158,7 @@ def refuse_unknown_architecture(model: ModelInfo, files: dict[str, list[Path]]) 
     """The GGUF header's `general.architecture` of the model (and of its draft model) must be one the
     pinned llama.cpp loads; else EngineUnavailable (a 400) instead of a llama-server that fails to load."""
     for role in ("main", "draft"):
-        path = (files.get(role) or [None])[0]
+        path = next(iter(files.get(role, [])), None)
         if path is None or not path.name.lower().endswith(".gguf"):
             continue
         try:

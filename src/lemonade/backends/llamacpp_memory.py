@@ -333,10 +333,10 @@ def _first(value: Any) -> Any:
 
 def _recurrent_state(meta: dict[str, Any], arch: str) -> int:
     """Bytes of one sequence's recurrent state (Mamba-style and linear-attention layers), f32."""
-    d_inner = meta.get(f"{arch}.ssm.inner_size")
-    d_state = meta.get(f"{arch}.ssm.state_size")
-    d_conv = meta.get(f"{arch}.ssm.conv_kernel")
-    layers = meta.get(f"{arch}.block_count")
+    d_inner = meta.get(f"{arch}.ssm.inner_size", 0)
+    d_state = meta.get(f"{arch}.ssm.state_size", 0)
+    d_conv = meta.get(f"{arch}.ssm.conv_kernel", 0)
+    layers = meta.get(f"{arch}.block_count", 0)
     if not all(isinstance(v, int) and v > 0 for v in (d_inner, d_state, d_conv, layers)):
         return 0
     interval = meta.get(f"{arch}.full_attention_interval")

@@ -84,7 +84,7 @@ def speculation_args(model: ModelInfo, files: dict[str, list[Path]], options: di
     """The flags that give `model` its speculative decoding, and what it runs. `options`: the
     load's (`speculation`: auto, on or off); `wanted`: the controller's verdict, for `auto` only."""
     mode = str(options.get("speculation") or "auto")
-    draft = (files.get("draft") or [None])[0]
+    draft = next(iter(files.get("draft", [])), None)
     dflash = draft is not None and is_dflash_draft(draft)
     usable = draft if draft is not None and (not dflash or "dflash" in model.labels) else None
     own = _own_type(user_args) if SPEC_TYPE_FLAG in flags_of(user_args) else None

@@ -212,6 +212,9 @@ async def restore_slots(store: WarmStore, base_url: str, client: EngineHTTP, arg
         if state.meta.get("fingerprint") != fp:
             continue
         sid = state.meta.get("slot")
+        if not isinstance(sid, int):  # a description written by hand or by another version
+            store.forget(state)
+            continue
         status, content = await client.request("POST", base_url, f"/slots/{sid}?action=restore",
                                                 json.dumps({"filename": state.data.name}).encode())
         if status != 200:
@@ -220,7 +223,7 @@ async def restore_slots(store: WarmStore, base_url: str, client: EngineHTTP, arg
             continue
         state.meta["used_at"] = time.time()
         WarmStore.write_meta(state.info, state.meta)
-        keys[int(sid)] = str(state.meta.get("held") or "")
+        keys[sid] = str(state.meta.get("held") or "")
         tokens += int(json.loads(content).get("n_restored") or 0)
     return keys, tokens
 

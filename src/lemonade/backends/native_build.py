@@ -136,7 +136,8 @@ def check_toolchain(project: str) -> dict[str, str]:
             f"Cannot build {project} from source: {', '.join(missing)} not found on PATH. {TOOLCHAIN_HINT}",
             code="toolchain_missing",
         )
-    out = subprocess.run([found["cmake"], "--version"], capture_output=True, text=True, timeout=30).stdout
+    tools = {k: v for k, v in found.items() if v}
+    out = subprocess.run([tools["cmake"], "--version"], capture_output=True, text=True, timeout=30).stdout
     m = re.search(r"version (\d+)\.(\d+)", out)
     if m and (int(m.group(1)), int(m.group(2))) < (3, 14):
         raise InstallError(
@@ -144,7 +145,6 @@ def check_toolchain(project: str) -> dict[str, str]:
             f"(3.14 or newer needed). {TOOLCHAIN_HINT}",
             code="toolchain_missing",
         )
-    tools = {k: v for k, v in found.items() if v}
     tools["generator"] = "" if shutil.which("make") else "Ninja"
     return tools
 
@@ -470,7 +470,8 @@ def stop_builds() -> None:
     for proc in running:
         if proc.returncode is not None:  # finished (reaped) meanwhile: its group id is no longer its
             continue
-        log.warning("Stopping the build command %s (pid %s): the server is stopping", proc.args[0], proc.pid)
+        log.warning("Stopping the build command %s (pid %s): the server is stopping",
+                    proc.args[0], proc.pid)  # type: ignore[index]  # run_build passes a list
         signal_group(proc.pid)
 
 

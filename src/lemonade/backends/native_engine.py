@@ -19,7 +19,7 @@ import logging
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lemonade.backends.bin_select import BinChoice, LatestTag, Unresolved, latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
@@ -40,9 +40,9 @@ class NativeBackends:
     """Mixed into an `Engine` (before it): `state`, `install`, `uninstall` and the default backend for
     `cpu` and `vulkan`, and how their processes start (`engine_env`, `device`)."""
 
-    recipe: str
-    backends: tuple[str, ...]
-    backend_option: str | None  # the Engine's
+    recipe: ClassVar[str]
+    backends: ClassVar[tuple[str, ...]]
+    backend_option: ClassVar[str | None]  # the Engine's
     installer: NativeInstall  # the pinned version ("builtin")
     config: Config  # the Engine's
     cache_dir: Path  # the Engine's

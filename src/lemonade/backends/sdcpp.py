@@ -201,11 +201,11 @@ def upscale_argv(cli: Path, model_file: Path, source: Path, target: Path, thread
 
 def checkpoint_args(model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:
     """The model's files as sd-server flags (see the module docstring)."""
-    main = (files.get("main") or [None])[0]
+    main = next(iter(files.get("main", [])), None)
     if main is None:
         raise EngineUnavailable(f"Model {model.public} has no model file.", code="model_load_error")
-    encoder = (files.get("text_encoder") or [None])[0]
-    vae = (files.get("vae") or [None])[0]
+    encoder = next(iter(files.get("text_encoder", [])), None)
+    vae = next(iter(files.get("vae", [])), None)
     if encoder is not None and vae is not None:
         return ["--diffusion-model", str(main), "--llm", str(encoder), "--vae", str(vae)]
     args = ["-m", str(main)]
@@ -330,7 +330,7 @@ class SdCppEngine(NativeBackends, ImageEngine):
                                f"{install_action(self.recipe, backend)}", type="server_error",
                                code="backend_install_failed") from None
             cli = self.cli_path(backend)
-        model_file = (files.get("main") or [None])[0]
+        model_file = next(iter(files.get("main", [])), None)
         if cli is None or model_file is None:
             raise APIError(500, "ESRGAN upscale failed", type="server_error", code="backend_error")
         with tempfile.TemporaryDirectory(prefix="lemonade-upscale-") as tmp:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
@@ -27,8 +27,12 @@ from lemonade.cli.client import ServerClient
 from lemonade.cli.common import HostOpt, PortOpt, client, err, fail, out, spinner
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
-psutil = lazy_module("psutil")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+    import psutil
+else:  # imported on first use (util/lazy.py)
+    httpx = lazy_module("httpx")
+    psutil = lazy_module("psutil")
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]")
 LIVE_TIMEOUT = 60.0
@@ -65,8 +69,11 @@ def start_background(c: ServerClient) -> int:
     cache = cache_dir()
     log_path = log_file(cache)
     cmd = [sys.executable, "-m", "lemonade.cli.main", "serve", "--host", host, "--port", str(port)]
-    detach: dict[str, Any] = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.DETACHED_PROCESS}
-                              if sys.platform == "win32" else {"start_new_session": True})
+    detach: dict[str, Any]
+    if sys.platform == "win32":
+        detach = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.DETACHED_PROCESS}
+    else:
+        detach = {"start_new_session": True}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 close_fds=True, **detach)

@@ -9,7 +9,7 @@ sent back each turn; a model's reasoning trace is shown but never sent back. The
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +150,7 @@ class Chat:
                 if text:
                     yield "content", text
 
-    def send(self, text: str) -> Iterator[tuple[str, str]]:
+    def send(self, text: str) -> Generator[tuple[str, str], None, None]:
         """Yields ("content" | "reasoning", piece), then ("runaway", "") if the reply was stopped for
         repeating itself. Closing the generator (Ctrl-C) closes the HTTP stream, which stops the
         generation on the server. The reply joins the history when done or stopped; the reasoning

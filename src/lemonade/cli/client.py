@@ -14,7 +14,7 @@ import http.client as http_client
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import typer
@@ -24,7 +24,10 @@ from lemonade import __version__
 from lemonade.cli.target import api_key
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 console = Console()
 err_console = Console(stderr=True)

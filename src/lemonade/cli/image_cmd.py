@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -23,7 +23,10 @@ from lemonade.cli.residency import do_load, load_body
 from lemonade.cli.speech_cmd import _write_atomically
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 
 def _post(c: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import typer
@@ -26,7 +26,10 @@ from rich.markup import escape
 from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, err, fail, require_server
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 RECIPES_REPO = "lemonade-sdk/recipes"
 RAW_URL = f"https://raw.githubusercontent.com/{RECIPES_REPO}/main"

@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import typer
 from rich.markup import escape
+from typer.core import TyperOption
 
 from lemonade.cli.agents import AGENTS, DEFAULT_AGENT_KEY, Agent, split_args
 from lemonade.cli.background import start_background
@@ -30,7 +31,10 @@ from lemonade.cli.target import TARGET, api_key
 from lemonade.labels import MODE_ALIASES
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 KNOWN = ", ".join(AGENTS)
 
@@ -156,7 +160,7 @@ class LaunchCommand(RewritingCommand):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         agent = ctx.meta.get("launch.agent")
         hide = set(AGENT_OPTIONS) if agent is None else set(CODEX_ONLY) if agent != "codex" else set()
-        shown = [(p, p.hidden) for p in self.params if p.name in hide]
+        shown = [(p, p.hidden) for p in self.params if isinstance(p, TyperOption) and p.name in hide]
         for param, _ in shown:
             param.hidden = True
         try:

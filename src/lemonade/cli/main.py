@@ -7,6 +7,7 @@ import importlib.util
 import sys
 
 import typer
+from typer.models import CommandInfo, TyperInfo
 
 from lemonade.cli.help_format import plain_help
 from lemonade.cli.parsing import LemonadeGroup, skip_coercing_absent_values
@@ -169,7 +170,8 @@ def _register_commands(command: str | None = None) -> None:
     panel_of = {name: panel for panel, names in PANELS.items() for name in names}
     order = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
     app.registered_commands.sort(key=lambda c: order.get(c.name or c.callback.__name__ if c.callback else "", 99))
-    for info_ in (*app.registered_commands, *app.registered_groups):
+    infos: list[CommandInfo | TyperInfo] = [*app.registered_commands, *app.registered_groups]
+    for info_ in infos:
         name = info_.name or (info_.callback.__name__.replace("_", "-") if info_.callback else None)
         given = info_.rich_help_panel
         if (given is None or type(given).__name__ == "DefaultPlaceholder") and name in panel_of:

@@ -229,9 +229,9 @@ def registration_body(model: str, checkpoint: list[str] | None, recipe: str | No
             checkpoints["main"] = item
     if checkpoints:
         body["checkpoints"] = checkpoints
-    for key, value in (("labels", label), ("mmproj", mmproj), ("components", components), ("source", source)):
-        if value:
-            body[key] = value
+    for key, given in (("labels", label), ("mmproj", mmproj), ("components", components), ("source", source)):
+        if given:
+            body[key] = given
     return body
 
 

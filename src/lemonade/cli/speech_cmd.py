@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -22,7 +22,10 @@ from lemonade.cli.common import EXIT_USAGE, HostOpt, PortOpt, fail, out, require
 from lemonade.cli.residency import do_load, load_body
 from lemonade.util.lazy import lazy_module
 
-httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")  # imported on first use (util/lazy.py)
 
 FORMAT_BY_SUFFIX = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac", ".flac": "flac",
                     ".pcm": "pcm", ".raw": "pcm"}

@@ -32,4 +32,4 @@ def set_api_key(key: str | None) -> None:
 
 def api_key() -> str | None:
     """`--api-key`, else LEMONADE_ADMIN_API_KEY (it works everywhere), else LEMONADE_API_KEY."""
-    return (_KEY_FLAG or [None])[0] or os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")
+    return next(iter(_KEY_FLAG), None) or os.environ.get("LEMONADE_ADMIN_API_KEY") or os.environ.get("LEMONADE_API_KEY")

@@ -120,7 +120,8 @@ def worker(
         raise fail("Interrupted; nothing was started.", EXIT_ERROR) from None
     _warn_exposure(host)
     argv = worker_argv(binary, host, port, threads, cache, device)
-    line_buffered = [shutil.which("stdbuf"), "-oL", "-eL"] if shutil.which("stdbuf") else []  # it uses printf
+    stdbuf = shutil.which("stdbuf")
+    line_buffered = [stdbuf, "-oL", "-eL"] if stdbuf else []  # it uses printf
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = subprocess.Popen([*line_buffered, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -245,8 +245,8 @@ class DownloadManager:
         try:
             if job is not None and job.requested:
                 transfer.stop(job.requested)
-            while (event := await queue.get()) is not None:
-                yield event
+            while (update := await queue.get()) is not None:
+                yield update
             error = transfer.done.result()
             if error is not None:
                 raise error
@@ -326,9 +326,9 @@ class DownloadManager:
 
             fetched += fetch_file(pf.folder, pf.listing, pf.remote, report, transfer.should_stop)
             completed += pf.size
-            etags = pending.get((pf.folder, pf.listing.commit))
-            if etags is not None and etags.pop(pf.remote.path, None) is not None:
-                cache_ops.write_pending(pf.folder, pf.listing.commit, key, model.name, etags)
+            unfetched = pending.get((pf.folder, pf.listing.commit))
+            if unfetched is not None and unfetched.pop(pf.remote.path, None) is not None:
+                cache_ops.write_pending(pf.folder, pf.listing.commit, key, model.name, unfetched)
         for folder, commit in {(pf.folder, pf.listing.commit) for pf in plan}:
             cache_ops.write_ref(folder, commit)
             cache_ops.clear_pending(folder, key)

@@ -308,13 +308,14 @@ def _type_name(v: Any) -> str:
         return "boolean"
     if _is_number(v):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(v), type(v).__name__)
 
 
 def _number(op: str, v: Any) -> float | int:
     if not _is_number(v):
         raise ExprError(f"'{op}' needs numbers, got {_type_name(v)} {json.dumps(v)}")
-    return v  # type: ignore[no-any-return]
+    return v
 
 
 def evaluate(node: Node, context: Any) -> Any:

@@ -82,7 +82,8 @@ class Op:
 class ModelSide(Protocol):
     """What the engine needs from the server for exclusive jobs (api/lemonade/job_ops.py)."""
 
-    gate: ExclusiveGate
+    @property
+    def gate(self) -> ExclusiveGate: ...
 
     def ops(self) -> dict[str, Op]: ...
     def drained(self) -> bool: ...

@@ -51,7 +51,7 @@ def check_params(fmt: str | None, language: str | None, prompt: str | None,
         params["prompt"] = prompt
     if temperature not in (None, ""):
         try:
-            value = float(temperature)  # type: ignore[arg-type]
+            value = float(temperature)
             if not 0 <= value <= 1:
                 raise ValueError
         except (TypeError, ValueError):

@@ -262,16 +262,18 @@ class InferenceSpan:
         choices = content.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             choice = choices[0]
-            message = choice.get("message") if isinstance(choice.get("message"), dict) else None
-            if message is not None:
-                text = message.get("content") if isinstance(message.get("content"), str) else ""
+            message = choice.get("message")
+            if isinstance(message, dict):
+                said = message.get("content")
+                text = said if isinstance(said, str) else ""
                 thought = message.get("reasoning_content") or message.get("thinking")
                 if isinstance(thought, str) and thought:
                     text = f"<think>\n{thought}\n</think>\n{text}"
                 self.output = text
                 for call in message.get("tool_calls") or []:
                     if isinstance(call, dict):
-                        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                        fn = call.get("function")
+                        fn = fn if isinstance(fn, dict) else {}
                         args = fn.get("arguments", "")
                         self.tool_calls.append({"id": str(call.get("id") or ""), "name": str(fn.get("name") or ""),
                                                 "arguments": args if isinstance(args, str) else compact_json(args)})
@@ -470,7 +472,8 @@ class StreamReader:
         choices = event.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
-        delta = choices[0].get("delta") if isinstance(choices[0].get("delta"), dict) else choices[0]
+        delta = choices[0].get("delta")
+        delta = delta if isinstance(delta, dict) else choices[0]
         for key, into in (("content", self.text), ("text", self.text), ("reasoning_content", self.thought)):
             piece = delta.get(key)
             if isinstance(piece, str) and piece:
@@ -478,7 +481,8 @@ class StreamReader:
         for call in delta.get("tool_calls") or []:
             if isinstance(call, dict):
                 slot = self.calls.setdefault(int(call.get("index", 0) or 0), {"id": "", "name": "", "arguments": ""})
-                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                fn = call.get("function")
+                fn = fn if isinstance(fn, dict) else {}
                 slot["id"] = slot["id"] or str(call.get("id") or "")
                 slot["name"] += str(fn.get("name") or "")
                 self._got(None, str(fn.get("arguments") or ""), slot)

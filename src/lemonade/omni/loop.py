@@ -87,7 +87,10 @@ class Answer:
 
 def strip_media(text: str) -> str:
     for pattern, placeholder in ECHOED_MEDIA:
-        text = pattern.sub(lambda m, p=placeholder: p or f"[{m.group(1)}]", text)
+        def shown(m: re.Match[str], p: str | None = placeholder) -> str:
+            return p or f"[{m.group(1)}]"
+
+        text = pattern.sub(shown, text)
     return text
 
 
@@ -287,7 +290,8 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
         _add_usage(usage, data.get("usage"))
         choices = data.get("choices") or [{}]
         message = choices[0].get("message") or {}
-        text = message.get("content") if isinstance(message.get("content"), str) else ""
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
         calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         if not calls:
             answer.text, answer.finish_reason = text, choices[0].get("finish_reason") or "stop"

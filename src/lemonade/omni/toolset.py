@@ -33,7 +33,7 @@ class Toolset:
     runs_on: dict[str, ModelInfo] = field(default_factory=dict)  # our tool name -> the component it runs on
     mcp: dict[str, tuple[str, str]] = field(default_factory=dict)  # MCP tool name -> (server id, its tool)
 
-    def is_server_tool(self, name: str) -> bool:
+    def is_server_tool(self, name: str | None) -> bool:
         return name in self.runs_on or name in self.mcp
 
 

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from lemonade.routing.context import RouteContext
 from lemonade.routing.cost import with_cost
@@ -40,7 +40,7 @@ from lemonade.routing.policy import (
 
 log = logging.getLogger("lemonade.routing")
 T = TypeVar("T")
-MaybeAwaitable = T | Awaitable[T]
+MaybeAwaitable: TypeAlias = T | Awaitable[T]
 # (model, text) -> {label: score}: an encoder classifier, or a chat model asked for label scores.
 Classify = Callable[[str, str], MaybeAwaitable[Mapping[str, float]]]
 # (model, text) -> embedding vector.
@@ -123,7 +123,7 @@ class PolicyEmbeddings:
 
 
 async def _resolve(value: MaybeAwaitable[T]) -> T:
-    return await value if inspect.isawaitable(value) else value  # type: ignore[return-value]
+    return await value if inspect.isawaitable(value) else value
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float | None:

@@ -56,7 +56,8 @@ def as_call(data: dict[str, Any], name: str) -> dict[str, Any]:
     """A non-streamed answer to a `forced` body, its content (the arguments) made the call to `name`."""
     choices = data.get("choices") or [{}]
     message = choices[0].get("message") or {}
-    arguments = message.get("content") if isinstance(message.get("content"), str) else ""
+    content = message.get("content")
+    arguments = content if isinstance(content, str) else ""
     call = {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments.strip()}}
     reply: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
     if message.get("reasoning_content"):

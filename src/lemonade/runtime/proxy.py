@@ -90,8 +90,8 @@ class EngineUnreachable(EngineError):
 
 def crash_error(lm: LoadedModel, exc: Exception) -> EngineUnreachable:
     if lm.engine.remote:
-        status, message, code = lm.engine.unreachable(lm.launch, exc)
-        return EngineUnreachable(status, message, type="server_error", code=code)
+        status, message, error_code = lm.engine.unreachable(lm.launch, exc)
+        return EngineUnreachable(status, message, type="server_error", code=error_code)
     if lm.exit_reason is not None:  # the router knows why (an out-of-memory kill, an exit code)
         return EngineUnreachable(502, f"The engine for {lm.model.public} ended while answering: {lm.exit_reason}",
                                  type="server_error", code="backend_crashed")
@@ -340,6 +340,7 @@ class Proxy:
         if not lm.engine.remote:
             return await self.client.stream(lm.base_url, path, encode(body))
         url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
+        assert sent is not None  # outbound passes a body on, it never drops one
         return await self.remote.stream(url, encode(sent), headers)
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
@@ -409,11 +410,11 @@ class Proxy:
                     span.fail(err.message)
                 yield error_event(err)
             except ENGINE_ERRORS as exc:
-                err = await self._crash(up.lm, exc)
-                log.error("%s", err.message)
+                crash = await self._crash(up.lm, exc)
+                log.error("%s", crash.message)
                 if span is not None:
-                    span.fail(err.message)
-                yield error_event(err)
+                    span.fail(crash.message)
+                yield error_event(crash)
             finally:
                 if started:
                     up.lm.streaming -= 1

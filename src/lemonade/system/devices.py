@@ -142,7 +142,7 @@ class GpuUsage:
 
 def parse_cpuinfo(text: str) -> tuple[str, tuple[str, ...]]:
     """(model name, ISA features of interest) from /proc/cpuinfo (x86 `flags`, Arm `Features`)."""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
@@ -323,7 +323,7 @@ class SysfsCard:
 
 def read_drm_cards(sys_root: Path = Path("/sys")) -> list[SysfsCard]:
     """Every DRM card (not its connectors) with a PCI vendor, in card order."""
-    cards = []
+    cards: list[SysfsCard] = []
     drm = sys_root / "class" / "drm"
     try:
         names = sorted((p.name for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name)),
@@ -476,7 +476,7 @@ def parse_system_profiler_displays(text: str, memory_bytes: int) -> list[Gpu]:
 
 def amd_npus(dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"), cpu_name: str = "") -> list[Npu]:
     """`/dev/accel/accelN` nodes whose driver is `amdxdna` (Ryzen AI NPUs)."""
-    npus = []
+    npus: list[Npu] = []
     try:
         nodes = sorted(p.name for p in (dev_root / "accel").iterdir() if p.name.startswith("accel"))
     except OSError:

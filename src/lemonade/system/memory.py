@@ -26,6 +26,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 RESERVE_FRACTION = 0.05
 RESERVE_MIN_BYTES = 32 << 20
 UNLIMITED = 1 << 60  # v1 reports "no limit" as a huge page-aligned number (9223372036854771712)
+Source = Literal["ram", "available", "cgroup"]  # the figure that sets the budget
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ class MemoryBudget:
         limit = self.cgroup.limit_bytes if self.cgroup is not None else None
         return min(self.ram_bytes, limit) if limit is not None else self.ram_bytes
 
-    def _terms(self) -> dict[str, int]:
-        terms = {"ram": self.ram_bytes, "available": self.available_bytes + self.engines_bytes}
+    def _terms(self) -> dict[Source, int]:
+        terms: dict[Source, int] = {"ram": self.ram_bytes, "available": self.available_bytes + self.engines_bytes}
         if self.cgroup is not None and self.cgroup.limit_bytes is not None:
             others = max(0, self.cgroup.anon_bytes - self.engines_anon_bytes)  # the server itself and the rest
             terms["cgroup"] = max(0, self.cgroup.limit_bytes - others)
@@ -81,10 +82,10 @@ class MemoryBudget:
         return max(0, self.budget_bytes - max(RESERVE_MIN_BYTES, int(RESERVE_FRACTION * self.cap_bytes)))
 
     @property
-    def source(self) -> Literal["ram", "available", "cgroup"]:
+    def source(self) -> Source:
         """Which figure set the budget."""
         terms = self._terms()
-        return min(terms, key=lambda k: (terms[k], k != "cgroup"))  # type: ignore[return-value]
+        return min(terms, key=lambda k: (terms[k], k != "cgroup"))
 
     def describe(self) -> dict[str, object]:
         limit = self.cgroup.limit_bytes if self.cgroup is not None else None

@@ -3,7 +3,8 @@
 `lemonade --help` lists every command, so it imports every command's module; those import httpx
 (and `stop`'s psutil) for the requests they send, which `--help` never does. Such a module names
 `httpx = lazy_module("httpx")` instead of `import httpx`, and the import happens at the first
-`httpx.<name>` (docs/performance.md, "Start-up").
+`httpx.<name>` (docs/performance.md, "Start-up"). It does so under `if not TYPE_CHECKING`, with a plain
+`import httpx` for the type checker, which then sees the real module.
 """
 
 from __future__ import annotations

@@ -361,8 +361,9 @@ class EventWriter:
         self.last: dict[str, Any] = {}
 
     def start(self) -> bytes:
-        message = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        message: dict[str, Any] = {
+            "id": new_id("msg"), "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         return _sse("message_start", {"message": message})
 
     def _close(self) -> list[bytes]:

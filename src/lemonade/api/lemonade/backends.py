@@ -80,7 +80,7 @@ async def install(request: Request, body: InstallRequest) -> Any:
                        f"HF_HUB_OFFLINE=1), so it does not download or build the {body.recipe}:{body.backend} "
                        "backend. Turn offline mode off (lemonade config set offline=false) and install again.",
                        code="lemond_offline")
-    refusal = fetch_refusal(svc.config, body.recipe, body.backend)
+    refusal = fetch_refusal(svc.config, engine.recipe, body.backend)
     if refusal and (body.force or engine.needs_install(body.backend)):
         raise APIError(400, refusal, code="no_fetch_executables")
     if not body.stream:

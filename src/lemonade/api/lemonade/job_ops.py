@@ -185,8 +185,9 @@ class ServerOps:
         for name, own in list(state.owned.items()):
             if own.instance is None:
                 continue
-            if router.resident(name, usable=False) is own.instance:
-                own.pinned = own.instance.pinned
+            current = router.resident(name, usable=False)
+            if current is not None and current is own.instance:
+                own.pinned = current.pinned
                 own.instance = None
                 await router.unload(name)
                 log.info("Unloaded %s: the interrupted job had loaded it", name)

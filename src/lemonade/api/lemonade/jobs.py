@@ -24,7 +24,7 @@ router = APIRouter(tags=["jobs"])
 
 
 def jobs(request: Request) -> JobManager:
-    return request.app.state.jobs  # type: ignore[no-any-return]
+    return request.app.state.jobs
 
 
 @router.post("/jobs", status_code=202, response_model=None, responses={202: {

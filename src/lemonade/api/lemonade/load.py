@@ -13,6 +13,7 @@ from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
 from lemonade.api.openai.models import paths_shown, shown_checkpoint
 from lemonade.api.sse import progress_stream
 from lemonade.labels import ROUTER_RECIPE
+from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
@@ -56,8 +57,10 @@ def _prepare_load(svc: Services, body: LoadRequest, show_paths: bool = False
                 await svc.ready_collection(model)
                 components.extend(svc.resolve(comp) for comp in model.components or [])
             for comp in components:
-                await svc.router.ensure_loaded(comp, lambda c=comp: svc.options.resolve(c.name, c.recipe),
-                                               pinned=pinned)
+                def options(c: ModelInfo = comp) -> dict[str, Any]:
+                    return svc.options.resolve(c.name, c.recipe)
+
+                await svc.router.ensure_loaded(comp, options, pinned=pinned)
             return done
 
         return load_collection

@@ -49,6 +49,7 @@ async def logs_stream(ws: WebSocket) -> None:
                 continue
             if sender is not None:
                 sender.cancel()
+            if queue is not None:  # set with the sender
                 logs.unsubscribe(queue)
             # Subscribe before the snapshot, and skip anything the snapshot already covered.
             queue = logs.subscribe()

@@ -58,7 +58,8 @@ async def _initialize(svc: Services, params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(requested, str) or not requested:
         raise RPCError(INVALID_PARAMS, "initialize needs `protocolVersion` (a string such as \"2025-06-18\")")
     version = requested if requested in SUPPORTED_VERSIONS else PROTOCOL_VERSION
-    client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+    client = params.get("clientInfo")
+    client = client if isinstance(client, dict) else {}
     log.info("MCP client %s %s connected (protocol %s)", client.get("name", "?"), client.get("version", ""), version)
     return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": {"name": "lemonade-mcp", "title": "Lemonade", "version": __version__},

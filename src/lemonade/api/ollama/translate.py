@@ -101,7 +101,7 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"role": msg.role,
                                 "content": user_content(msg.content or "", msg.images, f"messages.{i}.images")}
         if msg.role == "assistant" and msg.tool_calls:
-            calls = []
+            calls: list[dict[str, Any]] = []
             for call in msg.tool_calls:
                 counter += 1
                 call_id = call.id or f"call_{counter}"
@@ -115,13 +115,13 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
         if msg.role == "assistant" and msg.thinking:
             item["reasoning_content"] = msg.thinking
         if msg.role == "tool":
-            call_id = msg.tool_call_id
-            if call_id is None and msg.tool_name and pending.get(msg.tool_name):
-                call_id = pending[msg.tool_name].pop(0)
-            if call_id is None and last_ids:
-                call_id = last_ids[0]
-            if call_id is not None:
-                item["tool_call_id"] = call_id
+            answered = msg.tool_call_id
+            if answered is None and msg.tool_name and pending.get(msg.tool_name):
+                answered = pending[msg.tool_name].pop(0)
+            if answered is None and last_ids:
+                answered = last_ids[0]
+            if answered is not None:
+                item["tool_call_id"] = answered
             if msg.tool_name:
                 item["name"] = msg.tool_name
         out.append(item)
@@ -167,8 +167,9 @@ class Timer:
 def durations(timer: Timer, data: dict[str, Any] | None) -> dict[str, int]:
     """Ollama's duration and count fields from llama-server's `timings` (and `usage`) of a response."""
     data = data or {}
-    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    timings, usage = data.get("timings"), data.get("usage")
+    timings = timings if isinstance(timings, dict) else {}
+    usage = usage if isinstance(usage, dict) else {}
     prompt_n = usage.get("prompt_tokens")
     if prompt_n is None:
         prompt_n = (timings.get("prompt_n") or 0) + (timings.get("cache_n") or 0)

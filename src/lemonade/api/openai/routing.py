@@ -57,10 +57,11 @@ class Routed:
         response.headers[ROUTE_HEADER] = self.decision.header
         route = self.decision.to_json()  # its `trace` only when the request asked for it
         if isinstance(response, StreamingResponse):
-            response.body_iterator = attach_to_first_event(response.body_iterator, route)
+            # Starlette allows str chunks; the streams routed here relay the engine's bytes.
+            response.body_iterator = attach_to_first_event(response.body_iterator, route)  # type: ignore[arg-type]
             return response
         try:
-            data = json.loads(response.body)
+            data = json.loads(bytes(response.body))  # typed bytes | memoryview; bytes() returns our bytes as is
         except ValueError:
             return response
         if isinstance(data, dict):

@@ -61,9 +61,10 @@ def _voice_name(voice: str | dict[str, Any] | None) -> str | None:
     return voice
 
 
-AUDIO_RESPONSE = {200: {"description": "The audio, in the requested format (streamed: pcm chunks as they are made)",
-                        "content": {media: {"schema": {"type": "string", "format": "binary"}}
-                                    for media in dict.fromkeys(CONTENT_TYPES.values())}}}
+AUDIO_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "The audio, in the requested format (streamed: pcm chunks as they are made)",
+    "content": {media: {"schema": {"type": "string", "format": "binary"}}
+                for media in dict.fromkeys(CONTENT_TYPES.values())}}}
 
 
 @router.post("/audio/speech", response_class=Response, responses=AUDIO_RESPONSE)

@@ -52,7 +52,7 @@ class Synth:
         # kokoro-onnx reads its voices from an archive path; hand it ours in that form.
         with tempfile.TemporaryDirectory() as tmp:
             archive = Path(tmp) / "voices.npz"
-            np.savez(archive, **self.styles)
+            np.savez(archive, **self.styles)  # type: ignore[arg-type]  # mypy matches **styles to allow_pickle
             self.kokoro = Kokoro.from_session(session, str(archive))
         self.sample_rate = 24000
         self.voices = sorted(self.styles)

@@ -48,8 +48,10 @@ class Scheduler(Protocol):
     config: Config
     stats: QueueStats
     gate: ExclusiveGate
-    client: EngineHTTP | None
     closed: bool
+
+    @property
+    def client(self) -> EngineHTTP | None: ...  # read-only here, so the Router's EngineClient fits
 
     def models(self, mode: str | None = None, *, usable: bool = True) -> list[LoadedModel]: ...
     def processes(self) -> list[LoadedModel]: ...

@@ -50,7 +50,7 @@ class Preparation:
             fut = asyncio.ensure_future(start())
             self._shared_work[key] = fut
             fut.add_done_callback(
-                lambda f, k=key: self._shared_work.pop(k, None) if self._shared_work.get(k) is f else None)
+                lambda f: self._shared_work.pop(key, None) if self._shared_work.get(key) is f else None)
         return await until_gone_or(asyncio.shield(fut))
 
     async def _install(self, engine: Engine, backend: str) -> None:

@@ -276,10 +276,10 @@ def plan(q: Queue) -> list[Decision]:
         retiring.append(_Leaving(s.lm.type, s.standard(s.lm.type), s.lm.name, s.lm.held_bytes))
 
     short = _memory_waiting(q, sims, waiters, loading, loading_bytes, retiring)
-    for s in sims.values():
-        if s.state is ModelState.DRAINING and not contended(s.lm.type) and not short:
-            s.state = ModelState.READY
-            out.append(Undrain(s.lm))
+    for sim in sims.values():
+        if sim.state is ModelState.DRAINING and not contended(sim.lm.type) and not short:
+            sim.state = ModelState.READY
+            out.append(Undrain(sim.lm))
 
     # 1. Admit waiters whose model is resident, FIFO; bounded by the batch while others wait.
     for w in list(waiters):
