@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 import tempfile
@@ -148,7 +149,7 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         if rows is not None and not embeddings:  # enough rounds to fill the prompt cache (its size: the KV cache's)
             state = tokens * rows[0] + min(tokens, rows[2] or tokens) * rows[1]
             cache = entry["memory_estimate_bytes"] and prompt_cache_bytes(path, args, ctx)
-            rounds = max(rounds, min(8, 2 + -(-cache // max(1, busy * state))))
+            rounds = max(rounds, min(8, 2 + math.ceil(cache / max(1, busy * state))))
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
         await fill(c, name, busy, tokens, per_word, embeddings, rounds)

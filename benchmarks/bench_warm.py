@@ -63,8 +63,8 @@ def system_prompt(words: int, seed: int = 0) -> str:
 
 
 async def chat(c: httpx.AsyncClient, model: str | None, messages: list[dict], path: str = "/v1/chat/completions",
-               max_tokens: int = 8) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+               max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
     if model:
         body["model"] = model
     started = time.perf_counter()
@@ -194,7 +194,7 @@ async def window_cache_way(procs: Processes, root: Path, gguf: Path, swa_full: b
         wait_ok(f"http://127.0.0.1:{port}/health", proc, 300)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1800) as c:
             if phase == "first":
-                first = await chat(c, None, convo)
+                first = await chat(c, None, convo, id_slot=0)  # the slot saved below
                 out["prompt"] = first["usage"]["prompt_tokens"]
                 out["rss_mib"] = psutil.Process(proc.pid).memory_info().rss / 2**20
                 await c.post("/slots/0?action=save", json={"filename": "bench.bin"})
@@ -240,10 +240,11 @@ def main() -> None:
         server = start_server(procs, root, cache, models, port)
         url = f"http://127.0.0.1:{port}"
         swaps = asyncio.run(swap_figures(url, gguf, args.swaps))
-        four = asyncio.run(sixteen_at_once(url))
         procs.stop(server)
         server = start_server(procs, root, cache, models, port)
         restart = asyncio.run(restart_figure(url, swaps["convo"], swaps["prefix_tokens"], swaps["cold_prefill_ms"]))
+        # after the restart figure: 16 new conversations take over every slot, A's among them
+        four = asyncio.run(sixteen_at_once(url))
         ours = asyncio.run(conversations(url, A, args.turns))
         procs.stop(server)
         stock_port = free_port()
