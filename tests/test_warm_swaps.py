@@ -85,3 +85,21 @@ def test_a_state_is_not_restored_into_another_context(make_server: ServerFactory
         assert http.post("/v1/load", json={"model_name": A, "ctx_size": 4096}).status_code == 200
     answer = chat(server, A, convo + [{"role": "user", "content": "Another."}])
     assert cached(answer) == 0
+
+
+def test_a_new_conversation_starts_from_the_system_prompt_another_slot_holds(make_server: ServerFactory,
+                                                                             models: Path):
+    """Two conversations with the same long system prompt, one after the other: the second goes to an
+    empty slot (the first keeps its own) and starts from the first slot's state, copied through the
+    engine's slot save and restore, so llama-server reads only what follows the system prompt."""
+    server = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(models)})
+    first = chat(server, A, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit."}])
+    second = chat(server, A, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a tree."}])
+    system_tokens = first["usage"]["prompt_tokens"] - 20  # the system prompt, less the user's turn and the template
+    assert cached(first) == 0 and cached(second) >= system_tokens, second["usage"]
+    # and the first conversation still has its own slot: its next turn reads only what is new
+    third = chat(server, A, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit."},
+                             {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": "Another."}])
+    assert cached(third) >= first["usage"]["prompt_tokens"] - 2, third["usage"]
+    assert not [p for p in (server.cache / "slots").glob("**/*copy*")]

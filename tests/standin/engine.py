@@ -88,4 +88,5 @@ class StandInEngine(LlamaCppEngine):
         # The speculative decoding the real engine would start with (the stand-in only reports it).
         _, speculation = speculation_args(model, files, options, [], self.speculation_wanted(model.name))
         return Launch(server, {**options, "llamacpp_backend": backend, "resolved_ctx_size": ctx}, backend,
-                      context_length=ctx, context_reason="stand-in", speculation=speculation, slots=b.slots)
+                      context_length=ctx, context_reason="stand-in", speculation=speculation, slots=b.slots,
+                      prefix_copy=self.warm_swaps)  # no sliding window: a restored prefix is kept, as llama-server does

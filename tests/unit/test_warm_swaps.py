@@ -55,6 +55,25 @@ def test_a_conversation_survives_a_swap_and_goes_back_to_its_slot(tmp_path):
     assert cached == 301 and other_cached == 353  # system prompt and first message; the other one's too
 
 
+def test_a_new_conversation_starts_from_the_prefix_another_slot_holds(tmp_path):
+    """A second conversation with the same system prompt goes to an empty slot (the first keeps its
+    cache) and gets the first one's state copied in: only what follows the system prompt is read."""
+    async def scenario() -> tuple[dict, dict, dict, list[str]]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            system = {"role": "system", "content": words(800)}  # above slot_affinity.WORTH_COPYING characters
+            one = await chat(http, A, [system, {"role": "user", "content": "first conversation"}])
+            two = await chat(http, A, [system, {"role": "user", "content": "second conversation"}])
+            short = await chat(http, A, [{"role": "user", "content": "a third, sharing nothing"}])
+            leftovers = [p.name for p in (tmp_path / "cache" / "slots").glob("**/*") if p.is_file()]
+            return one["timings"], two["timings"], short["timings"], leftovers
+
+    one, two, short, leftovers = run(scenario)
+    assert one["cache_n"] == 0 and one["prompt_n"] > 800
+    assert two["cache_n"] >= 800 and two["prompt_n"] < 10  # the system prompt came from the first slot
+    assert short["cache_n"] == 0  # nothing worth copying: nothing copied
+    assert leftovers == []  # the copy's file is gone
+
+
 def test_a_state_is_never_restored_into_another_layout(tmp_path):
     async def scenario() -> tuple[int, int]:
         async with app_client(tmp_path, models=(A,)) as (http, services, engine):

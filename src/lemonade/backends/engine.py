@@ -124,6 +124,10 @@ class Launch:
     # The engine's slots, where requests may be sent to one by id (llama-server's `id_slot`): the router
     # sends each conversation back to the slot holding it (runtime/slot_affinity.py). None: it has none.
     slots: int | None = None
+    # Whether a slot's saved state, restored into another slot, gives that one every token it has in
+    # common with the next prompt (llama-server keeps a prefix of it: not so for a sliding-window model
+    # without its full window cache). The proxy then copies a shared prefix between slots (`share_slot`).
+    prefix_copy: bool = False
     speculation: Speculation = field(default_factory=Speculation)
 
 
@@ -439,6 +443,11 @@ class Engine(ABC):
         """After a start, before the first request: what was saved for exactly this configuration,
         restored; (the conversation each restored slot holds, tokens restored)."""
         return {}, 0
+
+    async def share_slot(self, launch: Launch, client: EngineHTTP, src: int, dst: int) -> int:
+        """Copy slot `src`'s state into the idle slot `dst` (`Launch.prefix_copy` engines only); the
+        tokens copied."""
+        return 0
 
     # ----- remote engines (remote = True): what leaves the machine and what comes back --------------
     def outbound(self, launch: Launch, path: str, body: dict[str, Any] | None,

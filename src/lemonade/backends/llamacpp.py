@@ -51,7 +51,13 @@ from lemonade.backends.llamacpp_flags import (
     unknown_flags,
 )
 from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
-from lemonade.backends.llamacpp_memory import CHECKPOINTS, memory_need, prompt_cache_mib, swa_full_chosen
+from lemonade.backends.llamacpp_memory import (
+    CHECKPOINTS,
+    memory_need,
+    prompt_cache_mib,
+    sliding_window,
+    swa_full_chosen,
+)
 from lemonade.backends.llamacpp_rpc import (
     HEALTH_TIMEOUT,
     check_option,
@@ -62,7 +68,7 @@ from lemonade.backends.llamacpp_rpc import (
     unreachable_message,
 )
 from lemonade.backends.llamacpp_spec import speculation_args
-from lemonade.backends.llamacpp_warm import WarmStore, restore_slots, save_slots, with_timeout
+from lemonade.backends.llamacpp_warm import WarmStore, copy_slot, restore_slots, save_slots, with_timeout
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
@@ -451,7 +457,7 @@ class LlamaCppEngine(Engine):
             else None
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu",
                       context_length=context, context_reason=reason, shared_kv=shared, slots=slots,
-                      speculation=speculation)
+                      prefix_copy=warm and (swa_full or not sliding_window(files)), speculation=speculation)
 
     @staticmethod
     def _split_note(args: str) -> str:
@@ -529,6 +535,9 @@ class LlamaCppEngine(Engine):
         if not self.warm_swaps or not launch.slots:
             return {}, 0
         return await with_timeout(restore_slots(self.warm_store, launch.server.base_url, client, launch.server.argv))
+
+    async def share_slot(self, launch: Launch, client: EngineHTTP, src: int, dst: int) -> int:
+        return await copy_slot(launch.server.base_url, client, launch.server.argv, src, dst)
 
     async def downsize(self, base_url: str, client: EngineHTTP) -> bool:
         """Erase every slot's KV cache (the weights stay loaded); the next request refills it."""

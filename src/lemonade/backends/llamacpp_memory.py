@@ -177,6 +177,13 @@ def _file_bytes(paths: list[Path]) -> int:
     return total
 
 
+def sliding_window(files: dict[str, list[Path]]) -> bool:
+    """Whether the model keeps only a window of its cache in some layers (Gemma 3: five layers in six)."""
+    mains = _layouts(files.get("main") or [])
+    rows = layer_rows(mains[0].meta) if mains else None
+    return bool(rows and rows[1] and rows[2])
+
+
 def swa_full_chosen(files: dict[str, list[Path]], options: dict[str, Any], cap_bytes: int | None) -> bool:
     """Whether a warm-swapping load of this sliding-window model gets a full-size window cache: when the
     user's flags ask for it, or when it adds at most SWA_FULL_SHARE of the cap at the largest context."""

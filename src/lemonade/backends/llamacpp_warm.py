@@ -228,6 +228,27 @@ async def restore_slots(store: WarmStore, base_url: str, client: EngineHTTP, arg
     return keys, tokens
 
 
+async def copy_slot(base_url: str, client: EngineHTTP, argv: list[str], src: int, dst: int) -> int:
+    """Slot `src`'s state saved and restored into slot `dst` through a file of the slot folder, removed
+    afterwards (named as a partial state: one a crash leaves is removed at the next start); the tokens
+    restored, 0 when the engine refused either step."""
+    folder = slot_folder(argv)
+    if folder is None:
+        return 0
+    name = f"{PREFIX}copy-{src}-{dst}-{os.urandom(4).hex()}.partial"
+    try:
+        status, content = await client.request("POST", base_url, f"/slots/{src}?action=save",
+                                                json.dumps({"filename": name}).encode())
+        if status != 200:
+            return 0
+        status, content = await client.request("POST", base_url, f"/slots/{dst}?action=restore",
+                                                json.dumps({"filename": name}).encode())
+        return int(json.loads(content).get("n_restored") or 0) if status == 200 else 0
+    finally:
+        with contextlib.suppress(OSError):
+            (folder / name).unlink()
+
+
 async def with_timeout(coro: Any, seconds: float = SAVE_TIMEOUT_S) -> Any:
     """Saving must never hold an unload for long: past `seconds` the engine just stops."""
     return await asyncio.wait_for(coro, seconds)

@@ -168,6 +168,8 @@ class Proxy:
             if held.slot is not None:
                 body["id_slot"] = held.slot
                 lm.affinity.take(held.slot)
+                if lm.launch.prefix_copy:
+                    await self._copy_prefix(lm, held)
         if lm.kv is not None:
             try:
                 held.tokens = await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
@@ -175,6 +177,27 @@ class Proxy:
                 held.release(lm)
                 raise
         return held
+
+    async def _copy_prefix(self, lm: LoadedModel, held: Held) -> None:
+        """A new conversation whose beginning another (idle) slot holds gets that slot's state first, so
+        the engine reads only what follows the common part (runtime/slot_affinity.py, `donor`)."""
+        assert lm.affinity is not None and held.slot is not None
+        donor = lm.affinity.donor(held.text, held.slot)
+        if donor is None:
+            return
+        lm.affinity.take(donor)  # not given to another request while its state is read
+        try:
+            tokens = await cancelled_when_gone(lm.engine.share_slot(lm.launch, self.client, donor, held.slot))
+        except (*ENGINE_ERRORS, ValueError) as exc:  # the request is then read in full: nothing is lost
+            log.debug("Copying slot %d of %s into slot %d failed: %s", donor, lm.name, held.slot, exc)
+            tokens = 0
+        except BaseException:
+            held.release(lm)
+            raise
+        finally:
+            lm.affinity.release(donor, lm.affinity.held.get(donor, ""))
+        if tokens:
+            log.debug("Slot %d of %s starts from slot %d's %d tokens", held.slot, lm.name, donor, tokens)
 
     async def _crash(self, lm: LoadedModel, exc: Exception) -> EngineUnreachable:
         """The error for a request whose engine went away: once the router has seen the process end

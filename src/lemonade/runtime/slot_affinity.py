@@ -11,6 +11,11 @@ another conversation (a shared system prompt is read again once; the other conve
 cache), and only when none is empty to the idle slot with the longest prefix in common, then the one
 unused longest, as llama-server would choose.
 
+A new conversation put in an empty slot would read a prefix another slot already holds (the system
+prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
+the longest such prefix, and the proxy copies that slot's state into the new one first (llama-server's
+slot save and restore, llamacpp_warm.copy_slot), so only what follows is read.
+
 What a request gives the engine is told by its text: one line per message (or the prompt), serialised
 the same way every time, so a conversation's next turn begins with exactly the text of its last one.
 Only the first TEXT_KEPT characters are kept and compared.
@@ -25,6 +30,7 @@ from typing import Any
 
 TEXT_KEPT = 1 << 18  # characters of a request's text compared (a quarter of a million: ~60k tokens)
 WORTH_WAITING = 2048  # characters in common before a busy slot is worth waiting for (about 500 tokens)
+WORTH_COPYING = 2048  # characters in common before another slot's state is worth copying (about 500 tokens)
 _STEP = 4096
 
 
@@ -76,6 +82,19 @@ class SlotAffinity:
             return empty[0]
         # every slot holds another conversation: the longest prefix in common, else the one unused longest
         return max(idle, key=lambda s: (score[s], -self.last_use.get(s, 0.0)))
+
+    def donor(self, text: str, slot: int) -> int | None:
+        """The idle slot whose conversation shares the longest prefix with `text`, when copying its state
+        into `slot` would save reading at least WORTH_COPYING more characters than `slot` already holds."""
+        have = common(text, self.held.get(slot, ""))
+        best, best_len = None, have + WORTH_COPYING
+        for s, held in self.held.items():
+            if s == slot or self.busy.get(s, 0) or not held:
+                continue
+            n = common(text, held)
+            if n >= best_len:
+                best, best_len = s, n
+        return best
 
     def take(self, slot: int) -> None:
         self.busy[slot] = self.busy.get(slot, 0) + 1
