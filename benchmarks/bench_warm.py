@@ -9,8 +9,8 @@ model; 0 after a restart). Four figures, each against a reference measured in th
    against the cold prefill of its first turn; and swap-to-first-token latency (unload, load, restore,
    first token) p50/p99 with the model file in the page cache and evicted from it;
 2. the same after the server is stopped and started again;
-3. 8 conversations sharing a 1,500-token system prompt with growing histories, at once, on the
-   shipped slot layout (8 slots, one shared cache): prompt tokens the engine computed and mean time to
+3. 8 conversations sharing a 1,500-token system prompt with growing histories, all at once and taking
+   turns one request at a time (`--conversations-only`: this figure alone), on the shipped slot layout (8 slots, one shared cache): prompt tokens the engine computed and mean time to
    first token, through this server against llama-server started with the launch command of before
    (the same model, context and slots; llama-server's own slot choice and idle-slot caching);
 4. 16 simultaneous requests for a model that is not loaded: loads and answers;
@@ -147,22 +147,61 @@ async def restart_figure(url: str, convo: list[dict], prefix: int, cold_ms: floa
         return {"cached_share": cached(answer) / prefix, "prefill_ratio": answer["timings"]["prompt_ms"] / cold_ms}
 
 
-async def conversations(url: str, model: str | None, turns: int, n: int = 8) -> dict[str, float]:
-    """`n` conversations at once sharing a 1,500-token system prompt, `turns` turns each."""
+async def conversations(url: str, model: str | None, turns: int, together: bool, n: int = 8) -> dict[str, float]:
+    """`n` conversations sharing a 1,500-token system prompt, `turns` turns each: all at once
+    (`together`), or taking turns one request at a time (each conversation's turn t, then the next
+    one's: users of one app at different moments)."""
     system = {"role": "system", "content": system_prompt(1500)}
     computed, ttft = [], []
+    histories = [[system] for _ in range(n)]
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+        async def turn(k: int, t: int) -> None:
+            messages = histories[k]
+            messages.append({"role": "user", "content": f"Conversation {k}, question {t}: "
+                                                        + system_prompt(60, seed=k * 10 + t)})
+            seconds, timings, text = await streamed(c, model, messages)
+            computed.append(int(timings.get("prompt_n") or 0))
+            ttft.append(seconds)
+            messages.append({"role": "assistant", "content": text})
+
         async def one(k: int) -> None:
-            messages = [system]
             for t in range(turns):
-                messages.append({"role": "user", "content": f"Conversation {k}, question {t}: "
-                                                            + system_prompt(60, seed=k * 10 + t)})
-                seconds, timings, text = await streamed(c, model, messages)
-                computed.append(int(timings.get("prompt_n") or 0))
-                ttft.append(seconds)
-                messages.append({"role": "assistant", "content": text})
-        await asyncio.gather(*(one(k) for k in range(n)))
+                await turn(k, t)
+        if together:
+            await asyncio.gather(*(one(k) for k in range(n)))
+        else:
+            for t in range(turns):
+                for k in range(n):
+                    await turn(k, t)
     return {"prompt_tokens_computed": sum(computed), "mean_ttft_s": statistics.mean(ttft), "requests": len(ttft)}
+
+
+def conversation_figures(procs: Processes, root: Path, cache: Path, models: Path, gguf: Path, turns: int
+                         ) -> dict[bool, tuple[dict[str, float], dict[str, float]]]:
+    """Figure 3 both ways: (through this server, stock llama-server) for together and in turns, each
+    on a fresh engine."""
+    out = {}
+    for together in (True, False):
+        port = free_port()
+        server = start_server(procs, root, cache, models, port)
+        ours = asyncio.run(conversations(f"http://127.0.0.1:{port}", A, turns, together))
+        procs.stop(server)
+        stock_port = free_port()
+        stock = stock_llama_server(procs, root, gguf, stock_port)
+        theirs = asyncio.run(conversations(f"http://127.0.0.1:{stock_port}", None, turns, together))
+        procs.stop(stock)
+        out[together] = (ours, theirs)
+    return out
+
+
+def print_conversations(figures: dict[bool, tuple[dict[str, float], dict[str, float]]], turns: int) -> None:
+    print(f"3. 8 conversations x {turns} turns, 1,500-token shared system prompt:")
+    for together, (ours, theirs) in figures.items():
+        mine, stock = ours["prompt_tokens_computed"], theirs["prompt_tokens_computed"]
+        mine_s, stock_s = ours["mean_ttft_s"], theirs["mean_ttft_s"]
+        print(f"   {'all at once' if together else 'taking turns'}: prompt tokens computed {mine} through this "
+              f"server, {stock} stock ({mine / stock:.3f}x); mean time to first token {mine_s:.2f} s against "
+              f"{stock_s:.2f} s ({mine_s / stock_s:.3f}x)")
 
 
 async def sixteen_at_once(url: str) -> dict[str, int]:
@@ -225,6 +264,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--swaps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--conversations-only", action="store_true", help="figure 3 alone")
     args = parser.parse_args()
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
@@ -237,6 +277,11 @@ def main() -> None:
         cache = new_cache(root, "cache", backend_dir())
         port = free_port()
         print(f"load average {load_avg()} before", flush=True)
+        if args.conversations_only:
+            figures = conversation_figures(procs, root, cache, models, gguf, args.turns)
+            print(f"load average {load_avg()} after\n")
+            print_conversations(figures, args.turns)
+            return
         server = start_server(procs, root, cache, models, port)
         url = f"http://127.0.0.1:{port}"
         swaps = asyncio.run(swap_figures(url, gguf, args.swaps))
@@ -245,12 +290,8 @@ def main() -> None:
         restart = asyncio.run(restart_figure(url, swaps["convo"], swaps["prefix_tokens"], swaps["cold_prefill_ms"]))
         # after the restart figure: 16 new conversations take over every slot, A's among them
         four = asyncio.run(sixteen_at_once(url))
-        ours = asyncio.run(conversations(url, A, args.turns))
         procs.stop(server)
-        stock_port = free_port()
-        stock = stock_llama_server(procs, root, gguf, stock_port)
-        theirs = asyncio.run(conversations(f"http://127.0.0.1:{stock_port}", None, args.turns))
-        procs.stop(stock)
+        figures = conversation_figures(procs, root, cache, models, gguf, args.turns)
         ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
                 for name, full in (("context checkpoints", False), ("full window cache", True))}
         print(f"load average {load_avg()} after\n")
@@ -265,12 +306,7 @@ def main() -> None:
                   f"({len(values)} swaps)")
     print(f"2. after a restart: cached share {restart['cached_share']:.3f}, "
           f"prefill / cold {restart['prefill_ratio']:.3f}")
-    print(f"3. 8 conversations x {args.turns} turns, 1,500-token shared system prompt:")
-    mine, stock = ours["prompt_tokens_computed"], theirs["prompt_tokens_computed"]
-    print(f"   prompt tokens computed: {mine} through this server, {stock} stock ({mine / stock:.3f}x)")
-    mine_s, stock_s = ours["mean_ttft_s"], theirs["mean_ttft_s"]
-    print(f"   mean time to first token: {mine_s:.2f} s through this server, {stock_s:.2f} s stock "
-          f"({mine_s / stock_s:.3f}x)")
+    print_conversations(figures, args.turns)
     print(f"4. 16 simultaneous requests for an unloaded model: {four['loads']} load(s), {four['answers']} answers")
     print("Window layers of Gemma 3 (ctx 32768, 8 slots), saved, restarted and restored:")
     for name, way in ways.items():
