@@ -10,8 +10,8 @@ model; 0 after a restart). Four figures, each against a reference measured in th
    first token) p50/p99 with the model file in the page cache and evicted from it;
 2. the same after the server is stopped and started again;
 3. 8 conversations sharing a 1,500-token system prompt with growing histories, all at once and taking
-   turns one request at a time (`--conversations-only`: this figure alone), on the shipped slot layout (8 slots, one shared cache): prompt tokens the engine computed and mean time to
-   first token, through this server against llama-server started with the launch command of before
+   turns one request at a time (`--conversations-only`: this figure alone), on the shipped slot layout
+   (8 slots, one shared cache): prompt tokens the engine computed and mean time to first token, through this server against llama-server started with the launch command of before
    (the same model, context and slots; llama-server's own slot choice and idle-slot caching);
 4. 16 simultaneous requests for a model that is not loaded: loads and answers;
 and, for the choice of how a sliding-window model keeps its window layers (Gemma 3: five layers in
@@ -154,7 +154,9 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
     system = {"role": "system", "content": system_prompt(1500)}
     computed, ttft = [], []
     histories = [[system] for _ in range(n)]
-    async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+    # a connection per request: llama-server closes an idle kept-alive one after 5 s, and a request sent
+    # on it just then is lost ("Server disconnected without sending a response")
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=httpx.Limits(max_keepalive_connections=0)) as c:
         async def turn(k: int, t: int) -> None:
             messages = histories[k]
             messages.append({"role": "user", "content": f"Conversation {k}, question {t}: "
