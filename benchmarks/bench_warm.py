@@ -11,7 +11,8 @@ model; 0 after a restart). Four figures, each against a reference measured in th
 2. the same after the server is stopped and started again;
 3. 8 conversations sharing a 1,500-token system prompt with growing histories, all at once and taking
    turns one request at a time (`--conversations-only`: this figure alone), on the shipped slot layout
-   (8 slots, one shared cache): prompt tokens the engine computed and mean time to first token, through this server against llama-server started with the launch command of before
+   (8 slots, one shared cache): prompt tokens the engine computed and mean time to first token,
+   through this server against llama-server started with the launch command of before
    (the same model, context and slots; llama-server's own slot choice and idle-slot caching);
 4. 16 simultaneous requests for a model that is not loaded: loads and answers;
 and, for the choice of how a sliding-window model keeps its window layers (Gemma 3: five layers in
