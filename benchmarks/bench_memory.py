@@ -193,6 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="three configurations instead of eleven")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of prompts per configuration")
+    parser.add_argument("--model", choices=("gemma", "minilm"), help="only this model's configurations")
     args = parser.parse_args()
     from tests.models import minilm_gguf
 
@@ -211,6 +212,8 @@ def main() -> None:
             print(f"load average {load_avg()} before; {psutil.cpu_count()} CPUs", flush=True)
             rows = []
             for name, ctx, llama_args in QUICK if args.quick else FULL:
+                if args.model and name != args.model:
+                    continue
                 print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
                 result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, models / f"{name}.gguf", ctx, llama_args,
                                              args.rounds))

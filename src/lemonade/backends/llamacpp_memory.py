@@ -59,9 +59,12 @@ SWA_FULL_SHARE = 0.05
 PROCESS_BYTES = 16 * MiB
 PER_VOCAB_BYTES = 100
 # llama-server answers HTTP on (slots + 4) threads; each one's allocator arena grows by about this much
-# while requests are parsed and answered: an embedding model's answers are large (MiniLM, 8 slots, 32
-# concurrent requests: +43 MiB), a chat model's small (Gemma 3 270M: 45-60 MiB for the whole process)
-PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": 5 * MiB, "reranking": 5 * MiB}
+# while requests are parsed and answered (Gemma 3 270M: 45-60 MiB for the whole process)
+PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": 2 * MiB, "reranking": 2 * MiB}
+# An embedding or reranking model's first answers add about this much whatever its slots (MiniLM at
+# ctx 512: 66 MiB after the load, 111-114 MiB after one batch of four inputs with 1 slot and with 8
+# sharing a cache; 129 MiB at the benchmark's peak with 1 slot, docs/memory.md)
+EMBEDDING_ANSWER_BYTES = 48 * MiB
 # The compute buffer: per token of the micro-batch, f32 values alive at the worst point of the graph,
 # bounded by these multiples of the embedding, feed-forward and query widths (llama-server reports
 # 36 KB a token for Gemma 3 270M, 12 KB for MiniLM, 2 KB for a tiny Qwen3; the rule gives 46, 31 and
@@ -260,6 +263,8 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
     parts["compute"] = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query)
     threads = PER_HTTP_THREAD_BYTES.get(mode, PER_HTTP_THREAD_BYTES["chat"])
     parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab + threads * (flags.slots + 4)
+    if embeddings:
+        parts["process"] += EMBEDDING_ANSWER_BYTES
 
     # what grows while it serves: both bounded by the flags we set at launch. A slot makes context
     # checkpoints only while it holds more than a window of prompt, so at most ctx / window slots hold
