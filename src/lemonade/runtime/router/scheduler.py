@@ -199,6 +199,8 @@ class Router:
             backend = engine.ready_backend(engine.requested_backend(options))
             cap = self.budget().cap_bytes
             return await asyncio.to_thread(engine.memory_need, model, files, options, backend, cap)
+        except APIError:  # the engine refuses the load before anything starts (llama.cpp: RPC workers missing or full)
+            raise
         except Exception as exc:  # an estimate that fails must not stop the load (it is then not admitted by memory)
             log.warning("No memory estimate for %s: %s", model.name, exc)
             return None
