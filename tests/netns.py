@@ -73,7 +73,7 @@ class Host:
         self.output = Path()
         self.cgroup: MemoryCgroup | None = None
         self._offset = 0
-        self._start: tuple[Path, Path, list[str]] | None = None
+        self._start: tuple[Path, Path, list[str], dict[str, str]] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -89,13 +89,14 @@ class Host:
         ip("-n", self.ns, "link", "set", self.inner, "up")
         ip("-n", self.ns, "link", "set", "lo", "up")
 
-    def start_worker(self, cache: Path, log_dir: Path, extra: list[str] | None = None) -> None:
-        """`extra`: more `lemonade worker` options (--cache, --broadcast). In the host's cgroup, if it has one."""
-        self._start = (cache, log_dir, list(extra or []))
+    def start_worker(self, cache: Path, log_dir: Path, extra: list[str] | None = None,
+                     env_extra: dict[str, str] | None = None) -> None:
+        """`extra`: more `lemonade worker` options (--cache, --broadcast); `env_extra`: more environment
+        (LEMONADE_BEACON_PORT). In the host's cgroup, if it has one."""
+        self._start = (cache, log_dir, list(extra or []), dict(env_extra or {}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEMONADE_")}
-        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "PYTHONUNBUFFERED": "1"})
-        if "LEMONADE_BEACON_PORT" in os.environ:
-            env["LEMONADE_BEACON_PORT"] = os.environ["LEMONADE_BEACON_PORT"]
+        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "PYTHONUNBUFFERED": "1",
+                    **(env_extra or {})})
         self.output = log_dir / f"{self.ns}.log"
         self._offset = self.output.stat().st_size if self.output.exists() else 0  # this run's output starts here
         group = self.cgroup
@@ -113,8 +114,7 @@ class Host:
         """The worker again, with the options it had."""
         assert self._start is not None
         self.rpc_pids.clear()
-        cache, log_dir, extra = self._start
-        self.start_worker(cache, log_dir, extra)
+        self.start_worker(*self._start)
 
     def wait_serving(self, timeout: float = 120.0) -> str:
         deadline = time.monotonic() + timeout

@@ -181,7 +181,9 @@ def lan_interfaces() -> list[tuple[str, str]]:
                 if a.family != socket.AF_INET or not _is_lan(a.address):
                     continue
                 bcast = a.broadcast
-                if not bcast and a.netmask:
+                # an address configured without a broadcast address (`ip addr add` without `brd +`) reports
+                # itself as one (glibc's getifaddrs): from there a datagram reaches no other host
+                if (not bcast or bcast == a.address) and a.netmask:
                     bcast = str(ipaddress.IPv4Network(f"{a.address}/{a.netmask}", strict=False).broadcast_address)
                 out.append((a.address, bcast or "255.255.255.255"))
     return out

@@ -310,8 +310,9 @@ class LlamaCppEngine(Engine):
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
         "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
-        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over (llamacpp_rpc.py)
-        "rpc_workers": Option(list, "llamacpp.rpc_workers", check=check_option),
+        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
+        # ones heard announcing themselves (llamacpp_rpc.py)
+        "rpc_workers": Option((list, str), "llamacpp.rpc_workers", check=check_option),
         # Speculative decoding (llamacpp_spec.py): auto, on or off
         "speculation": Option(str, "llamacpp.speculation", check=_check_speculation),
     }
