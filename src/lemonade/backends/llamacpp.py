@@ -612,6 +612,19 @@ class LlamaCppEngine(Engine):
                 need = dataclasses.replace(need, fallback=plain)
         return need
 
+    async def exit_cause(self, launch: Launch) -> str | None:
+        """A model spread over RPC workers ends when one goes away (llama-server aborts with "Remote RPC
+        server crashed"): the workers that no longer accept a connection are named."""
+        workers = launch.options.get("resolved_rpc_workers") or []
+        if not workers:
+            return None
+        down = [r for r in await probe_all(workers, HEALTH_TIMEOUT) if not r["reachable"]]
+        if not down:
+            return None
+        names = ", ".join(f"{d['address']} ({d.get('error', 'unreachable')})" for d in down)
+        return (f"lost its llama.cpp RPC worker{'s' if len(down) > 1 else ''} {names}: restart "
+                f"`lemonade worker` there, or take {'them' if len(down) > 1 else 'it'} out of rpc_workers")
+
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         backend = self.requested_backend(options)
         return choose_context(options, files, backend).ctx_size

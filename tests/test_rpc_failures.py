@@ -1,0 +1,103 @@
+"""Issue 42, part 2: an RPC worker that fails while a model spread over it answers.
+
+Two worker hosts are network namespaces (tests/netns.py); Gemma is spread over both. While a streamed
+answer is coming, the second host's worker and its rpc-server are SIGKILLed (a host that dies): the
+stream ends with an error event naming that worker (the client does not hang: it would time out
+instead), the model shows in `crashed_models` saying which worker it lost, the next request is refused
+naming the missing worker (and not the live one), and once the worker is back the next request reloads
+the model over both and is answered.
+
+Needs root and `ip netns` (skipped otherwise, saying why).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import GEMMA_NAME
+from tests.netns import Host, netns_usable, worker_cache
+
+STREAM_TIMEOUT = 120  # seconds the client waits for the next chunk: a stream that hangs fails by timing out
+
+
+@pytest.fixture(scope="module")
+def hosts(llama_backend: Path, tmp_path_factory: pytest.TempPathFactory):
+    reason = netns_usable()
+    if reason:
+        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
+    made: list[Host] = []
+    try:
+        for i in (1, 2):
+            host = Host(i, tag=f"lf{os.getpid() % 100000}")
+            made.append(host)
+            host.create()
+        for host in made:
+            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
+            host.start_worker(cache, cache)
+        for host in made:
+            host.wait_serving()
+        yield made
+    finally:
+        for host in made:
+            host.destroy()
+
+
+@pytest.fixture(scope="module")
+def server(module_servers, gemma_dir: Path, hosts: list[Host]):
+    return module_servers(env={"LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
+                          config={"llamacpp": {"rpc_workers": [h.endpoint for h in hosts]}})
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/api/v1", api_key="unused", max_retries=0, timeout=STREAM_TIMEOUT)
+
+
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_naming_it(server, hosts):
+    live, dying = hosts
+    stream = client(server.url).chat.completions.create(
+        model=GEMMA_NAME, stream=True, max_tokens=4000, temperature=0,
+        messages=[{"role": "user", "content": "Count from one to one thousand in words."}],
+        extra_body={"ignore_eos": True})  # llama-server's own field: the answer goes on until the worker dies
+    received = 0
+    with pytest.raises(openai.APIError) as ended:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                received += 1
+                if received == 5:
+                    dying.kill_worker()
+    assert received >= 5, "the stream ended before the worker was killed"
+    message = str(ended.value.message)
+    assert dying.endpoint in message and live.endpoint not in message, message
+    assert not isinstance(ended.value, openai.APITimeoutError)
+    health = httpx.get(server.url + "/v1/health", timeout=30).json()
+    crashed = {m["model_name"]: m for m in health["crashed_models"]}
+    assert GEMMA_NAME in crashed and dying.endpoint in crashed[GEMMA_NAME]["message"], crashed
+    assert server.engine_pids() == []
+
+
+def test_the_next_request_is_refused_naming_the_missing_worker(server, hosts):
+    live, dying = hosts
+    with pytest.raises(openai.APIStatusError) as refused:
+        client(server.url).chat.completions.create(model=GEMMA_NAME, max_tokens=4,
+                                                   messages=[{"role": "user", "content": "Hi"}])
+    assert refused.value.status_code == 503
+    assert dying.endpoint in refused.value.message and live.endpoint not in refused.value.message
+    assert server.engine_pids() == []
+
+
+def test_the_model_reloads_on_the_next_request_once_the_worker_is_back(server, hosts):
+    _, dying = hosts
+    dying.restart_worker()
+    dying.wait_serving()
+    reply = client(server.url).chat.completions.create(model=GEMMA_NAME, max_tokens=8, temperature=0,
+                                                       messages=[{"role": "user", "content": "Say hello."}])
+    assert reply.choices[0].message.content
+    health = httpx.get(server.url + "/v1/health", timeout=30).json()
+    command = health["all_models_loaded"][0]["launch_command"]
+    assert command[command.index("--rpc") + 1] == ",".join(h.endpoint for h in hosts)
+    assert dying.rpc_rss() - dying.idle_rss > 10 * 2**20  # the restarted worker holds its layers again
