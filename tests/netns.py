@@ -89,6 +89,12 @@ class Host:
         ip("-n", self.ns, "link", "set", self.inner, "up")
         ip("-n", self.ns, "link", "set", "lo", "up")
 
+    def limit_rate(self, rate: str) -> None:
+        """Both directions of the link as fast as `rate` (`tc` rate, e.g. `1gbit`): a LAN, not memory speed."""
+        for prefix, dev in ((["ip", "netns", "exec", self.ns], self.inner), ([], self.outer)):
+            subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mbit",
+                            "latency", "50ms"], check=True, capture_output=True, timeout=30)
+
     def start_worker(self, cache: Path, log_dir: Path, extra: list[str] | None = None,
                      env_extra: dict[str, str] | None = None) -> None:
         """`extra`: more `lemonade worker` options (--cache, --broadcast); `env_extra`: more environment
