@@ -16,11 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
-from tests.cgroups import MemoryCgroup, join
+from tests.cgroups import CgroupUnavailable, MemoryCgroup, join, memory_cgroup
 
 RPC_PORT = 50052
 TAG = f"lr{os.getpid() % 100000}"  # names of our namespaces and links (interface names: at most 15 chars)
@@ -94,6 +96,10 @@ class Host:
         for prefix, dev in ((["ip", "netns", "exec", self.ns], self.inner), ([], self.outer)):
             subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mbit",
                             "latency", "50ms"], check=True, capture_output=True, timeout=30)
+
+    def cut(self, connected: bool = False) -> None:
+        """Take the host off the network (its link down, nothing closed: a cable pulled), or back on it."""
+        ip("link", "set", self.outer, "up" if connected else "down")
 
     def start_worker(self, cache: Path, log_dir: Path, extra: list[str] | None = None,
                      env_extra: dict[str, str] | None = None) -> None:
@@ -196,3 +202,35 @@ class Host:
                 psutil.Process(pid).kill()
         ip("link", "del", self.outer, check=False)  # takes its peer along
         ip("netns", "del", self.ns, check=False)
+
+
+@contextlib.contextmanager
+def worker_hosts(count: int, tag: str, llama_backend: Path, tmp_path_factory: pytest.TempPathFactory, *,
+                 options: Callable[[int], list[str]] = lambda i: [], env: dict[str, str] | None = None,
+                 cap_bytes: int | None = None) -> Iterator[list[Host]]:
+    """`count` hosts, each serving a `lemonade worker` (`options(i)`: its extra options, i from 0) with a
+    cache dir of its own holding the shared cpu build, each in a memory cgroup capped at `cap_bytes` if
+    given; all removed afterwards. Skips the test, saying why, where namespaces or cgroups cannot be made."""
+    reason = netns_usable()
+    if reason:
+        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
+    if not (llama_backend / "ggml-rpc-server").is_file():
+        pytest.fail(f"{llama_backend} has no ggml-rpc-server: the cpu build lacks -DGGML_RPC=ON")
+    with contextlib.ExitStack() as stack:
+        made: list[Host] = []
+        for i in range(1, count + 1):
+            host = Host(i, tag)
+            if cap_bytes is not None:
+                try:
+                    host.cgroup = stack.enter_context(memory_cgroup(f"lemonade-test-{host.ns}", cap_bytes))
+                except CgroupUnavailable as exc:
+                    pytest.skip(f"no memory-capped host can be made here: {exc}")
+            stack.callback(host.destroy)  # before its cgroup goes
+            made.append(host)
+            host.create()
+        for i, host in enumerate(made):
+            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
+            host.start_worker(cache, cache, options(i), env)
+        for host in made:
+            host.wait_serving()
+        yield made

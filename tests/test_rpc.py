@@ -23,31 +23,13 @@ import psutil
 import pytest
 
 from tests.helpers import GEMMA_NAME
-from tests.netns import RPC_PORT, Host, netns_usable, worker_cache
+from tests.netns import RPC_PORT, TAG, Host, worker_hosts
 
 
 @pytest.fixture(scope="module")
 def hosts(llama_backend: Path, tmp_path_factory: pytest.TempPathFactory):
-    reason = netns_usable()
-    if reason:
-        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
-    if not (llama_backend / "ggml-rpc-server").is_file():
-        pytest.fail(f"{llama_backend} has no ggml-rpc-server: the cpu build lacks -DGGML_RPC=ON")
-    made: list[Host] = []
-    try:
-        for i in (1, 2):
-            host = Host(i)
-            made.append(host)
-            host.create()
-        for host in made:  # each worker has a cache dir of its own holding the shared cpu build
-            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
-            host.start_worker(cache, cache)
-        for host in made:
-            host.wait_serving()
+    with worker_hosts(2, TAG, llama_backend, tmp_path_factory) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.helpers import GEMMA_NAME, cli_env, lemonade, ok
-from tests.netns import Host, netns_usable, worker_cache
+from tests.netns import Host, worker_hosts
 
 SCAN_SECONDS = 6  # worker and server beacons leave every 2 s
 
@@ -40,25 +40,10 @@ def beacon_port() -> str:
 
 @pytest.fixture(scope="module")
 def hosts(llama_backend: Path, tmp_path_factory: pytest.TempPathFactory, beacon_port: str):
-    reason = netns_usable()
-    if reason:
-        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
-    made: list[Host] = []
-    try:
-        for i in (1, 2, 3):
-            host = Host(i, tag=f"ld{os.getpid() % 100000}")
-            made.append(host)
-            host.create()
-        for i, host in enumerate(made):
-            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
-            host.start_worker(cache, cache, ["--broadcast"] if i < 2 else [],
-                              {"LEMONADE_BEACON_PORT": beacon_port})
-        for host in made:
-            host.wait_serving()
+    with worker_hosts(3, f"ld{os.getpid() % 100000}", llama_backend, tmp_path_factory,
+                      options=lambda i: ["--broadcast"] if i < 2 else [],
+                      env={"LEMONADE_BEACON_PORT": beacon_port}) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ answer is coming, the second host's worker and its rpc-server are SIGKILLed (a h
 stream ends with an error event naming that worker (the client does not hang: it would time out
 instead), the model shows in `crashed_models` saying which worker it lost, the next request is refused
 naming the missing worker (and not the live one), and once the worker is back the next request reloads
-the model over both and is answered.
+the model over both and is answered. Then the second host drops off the network mid-stream (its link
+down, no connection closed: llama-server alone would wait for it for ever): the stream ends with an
+error naming it all the same, once the worker has left its status queries unanswered a few times.
 
 Needs root and `ip netns` (skipped otherwise, saying why).
 """
@@ -13,6 +15,7 @@ Needs root and `ip netns` (skipped otherwise, saying why).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -20,31 +23,15 @@ import openai
 import pytest
 
 from tests.helpers import GEMMA_NAME
-from tests.netns import Host, netns_usable, worker_cache
+from tests.netns import Host, worker_hosts
 
-STREAM_TIMEOUT = 120  # seconds the client waits for the next chunk: a stream that hangs fails by timing out
+STREAM_TIMEOUT = 120  # seconds a test waits for a stream to end once its worker is gone (else it has hung)
 
 
 @pytest.fixture(scope="module")
 def hosts(llama_backend: Path, tmp_path_factory: pytest.TempPathFactory):
-    reason = netns_usable()
-    if reason:
-        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
-    made: list[Host] = []
-    try:
-        for i in (1, 2):
-            host = Host(i, tag=f"lf{os.getpid() % 100000}")
-            made.append(host)
-            host.create()
-        for host in made:
-            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
-            host.start_worker(cache, cache)
-        for host in made:
-            host.wait_serving()
+    with worker_hosts(2, f"lf{os.getpid() % 100000}", llama_backend, tmp_path_factory) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +88,30 @@ def test_the_model_reloads_on_the_next_request_once_the_worker_is_back(server, h
     command = health["all_models_loaded"][0]["launch_command"]
     assert command[command.index("--rpc") + 1] == ",".join(h.endpoint for h in hosts)
     assert dying.rpc_rss() - dying.idle_rss > 10 * 2**20  # the restarted worker holds its layers again
+
+
+def test_a_worker_host_that_drops_off_the_network_mid_stream_is_given_up(server, hosts):
+    live, lost = hosts
+    stream = client(server.url).chat.completions.create(
+        model=GEMMA_NAME, stream=True, max_tokens=4000, temperature=0,
+        messages=[{"role": "user", "content": "Count from one to one thousand in words."}],
+        extra_body={"ignore_eos": True})
+    received = 0
+    # the server keeps a quiet stream alive with comments, so a client would wait for ever: give up after
+    # STREAM_TIMEOUT by closing the stream (which then fails with another error than the one expected)
+    give_up = threading.Timer(STREAM_TIMEOUT, stream.close)
+    try:
+        with pytest.raises(openai.APIError) as ended:
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    received += 1
+                    if received == 5:
+                        lost.cut()
+                        give_up.start()
+    finally:
+        give_up.cancel()
+        lost.cut(connected=True)
+    assert received >= 5, "the stream ended before the host dropped off"
+    message = str(ended.value.message)
+    assert lost.endpoint in message and live.endpoint not in message, message
+    assert f"RPC worker {lost.endpoint} of" in server.log_path.read_text(errors="replace")  # the watch gave it up

@@ -16,7 +16,6 @@ Needs root, `ip netns` and memory cgroups (skipped otherwise, saying why).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from pathlib import Path
@@ -24,9 +23,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.cgroups import CgroupUnavailable, MemoryCgroup, memory_cgroup
+from tests.cgroups import CgroupUnavailable, memory_cgroup
 from tests.helpers import GEMMA_NAME
-from tests.netns import Host, netns_usable, worker_cache
+from tests.netns import Host, worker_hosts
 
 MiB = 1 << 20
 WORKER_CAP_MIB = 160
@@ -51,34 +50,10 @@ def gguf_path(gemma_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def capped_hosts(llama_backend: Path, gemma_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    reason = netns_usable()
-    if reason:
-        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
     assert WORKER_CAP_MIB * MiB * 1.5 <= gguf_path(gemma_dir).stat().st_size, "the cap must stay below the model"
-    made: list[Host] = []
-    groups: list[contextlib.AbstractContextManager[MemoryCgroup]] = []
-    try:
-        for i in (1, 2, 3):
-            host = Host(i, tag=f"ls{os.getpid() % 100000}")
-            made.append(host)
-            host.create()
-            try:
-                group = memory_cgroup(f"lemonade-test-{host.ns}", WORKER_CAP_MIB * MiB)
-                host.cgroup = group.__enter__()
-            except CgroupUnavailable as exc:
-                pytest.skip(f"no memory-capped host can be made here: {exc}")
-            groups.append(group)
-        for host in made:
-            cache = worker_cache(tmp_path_factory.mktemp(f"worker-{host.ns}"), llama_backend)
-            host.start_worker(cache, cache)
-        for host in made:
-            host.wait_serving()
+    with worker_hosts(3, f"ls{os.getpid() % 100000}", llama_backend, tmp_path_factory,
+                      cap_bytes=WORKER_CAP_MIB * MiB) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
-        for group in groups:
-            group.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import signal
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -68,6 +69,7 @@ from lemonade.backends.llamacpp_rpc import (
     probe_all,
     probe_all_sync,
     probe_sync,
+    query_statuses,
     resolve_workers,
     rpc_args,
     unreachable_message,
@@ -84,6 +86,7 @@ from lemonade.errors import APIError
 from lemonade.llamacpp_settings import AUTO_WORKERS, SPECULATION_MODES, check_device, worker_list, worker_setting
 from lemonade.system.devices import detect_devices, gpu_usage
 from lemonade.system.memory import read_budget
+from lemonade.util.process_group import signal_group
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -142,6 +145,37 @@ def refuse_unreachable(model: ModelInfo, probes: list[dict[str, Any]]) -> None:
     if down:
         raise APIError(503, unreachable_message(model.public, down), code="rpc_worker_unreachable",
                        extra={"unreachable_workers": [d["address"] for d in down]})
+
+
+WATCH_S = 3.0  # how often the workers of a model spread over them are asked whether they are there
+WATCH_MISSES = 3  # status queries (each asked twice) a worker leaves unanswered in a row before it counts as gone
+
+
+async def watch_workers(server: WrappedServer, workers: list[str]) -> None:
+    """Stop an engine whose RPC worker host has gone silent. A host that drops off the network without
+    closing its connection leaves llama-server waiting on it for ever (llama.cpp's RPC client has no
+    timeout), and a TCP connect cannot tell (a busy rpc-server accepts one client at a time, with a
+    backlog of one); a `lemonade worker` answers status queries over UDP whatever its rpc-server is doing.
+    So a worker that answered at first and then leaves WATCH_MISSES in a row unanswered is gone: the
+    engine is killed, and the router reports the crash naming the worker (LlamaCppEngine.exit_cause).
+    Workers that never answer (a bare ggml-rpc-server) are not watched."""
+    watched: set[str] | None = None
+    misses = dict.fromkeys(workers, 0)
+    while server.alive:
+        statuses = await asyncio.to_thread(query_statuses, workers)
+        if watched is None:
+            watched = {w for w, status in statuses.items() if status is not None}
+            if not watched:
+                return
+        for worker in watched:
+            misses[worker] = 0 if statuses[worker] is not None else misses[worker] + 1
+        gone = sorted(w for w in watched if misses[w] >= WATCH_MISSES)
+        if gone and server.alive and server.pid is not None:
+            log.error("RPC worker %s of %s stopped answering: stopping its llama-server (it would wait for it "
+                      "for ever)", ", ".join(gone), server.name)
+            signal_group(server.pid, signal.SIGKILL)
+            return
+        await asyncio.sleep(WATCH_S)
 
 
 def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
@@ -333,6 +367,7 @@ class LlamaCppEngine(Engine):
         super().__init__(cache_dir, config)
         self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
         self.workers_heard = WorkerDirectory()  # for rpc_workers "auto"; listens from its first use
+        self._watches: set[asyncio.Task[None]] = set()  # watch_workers of the models spread over RPC workers
         self._bins = BinChoice(config, LatestTag("llama.cpp", resolve_latest), self.installer.root, OwnBuild,
                                lambda tag: TaggedInstaller(self.cache_dir, tag))
         self.warm_store.clean_partials()  # states a crash cut short are never restored
@@ -475,6 +510,10 @@ class LlamaCppEngine(Engine):
             env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start(self.ready_timeout)
+        if workers:
+            watch = asyncio.create_task(watch_workers(server, resolved["resolved_rpc_workers"]))
+            self._watches.add(watch)  # kept until it ends (with the engine)
+            watch.add_done_callback(self._watches.discard)
         served, slots = await served_context(server.base_url)
         reason = choice.reason
         if served is not None and served != choice.ctx_size:
