@@ -532,7 +532,7 @@ class LlamaCppEngine(Engine):
     def _placement(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
                    workers: list[str], ctx: int) -> Placement | None:
         """Where the layers go, from what the workers report now (507 when they cannot hold them); None
-        where Lemonade does not decide (llamacpp_rpc.plan's reasons)."""
+        where Lemonade does not decide (`_decides_split`) or a worker does not report its memory."""
         if not self._decides_split(backend, options):
             return None
         need = split_need(files, options, backend, read_budget().cap_bytes, model.mode)

@@ -11,7 +11,7 @@ their free memory (docs/scale-out.md). This module is everything Lemonade knows 
 - reachability: a TCP connect with a short timeout, before a load (an unreachable worker would make
   `llama-server` fail or hang while loading) and for `/v1/health` and `/v1/system-info`;
 - what each worker can hold: the status a `lemonade worker` answers over UDP on its RPC port
-  (llamacpp_worker.py: its devices and their free memory), from which `plan` decides where the layers
+  (llamacpp_worker.py: its devices and their free memory), from which `decide` decides where the layers
   go (llamacpp_split.py) and refuses, before anything starts, workers that cannot hold the model;
 - `rpc_workers: "auto"`: the workers heard announcing themselves (beacon.WorkerDirectory);
 - the worker side: the `ggml-rpc-server` command line `lemonade worker` runs.
