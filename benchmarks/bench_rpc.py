@@ -2,10 +2,11 @@
 worker's `--cache` saves when it is restarted.
 
 Three worker hosts are network namespaces joined to this one by veth links limited to `--rate` in
-each direction (default 1gbit: a LAN, not memory speed), each running a real `lemonade worker`
+each direction (default 1gbit: a LAN, not memory speed), each in a memory cgroup capped at `--cap-mib`
+(default 160 MiB: Gemma's 241 MiB file is 1.5 times that), each running a real `lemonade worker`
 (tests/netns.py). Our server (a real `lemonade serve`) loads Gemma 3 270M:
 
-1. decode speed: locally (the reference, one uncapped host) and spread over the three workers, both
+1. decode speed: locally (the reference, one uncapped host) and spread over the three capped workers, both
    without speculative decoding, the same requests in alternating order (`--requests` of `--tokens`
    tokens each, `ignore_eos`); it prints tokens/s of each and the ratio;
 2. `--cache`: the workers are started with `--cache` and an empty cache, the model loaded over them
@@ -14,17 +15,19 @@ each direction (default 1gbit: a LAN, not memory speed), each running a real `le
    for by its hash and read from the worker's disk). Both with Lemonade's placement (the output layer
    stays on the main host: Gemma has no other tensor that large, so nothing is cached) and with
    llama.cpp's own (`-ts 1,1,1`: the output layer, a copy of the 170 MiB token embeddings, goes to
-   the last worker). It prints the load times and the second against the first.
+   the last worker, so the caps are lifted for this part). It prints the load times and the second
+   against the first.
 
-    sudo .venv/bin/python benchmarks/bench_rpc.py [--rate 1gbit] [--requests 6] [--tokens 64]
+    sudo .venv/bin/python benchmarks/bench_rpc.py [--rate 1gbit] [--cap-mib 160] [--requests 6] [--tokens 64]
 
-Needs root (namespaces, `tc`). Results: docs/performance.md ("llama.cpp RPC"). Every process it
+Needs root (namespaces, `tc`, cgroups). Results: docs/performance.md ("llama.cpp RPC"). Every process it
 starts is stopped by pid, every namespace and link removed by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -47,6 +50,7 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     wait_ok,
 )
 
+from tests.cgroups import memory_cgroup  # noqa: E402
 from tests.netns import Host, netns_usable, worker_cache  # noqa: E402
 
 MODEL = "gemma-3-270m-q4_k_m"
@@ -96,6 +100,7 @@ def restart_workers(hosts: list[Host], root: Path, backend: Path, cache: bool, f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", default="1gbit", help="link speed of each worker host (tc rate)")
+    ap.add_argument("--cap-mib", type=int, default=160, help="memory cap of each worker host")
     ap.add_argument("--requests", type=int, default=6, help="answers per side for the decode speed")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per answer")
     args = ap.parse_args()
@@ -105,10 +110,11 @@ def main() -> None:
     backend = backend_dir()
     procs = Processes()
     hosts = [Host(i, tag="lb") for i in (1, 2, 3)]
-    with tempfile.TemporaryDirectory(prefix="bench-rpc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-rpc-") as tmp, contextlib.ExitStack() as caps:
         root = Path(tmp)
         try:
             for host in hosts:
+                host.cgroup = caps.enter_context(memory_cgroup(f"lemonade-bench-{host.ns}", args.cap_mib << 20))
                 host.create()
                 host.limit_rate(args.rate)
             restart_workers(hosts, root, backend, cache=False, fresh=True)
@@ -117,7 +123,7 @@ def main() -> None:
             port = free_port()
             server = procs.start(serve_argv(port), env=lemonade_env(cache, gemma_dir()), log=root / "server.log")
             wait_ok(f"http://127.0.0.1:{port}/live", server, 60)
-            print(f"load average before: {load_avg()}; links {args.rate}")
+            print(f"load average before: {load_avg()}; links {args.rate}; workers capped at {args.cap_mib} MiB")
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=900) as c:
                 # 1. decode speed, local against split, in alternating order
                 rates: dict[str, list[float]] = {"local": [], "split": []}
@@ -129,8 +135,18 @@ def main() -> None:
                         rates[side].append(decode_rate(c, args.tokens))
                 unload(c)
                 local, split = statistics.median(rates["local"]), statistics.median(rates["split"])
+                peaks = ", ".join(f"{h.cgroup.peak_bytes() >> 20}" for h in hosts if h.cgroup is not None)
                 print(f"decode, {args.tokens} tokens, median of {args.requests}: one host {local:.1f} tokens/s, "
-                      f"split over 3 workers {split:.1f} tokens/s: {split / local:.2f}x")
+                      f"split over 3 capped workers {split:.1f} tokens/s: {split / local:.2f}x "
+                      f"(workers' peaks {peaks} MiB of {args.cap_mib}; OOM kills "
+                      f"{sum(h.cgroup.oom_kills() for h in hosts if h.cgroup is not None)})")
+                for host in hosts:  # llama.cpp's placement below puts a 170 MiB tensor on one worker
+                    assert host.cgroup is not None
+                    names = ("memory.max",) if host.cgroup.version == 2 else \
+                        ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")  # v1: the one with swap first
+                    for name in names:
+                        with contextlib.suppress(OSError):
+                            (host.cgroup.path / name).write_text(str(2 << 30))
                 # 2. a restarted worker with --cache
                 for label, extra in (("Lemonade's placement", {}), ("llama.cpp's placement (-ts 1,1,1)",
                                                                      {"llamacpp_args": "-ts 1,1,1"})):
@@ -148,7 +164,7 @@ def main() -> None:
         finally:
             procs.stop_all()
             for host in hosts:
-                host.destroy()
+                host.destroy()  # before its cgroup goes
 
 
 if __name__ == "__main__":

@@ -129,3 +129,18 @@ def test_the_directory_keeps_workers_that_announce_themselves_and_drops_beacons_
     heard = directory.workers(wait=False)
     assert [b.endpoint for b in heard] == ["127.0.0.1:50052"]
     assert directory.workers(max_age=0.0, wait=False) == []  # gone quiet: no longer used
+
+
+def test_an_idle_rpc_server_counts_what_it_kept_from_its_last_client_as_free(monkeypatch):
+    """glibc keeps freed buffers: an rpc-server whose client left is as large as the last model made it,
+    and the next model's layers go there, so that part counts as free while no client is connected."""
+    import os
+
+    monkeypatch.setattr(llamacpp_worker, "cpu_free_bytes", lambda: 100 * MiB)
+    status = llamacpp_worker.WorkerStatus("box", "cpu", [dict(CPU, total_bytes=8192 * MiB, free_bytes=8192 * MiB)],
+                                          cache=False)
+    status.serving(os.getpid())  # this process stands in for the rpc-server
+    status.idle_bytes -= 40 * MiB  # it has grown by 40 MiB since
+    assert status.beacon("e:1").devices[0]["free_bytes"] >= 140 * MiB - MiB
+    status.seen("Accepted client connection")  # serving someone: what it holds is theirs
+    assert status.beacon("e:1").devices[0]["free_bytes"] == 100 * MiB

@@ -477,8 +477,13 @@ class LlamaCppEngine(Engine):
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         choice = choose_context(options, files, backend, model.mode)
+        # a context the user or the router fixed is placed as it is; else the workers decide how much they hold
+        fixed = any(isinstance(options.get(k), int) and options[k] > 0 for k in ("ctx_size", "resolved_ctx_size"))
         placement = await asyncio.to_thread(self._placement, model, files, options, backend, workers,
-                                            choice.ctx_size) if workers else None
+                                            choice.ctx_size if fixed else None) if workers else None
+        if placement is not None and placement.ctx != choice.ctx_size:
+            choice = ContextChoice(placement.ctx, f"automatic: {placement.ctx} tokens, the largest context the RPC "
+                                                  "workers hold with the model's layers")
         # the controller's verdict; the router leaves it out when memory is short (MemoryNeed.fallback)
         speculate = self.speculation_wanted(model.name) and options.get("resolved_speculation") != "off"
         warm = self.warm_swaps and model.mode == "chat"
@@ -530,9 +535,10 @@ class LlamaCppEngine(Engine):
                       prefix_copy=warm and (swa_full or not sliding_window(files)), speculation=speculation)
 
     def _placement(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
-                   workers: list[str], ctx: int) -> Placement | None:
-        """Where the layers go, from what the workers report now (507 when they cannot hold them); None
-        where Lemonade does not decide (`_decides_split`) or a worker does not report its memory."""
+                   workers: list[str], ctx: int | None) -> Placement | None:
+        """Where the layers go at context `ctx` (None: the largest the workers hold), from what the workers
+        report now (507 when they cannot hold them); None where Lemonade does not decide
+        (`_decides_split`) or a worker does not report its memory."""
         if not self._decides_split(backend, options):
             return None
         need = split_need(files, options, backend, read_budget().cap_bytes, model.mode)

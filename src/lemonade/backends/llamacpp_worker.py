@@ -7,7 +7,11 @@ programs notwithstanding. So the worker reports for itself:
 
 - a CPU device's free memory is the worker's memory budget (lemonade.system.memory, as the server reads
   its own: the cgroup's limit less what the cgroup holds, `MemAvailable`, RAM; less the same reserve),
-  read at each report, so it counts what its rpc-server holds for the model it serves;
+  read at each report, so it counts what its rpc-server holds for the model it serves. While no server
+  is connected, what the rpc-server holds above its size at start counts as free too: it frees a
+  client's buffers when the client leaves, but the C allocator keeps the memory for its next
+  allocations instead of giving it back, so the process stays as large as the last model made it and
+  the next model's layers go there;
 - a GPU device's is what `ggml-rpc-server` printed at start;
 - `busy`: it serves a llama-server now (its rpc-server says when a client comes and goes).
 
@@ -54,6 +58,15 @@ def parse_device(line: str) -> dict[str, Any] | None:
             "free_bytes": int(m["free"]) * MiB}
 
 
+def _resident(pid: int) -> int:
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
 def cpu_free_bytes() -> int:
     """What this host can give a CPU device now: the memory budget the server would admit loads against."""
     return read_budget().admissible_bytes
@@ -68,6 +81,19 @@ class WorkerStatus:
         self.devices = devices
         self.cache = cache
         self.busy = False
+        self.server_pid: int | None = None  # its rpc-server, and what that held once it listened
+        self.idle_bytes = 0
+
+    def serving(self, pid: int) -> None:
+        """The rpc-server listens: remember its size at rest."""
+        self.server_pid = pid
+        self.idle_bytes = _resident(pid)
+
+    def _kept_bytes(self) -> int:
+        """What an idle rpc-server holds above its size at rest (freed buffers the allocator kept)."""
+        if self.busy or self.server_pid is None:
+            return 0
+        return max(0, _resident(self.server_pid) - self.idle_bytes)
 
     def seen(self, line: str) -> None:
         """Follow the rpc-server's output: a client comes, a client goes."""
@@ -81,7 +107,7 @@ class WorkerStatus:
         for dev in self.devices:
             free = dev["free_bytes"]
             if dev["name"].upper().startswith("CPU"):
-                free = min(free, cpu_free_bytes())
+                free = min(free, cpu_free_bytes() + self._kept_bytes())
             devices.append({**dev, "free_bytes": max(0, free)})
         return WorkerBeacon(self.hostname, endpoint, "", self.backend, tuple(devices), self.busy, self.cache)
 

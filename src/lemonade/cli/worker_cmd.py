@@ -174,6 +174,7 @@ def worker(
                       f"[bold]{escape(address)}[/bold]", highlight=False)
             for dev in devices:
                 out.print(f"  device {escape(dev)}", highlight=False)
+            status.serving(proc.pid)
             announcer = Announcer(status, host, port, broadcast, beacon_port())
             announcer.start()
             out.print("Use it from a Lemonade server: lemonade config set "
