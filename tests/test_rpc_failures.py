@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -44,23 +45,36 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/api/v1", api_key="unused", max_retries=0, timeout=STREAM_TIMEOUT)
 
 
-def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_naming_it(server, hosts):
-    live, dying = hosts
-    stream = client(server.url).chat.completions.create(
+def stream_until_failure(url: str, fail: Callable[[], None]) -> openai.APIError:
+    """A long streamed answer during which `fail()` is called once 5 pieces have come: the error that
+    ended it. The server keeps a quiet stream alive with comments, so a client would wait
+    for ever: after STREAM_TIMEOUT the stream is closed, which fails it with another error than an
+    APIError (so the test fails saying the stream hung)."""
+    stream = client(url).chat.completions.create(
         model=GEMMA_NAME, stream=True, max_tokens=4000, temperature=0,
         messages=[{"role": "user", "content": "Count from one to one thousand in words."}],
-        extra_body={"ignore_eos": True})  # llama-server's own field: the answer goes on until the worker dies
+        extra_body={"ignore_eos": True})  # llama-server's own field: the answer goes on until it fails
+    give_up = threading.Timer(STREAM_TIMEOUT, stream.close)
     received = 0
-    with pytest.raises(openai.APIError) as ended:
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                received += 1
-                if received == 5:
-                    dying.kill_worker()
-    assert received >= 5, "the stream ended before the worker was killed"
-    message = str(ended.value.message)
+    try:
+        with pytest.raises(openai.APIError) as ended:
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    received += 1
+                    if received == 5:
+                        fail()
+                        give_up.start()
+    finally:
+        give_up.cancel()
+    assert received >= 5, "the stream ended before the failure"
+    return ended.value
+
+
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_naming_it(server, hosts):
+    live, dying = hosts
+    error = stream_until_failure(server.url, dying.kill_worker)
+    message = str(error.message)
     assert dying.endpoint in message and live.endpoint not in message, message
-    assert not isinstance(ended.value, openai.APITimeoutError)
     health = httpx.get(server.url + "/v1/health", timeout=30).json()
     crashed = {m["model_name"]: m for m in health["crashed_models"]}
     assert GEMMA_NAME in crashed and dying.endpoint in crashed[GEMMA_NAME]["message"], crashed
@@ -92,26 +106,10 @@ def test_the_model_reloads_on_the_next_request_once_the_worker_is_back(server, h
 
 def test_a_worker_host_that_drops_off_the_network_mid_stream_is_given_up(server, hosts):
     live, lost = hosts
-    stream = client(server.url).chat.completions.create(
-        model=GEMMA_NAME, stream=True, max_tokens=4000, temperature=0,
-        messages=[{"role": "user", "content": "Count from one to one thousand in words."}],
-        extra_body={"ignore_eos": True})
-    received = 0
-    # the server keeps a quiet stream alive with comments, so a client would wait for ever: give up after
-    # STREAM_TIMEOUT by closing the stream (which then fails with another error than the one expected)
-    give_up = threading.Timer(STREAM_TIMEOUT, stream.close)
     try:
-        with pytest.raises(openai.APIError) as ended:
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    received += 1
-                    if received == 5:
-                        lost.cut()
-                        give_up.start()
+        error = stream_until_failure(server.url, lost.cut)
     finally:
-        give_up.cancel()
         lost.cut(connected=True)
-    assert received >= 5, "the stream ended before the host dropped off"
-    message = str(ended.value.message)
+    message = str(error.message)
     assert lost.endpoint in message and live.endpoint not in message, message
     assert f"RPC worker {lost.endpoint} of" in server.log_path.read_text(errors="replace")  # the watch gave it up
