@@ -15,9 +15,11 @@ import numpy as np
 
 def write_gguf(path: Path, arch: str = "llama", *, context_length: int = 2048, pooling_type: int | None = None,
                clip: bool = False, split: tuple[int, int] | None = None, chat_template: str | None = None,
-               meta: dict[str, int | list[int] | list[bool]] | None = None) -> Path:
+               meta: dict[str, int | list[int] | list[bool]] | None = None,
+               tensors: dict[str, int] | None = None) -> Path:
     """`meta`: more keys, by name without the architecture prefix (`"block_count": 32`,
-    `"attention.head_count_kv": [8, 0, ...]`): unsigned integers, or arrays of them or of booleans."""
+    `"attention.head_count_kv": [8, 0, ...]`): unsigned integers, or arrays of them or of booleans.
+    `tensors`: f32 tensors by name and element count (`"blk.0.ffn_up.weight": 4096`), instead of one dummy."""
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "clip" if clip else arch)
     writer.add_name(path.stem)
@@ -37,7 +39,8 @@ def write_gguf(path: Path, arch: str = "llama", *, context_length: int = 2048, p
     if split:
         writer.add_uint16("split.no", split[0] - 1)
         writer.add_uint16("split.count", split[1])
-    writer.add_tensor("dummy", np.zeros(8, dtype=np.float32))
+    for name, count in (tensors or {"dummy": 8}).items():
+        writer.add_tensor(name, np.zeros(count, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,10 +1,9 @@
 """Issue 16, scale-out on llama.cpp RPC: Gemma 3 270M served split over two workers on two "hosts".
 
-The hosts are Linux network namespaces on this machine, each joined to the root namespace by its own
-veth pair (10.77.N.1 in the root namespace, 10.77.N.2 inside). In each runs a real `lemonade worker`
-(our CLI, which starts the cached llama.cpp build's `ggml-rpc-server` bound to the namespace's
-address only); the server runs in the root namespace with `llamacpp.rpc_workers` naming both, so its
-`llama-server --rpc` places Gemma's layers on the two workers. Answers come through the official
+The hosts are Linux network namespaces on this machine (tests/netns.py), each with a real `lemonade
+worker` bound to the namespace's address only; the server runs in the root namespace with
+`llamacpp.rpc_workers` naming both, so its `llama-server --rpc` places Gemma's layers on the two
+workers. Answers come through the official
 `openai` client. Also proved: a bad worker entry is a 400 naming it, a load with a worker nobody
 listens on is refused (503) naming that worker, health and system-info report the workers, and a
 worker stopped with SIGTERM exits cleanly with its rpc-server and shows as unreachable.
@@ -15,12 +14,6 @@ are removed by name/pid in a finalizer, also when a test fails.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,145 +23,13 @@ import psutil
 import pytest
 
 from tests.helpers import GEMMA_NAME
-
-RPC_PORT = 50052
-TAG = f"lr{os.getpid() % 100000}"  # names of our namespaces and links (interface names: at most 15 chars)
-SUBNET = 10 + os.getpid() % 200  # 10.77.<SUBNET + i>.0/24, unlikely to meet another run's
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
-def _netns_usable() -> str | None:
-    """Why this machine cannot make namespaces, or None."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are a Linux feature"
-    if os.geteuid() != 0:
-        return "making network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
-    probe = f"{TAG}probe"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"`ip netns add` fails here: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
-    return None
-
-
-class Host:
-    """One namespace joined to the root namespace by a veth pair, with a `lemonade worker` in it."""
-
-    def __init__(self, index: int) -> None:
-        self.ns = f"{TAG}h{index}"
-        self.outer = f"{TAG}o{index}"  # in the root namespace
-        self.inner = f"{TAG}i{index}"
-        self.gateway = f"10.77.{SUBNET + index}.1"
-        self.address = f"10.77.{SUBNET + index}.2"
-        self.worker: subprocess.Popen[str] | None = None
-        self.rpc_pids: set[int] = set()
-        self.idle_rss = 0
-        self.output = Path()
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.address}:{RPC_PORT}"
-
-    def create(self) -> None:
-        _ip("netns", "add", self.ns)
-        _ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
-        _ip("link", "set", self.inner, "netns", self.ns)
-        _ip("addr", "add", f"{self.gateway}/24", "dev", self.outer)
-        _ip("link", "set", self.outer, "up")
-        _ip("-n", self.ns, "addr", "add", f"{self.address}/24", "dev", self.inner)
-        _ip("-n", self.ns, "link", "set", self.inner, "up")
-        _ip("-n", self.ns, "link", "set", "lo", "up")
-
-    def start_worker(self, cache: Path, log_dir: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEMONADE_")}
-        env.update({"LEMONADE_CACHE_DIR": str(cache), "LEMONADE_CONFIG_DIR": str(cache), "PYTHONUNBUFFERED": "1"})
-        self.output = log_dir / f"{self.ns}.log"
-        with open(self.output, "w") as log:
-            self.worker = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns, sys.executable, "-m", "lemonade.cli.main", "worker",
-                 "--host", self.address, "--port", str(RPC_PORT), "--backend", "cpu", "--threads", "1"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                start_new_session=True)
-
-    def wait_serving(self, timeout: float = 120.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.output.read_text(errors="replace")
-            if "serving on" in text:
-                self.idle_rss = self.rpc_rss()
-                return text
-            if self.worker is not None and self.worker.poll() is not None:
-                raise RuntimeError(f"lemonade worker in {self.ns} exited with {self.worker.returncode}:\n{text}")
-            time.sleep(0.2)
-        raise RuntimeError(f"lemonade worker in {self.ns} did not serve within {timeout:.0f}s:\n"
-                           + self.output.read_text(errors="replace"))
-
-    def rpc_rss(self) -> int:
-        """Resident memory of the worker's rpc-server (the weights it received live there)."""
-        self._remember_children()
-        total = 0
-        for pid in self.rpc_pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                total += psutil.Process(pid).memory_info().rss
-        return total
-
-    def _remember_children(self) -> None:
-        if self.worker is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                self.rpc_pids |= {p.pid for p in psutil.Process(self.worker.pid).children(recursive=True)}
-
-    def stop_worker(self) -> int | None:
-        """SIGTERM the worker (as an init system stops it); its rpc-server must go with it."""
-        if self.worker is None:
-            return None
-        self._remember_children()
-        if self.worker.poll() is None:
-            self.worker.send_signal(signal.SIGTERM)
-            try:
-                self.worker.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.worker.pid, signal.SIGKILL)
-                self.worker.wait(5)
-        return self.worker.returncode
-
-    def destroy(self) -> None:
-        self.stop_worker()
-        for pid in self.rpc_pids:  # by pid, never by name
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
-        _ip("link", "del", self.outer, check=False)  # takes its peer along
-        _ip("netns", "del", self.ns, check=False)
+from tests.netns import RPC_PORT, TAG, Host, worker_hosts
 
 
 @pytest.fixture(scope="module")
 def hosts(llama_backend: Path, tmp_path_factory: pytest.TempPathFactory):
-    reason = _netns_usable()
-    if reason:
-        pytest.skip(f"llama.cpp RPC across network namespaces: {reason}")
-    if not (llama_backend / "ggml-rpc-server").is_file():
-        pytest.fail(f"{llama_backend} has no ggml-rpc-server: the cpu build lacks -DGGML_RPC=ON")
-    made: list[Host] = []
-    try:
-        for i in (1, 2):
-            host = Host(i)
-            made.append(host)
-            host.create()
-        for host in made:  # each worker has a cache dir of its own holding the shared cpu build
-            cache = tmp_path_factory.mktemp(f"worker-{host.ns}")
-            (cache / "backends" / "llamacpp").mkdir(parents=True)
-            (cache / "backends" / "llamacpp" / "cpu").symlink_to(llama_backend, target_is_directory=True)
-            host.start_worker(cache, cache)
-        for host in made:
-            host.wait_serving()
+    with worker_hosts(2, TAG, llama_backend, tmp_path_factory) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
 
 
 @pytest.fixture(scope="module")

@@ -293,6 +293,30 @@ def test_load_pin_unload(server, page):
     assert httpx.get(options_url).json()["saved"] == {}
 
 
+def test_a_list_option_saved_as_a_word_shows_and_goes_back_as_that_word(server, page):
+    """rpc_workers takes a list of host:port or "auto" (the RPC workers heard on the network): the load
+    dialog shows a saved "auto" as it is and sends it back as "auto", not as a list holding it."""
+    options_url = server.url + f"/v1/models/{GEMMA_NAME}/options"
+    r = httpx.post(options_url, json={"rpc_workers": "auto"}, timeout=30)
+    assert r.status_code == 200, r.text
+    try:
+        page.goto(server.url + "/#/models")
+        page.locator(f'#catalog tr[data-model="{GEMMA_NAME}"]').get_by_role("button", name="Load…").click()
+        dialog = page.get_by_role("dialog", name=f"Load {GEMMA_NAME}")
+        field = dialog.get_by_label("rpc_workers")
+        expect(field).to_have_value("auto")
+        sent: list[Any] = []
+        page.route("**/load", lambda route: (sent.append(route.request.post_data_json), route.abort()))
+        field.fill("AUTO")
+        dialog.get_by_role("button", name="Load", exact=True).click()
+        deadline = time.monotonic() + 10
+        while not sent and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert sent and sent[0].get("rpc_workers", "auto") == "auto", sent  # unchanged ("auto"), or "auto"
+    finally:
+        httpx.delete(options_url, timeout=30)
+
+
 def test_search_variants_pull_with_progress_then_listed(server, page, hub):
     name = "gemma-3-270m-GGUF-Q4_K_M"  # pulled as user.gemma-3-270m-GGUF-Q4_K_M, listed by its bare name
     hub.throttle(25_000_000, path=fx.GEMMA_FILE)  # about 10 s: progress is seen on its way up

@@ -55,7 +55,8 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over (docs/scale-out.md)
+    # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over, or "auto" for
+    # the workers heard announcing themselves on the LAN (`lemonade worker --broadcast`; docs/scale-out.md)
     # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
     # your own build (backends/llamacpp_bins.py)
     # device: llama.cpp device names every model is offloaded to (`Vulkan0`, `CUDA0,CUDA1`); "" = llama-server's choice
@@ -153,10 +154,10 @@ def validate_value(key: str, value: Any) -> Any:
     if key == "cloud_providers":
         return _cloud_providers(value)
     if key == "llamacpp.rpc_workers":
-        from lemonade.llamacpp_settings import WorkerSpecError, worker_list
+        from lemonade.llamacpp_settings import WorkerSpecError, worker_setting
 
         try:
-            return worker_list(value, key)
+            return worker_setting(value, key)
         except WorkerSpecError as exc:
             raise ConfigError(f"Config key {exc}") from None
     if key == "telemetry.otlp.headers":
@@ -346,7 +347,8 @@ def parse_cli_value(key: str, raw: str) -> Any:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
     if key == "llamacpp.rpc_workers" and not raw.strip().startswith("["):
-        return raw.split(",")  # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`
+        # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`, or `auto` (the workers heard on the LAN)
+        return raw.strip() if raw.strip().lower() == "auto" else raw.split(",")
     if isinstance(default, (list, dict)) and key != "max_loaded_models":
         try:
             return json.loads(raw)

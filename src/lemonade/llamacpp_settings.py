@@ -1,4 +1,4 @@
-"""What the llama.cpp settings accept: RPC worker lists, `*_bin` values, device names, speculation modes.
+"""What the llama.cpp settings accept: RPC worker lists (or "auto"), `*_bin` values, device names, speculation modes.
 
 Config validation (config.py) checks `llamacpp.rpc_workers`, `llamacpp.<backend>_bin`, `llamacpp.device`
 and `llamacpp.speculation` with these, and the llama.cpp engine (backends/llamacpp*.py) reads the values
@@ -54,6 +54,21 @@ def split_worker(entry: str) -> tuple[str, int]:
         if not _HOSTNAME.fullmatch(host):
             raise WorkerSpecError(f"RPC worker '{entry}': '{host}' is neither an IP address nor a host name") from None
     return host, port
+
+
+AUTO_WORKERS = "auto"  # the RPC workers heard announcing themselves on the LAN (`lemonade worker --broadcast`)
+
+
+def worker_setting(value: Any, what: str = "rpc_workers") -> list[str] | str:
+    """An `rpc_workers` value: `"auto"` as it is, else `worker_list`'s checked list."""
+    if isinstance(value, str) and value.strip().lower() == AUTO_WORKERS:
+        return AUTO_WORKERS
+    if isinstance(value, str) and not value.strip():
+        return []
+    if not isinstance(value, list):
+        raise WorkerSpecError(f"'{what}' must be a list of host:port strings, or \"auto\" for the workers heard on "
+                              f"the network; got {type(value).__name__} {value!r}")
+    return worker_list(value, what)
 
 
 def worker_list(value: Any, what: str = "rpc_workers") -> list[str]:

@@ -406,6 +406,12 @@ class Engine(ABC):
         answer), given the options of its loaded models by model name; nothing by default."""
         return {}
 
+    async def exit_cause(self, launch: Launch) -> str | None:
+        """Why an engine process that ended on its own did, when something outside it says so (llama.cpp:
+        an RPC worker it was spread over is gone), for the error its clients get and `crashed_models`;
+        None when nothing does. Quick: its callers wait for it (llamacpp.py bounds its probes)."""
+        return None
+
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         """Tokens a model loaded with these options could take: `ctx_size` as given (engines that
         size it automatically say what automatic means for these files)."""

@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import re
+import signal
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,25 +58,35 @@ from lemonade.backends.llamacpp_memory import (
     memory_need,
     prompt_cache_mib,
     sliding_window,
+    split_need,
     swa_full_chosen,
 )
 from lemonade.backends.llamacpp_rpc import (
     HEALTH_TIMEOUT,
     check_option,
+    decide,
     probe,
     probe_all,
+    probe_all_sync,
     probe_sync,
+    query_statuses,
+    resolve_workers,
     rpc_args,
     unreachable_message,
+    user_places_layers,
+    worker_devices,
 )
 from lemonade.backends.llamacpp_spec import speculation_args
+from lemonade.backends.llamacpp_split import Placement, split_args
 from lemonade.backends.llamacpp_warm import WarmStore, copy_slot, restore_slots, save_slots, with_timeout
+from lemonade.beacon import WorkerDirectory
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import SPECULATION_MODES, check_device, worker_list
+from lemonade.llamacpp_settings import AUTO_WORKERS, SPECULATION_MODES, check_device, worker_list, worker_setting
 from lemonade.system.devices import detect_devices, gpu_usage
 from lemonade.system.memory import read_budget
+from lemonade.util.process_group import signal_group
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -125,6 +137,45 @@ def choose_context(options: dict[str, Any], files: dict[str, list[Path]] | None,
     budget = read_budget()
     need = memory_need(files, options, backend, budget.cap_bytes, mode) if files else None
     return auto_context(need, gpu_free if gpu_free is not None else budget.admissible_bytes)
+
+
+def refuse_unreachable(model: ModelInfo, probes: list[dict[str, Any]]) -> None:
+    """503 naming the RPC workers that do not accept a connection, before anything waits on them."""
+    down = [r for r in probes if not r["reachable"]]
+    if down:
+        raise APIError(503, unreachable_message(model.public, down), code="rpc_worker_unreachable",
+                       extra={"unreachable_workers": [d["address"] for d in down]})
+
+
+WATCH_S = 3.0  # how often the workers of a model spread over them are asked whether they are there
+WATCH_MISSES = 3  # status queries (each asked twice) a worker leaves unanswered in a row before it counts as gone
+
+
+async def watch_workers(server: WrappedServer, workers: list[str]) -> None:
+    """Stop an engine whose RPC worker host has gone silent. A host that drops off the network without
+    closing its connection leaves llama-server waiting on it for ever (llama.cpp's RPC client has no
+    timeout), and a TCP connect cannot tell (a busy rpc-server accepts one client at a time, with a
+    backlog of one); a `lemonade worker` answers status queries over UDP whatever its rpc-server is doing.
+    So a worker that answered at first and then leaves WATCH_MISSES in a row unanswered is gone: the
+    engine is killed, and the router reports the crash naming the worker (LlamaCppEngine.exit_cause).
+    Workers that never answer (a bare ggml-rpc-server) are not watched."""
+    watched: set[str] | None = None
+    misses = dict.fromkeys(workers, 0)
+    while server.alive:
+        statuses = await asyncio.to_thread(query_statuses, workers)
+        if watched is None:
+            watched = {w for w, status in statuses.items() if status is not None}
+            if not watched:
+                return
+        for worker in watched:
+            misses[worker] = 0 if statuses[worker] is not None else misses[worker] + 1
+        gone = sorted(w for w in watched if misses[w] >= WATCH_MISSES)
+        if gone and server.alive and server.pid is not None:
+            log.error("RPC worker %s of %s stopped answering: stopping its llama-server (it would wait for it "
+                      "for ever)", ", ".join(gone), server.name)
+            signal_group(server.pid, signal.SIGKILL)
+            return
+        await asyncio.sleep(WATCH_S)
 
 
 def device_args(backend: str, device: str, rpc: bool = False) -> list[str]:
@@ -178,11 +229,13 @@ def refuse_unknown_architecture(model: ModelInfo, files: dict[str, list[Path]]) 
 
 def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                port: int, backend: str = "cpu", slot_dir: Path | None = None, ctx_size: int | None = None,
-               speculate: bool = True, warm: bool = False, swa_full: bool = False) -> list[str]:
+               speculate: bool = True, warm: bool = False, swa_full: bool = False,
+               placement: Placement | None = None) -> list[str]:
     """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
     llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
     load (`choose_context`), else the options' own. `speculate`: the controller's verdict for a model
-    whose `speculation` is `auto` (llamacpp_spec.py)."""
+    whose `speculation` is `auto` (llamacpp_spec.py). `placement`: where the layers go over the RPC
+    workers (llamacpp_split.py; the workers are `resolved_rpc_workers`, or the `rpc_workers` list)."""
     main = files["main"][0]
     ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend, model.mode).ctx_size
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
@@ -207,9 +260,13 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     # needed: the pull fetched the same files.
     if files.get("mmproj"):
         argv += ["--mmproj", str(files["mmproj"][0])]
-    workers = worker_list(options.get("rpc_workers") or [])
+    workers = options.get("resolved_rpc_workers") or worker_list(options.get("rpc_workers") or [])
     argv += device_args(backend, str(options.get("llamacpp_device") or ""), rpc=bool(workers))
-    argv += rpc_args(workers)
+    argv += rpc_args(placement.workers if placement is not None else workers)
+    if placement is not None:
+        argv += split_args(placement)
+        if binary.is_file() and "--fit" in installed_flags(binary):
+            argv += ["--fit", "off"]  # the split is decided; llama-server's own fitting would only measure it again
     if model.mode == "chat":
         argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx, warm, swa_full)
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
@@ -287,8 +344,9 @@ class LlamaCppEngine(Engine):
         "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
         "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
-        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over (llamacpp_rpc.py)
-        "rpc_workers": Option(list, "llamacpp.rpc_workers", check=check_option),
+        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
+        # ones heard announcing themselves (llamacpp_rpc.py)
+        "rpc_workers": Option((list, str), "llamacpp.rpc_workers", check=check_option),
         # Speculative decoding (llamacpp_spec.py): auto, on or off
         "speculation": Option(str, "llamacpp.speculation", check=_check_speculation),
     }
@@ -308,6 +366,8 @@ class LlamaCppEngine(Engine):
     def __init__(self, cache_dir: Path, config: Config) -> None:
         super().__init__(cache_dir, config)
         self.installer = BackendInstaller(self.cache_dir)  # the pinned version ("builtin")
+        self.workers_heard = WorkerDirectory()  # for rpc_workers "auto"; listens from its first use
+        self._watches: set[asyncio.Task[None]] = set()  # watch_workers of the models spread over RPC workers
         self._bins = BinChoice(config, LatestTag("llama.cpp", resolve_latest), self.installer.root, OwnBuild,
                                lambda tag: TaggedInstaller(self.cache_dir, tag))
         self.warm_store.clean_partials()  # states a crash cut short are never restored
@@ -411,21 +471,28 @@ class LlamaCppEngine(Engine):
                                     f"with: {st.action or install_action(self.recipe, backend)}",
                                     action=st.action or install_action(self.recipe, backend))
         refuse_damaged_files(model, files)
-        workers = worker_list(options.get("rpc_workers") or [])
+        workers = await asyncio.to_thread(self.rpc_workers, options)
         if workers:  # llama-server would fail (or wait) deep in its load; say which worker and what to do
-            down = [r for r in await probe_all(workers) if not r["reachable"]]
-            if down:
-                raise APIError(503, unreachable_message(model.public, down), code="rpc_worker_unreachable",
-                               extra={"unreachable_workers": [d["address"] for d in down]})
+            refuse_unreachable(model, await probe_all(workers))
         slot_dir = self.cache_dir / "slots" / re.sub(r"[^\w.-]", "_", model.name)
         slot_dir.mkdir(parents=True, exist_ok=True)
         choice = choose_context(options, files, backend, model.mode)
+        # a context the user or the router fixed is placed as it is; else the workers decide how much they hold
+        fixed = any(isinstance(options.get(k), int) and options[k] > 0 for k in ("ctx_size", "resolved_ctx_size"))
+        placement = await asyncio.to_thread(self._placement, model, files, options, backend, workers,
+                                            choice.ctx_size if fixed else None) if workers else None
+        if placement is not None and placement.ctx != choice.ctx_size:
+            choice = ContextChoice(placement.ctx, f"automatic: {placement.ctx} tokens, the largest context the RPC "
+                                                  "workers hold with the model's layers")
         # the controller's verdict; the router leaves it out when memory is short (MemoryNeed.fallback)
         speculate = self.speculation_wanted(model.name) and options.get("resolved_speculation") != "off"
         warm = self.warm_swaps and model.mode == "chat"
-        swa_full = warm and swa_full_chosen(files, options, read_budget().cap_bytes)
+        # a full window cache on RPC workers would be held by them, which the 5 % rule does not look at
+        swa_full = warm and not workers and swa_full_chosen(files, options, read_budget().cap_bytes)
+        if workers:
+            options = {**options, "resolved_rpc_workers": placement.workers if placement is not None else workers}
         argv = build_argv(binary, model, files, options, port, backend, slot_dir, choice.ctx_size, speculate, warm,
-                          swa_full)
+                          swa_full, placement)
         user_args = engine_args(options.get("llamacpp_args", ""), binary)
         _, speculation = speculation_args(model, files, options, user_args, speculate)  # what build_argv gave it
         try:
@@ -436,6 +503,10 @@ class LlamaCppEngine(Engine):
         if not uses_gpu(backend, report):
             argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
+        if placement is not None:  # what each worker holds, for /v1/health
+            resolved["resolved_rpc_split"] = [
+                {"address": d.worker, "device": d.name, "layers": n, "estimate_bytes": b}
+                for d, n, b in zip(placement.devices, placement.counts, placement.shares, strict=True)]
         env = None
         if backend == "vulkan" and (visible := vulkan_visible_devices(report)) is not None:
             # Only software Vulkan devices (lavapipe): llama.cpp ignores those unless named.
@@ -444,6 +515,10 @@ class LlamaCppEngine(Engine):
             env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": visible}
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, env=env)
         await server.start(self.ready_timeout)
+        if workers:
+            watch = asyncio.create_task(watch_workers(server, resolved["resolved_rpc_workers"]))
+            self._watches.add(watch)  # kept until it ends (with the engine)
+            watch.add_done_callback(self._watches.discard)
         served, slots = await served_context(server.base_url)
         reason = choice.reason
         if served is not None and served != choice.ctx_size:
@@ -458,6 +533,24 @@ class LlamaCppEngine(Engine):
         return Launch(server, resolved, backend, device="gpu" if uses_gpu(backend, report) else "cpu",
                       context_length=context, context_reason=reason, shared_kv=shared, slots=slots,
                       prefix_copy=warm and (swa_full or not sliding_window(files)), speculation=speculation)
+
+    def _placement(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
+                   workers: list[str], ctx: int | None) -> Placement | None:
+        """Where the layers go at context `ctx` (None: the largest the workers hold), from what the workers
+        report now (507 when they cannot hold them); None where Lemonade does not decide
+        (`_decides_split`) or a worker does not report its memory."""
+        if not self._decides_split(backend, options):
+            return None
+        need = split_need(files, options, backend, read_budget().cap_bytes, model.mode)
+        devices = worker_devices(workers) if need is not None else None
+        if need is None or devices is None:
+            log.info("%s: not every RPC worker reports its memory (a `lemonade worker` does): llama.cpp splits the "
+                     "layers by its own figures", model.public)
+            return None
+        _, placement = decide(model.public, need, devices, ctx)
+        log.info("Layers of %s over RPC: %s (the input and output layers stay here)", model.public, ", ".join(
+            f"{d.worker} {d.name} {n}" for d, n in zip(placement.devices, placement.counts, strict=True)))
+        return placement
 
     @staticmethod
     def _split_note(args: str) -> str:
@@ -478,38 +571,104 @@ class LlamaCppEngine(Engine):
         return info
 
     def _configured_workers(self) -> list[str]:
+        """The server-wide workers: the list, or with "auto" the ones heard so far (never waiting)."""
         try:
-            return worker_list(self.config.get("llamacpp.rpc_workers") or [])
+            setting = worker_setting(self.config.get("llamacpp.rpc_workers") or [])
         except ValueError:
             return []
+        if setting == AUTO_WORKERS:
+            return [b.endpoint for b in self.workers_heard.workers(wait=False)]
+        return list(setting)
+
+    def rpc_workers(self, options: dict[str, Any]) -> list[str]:
+        """The workers a load with these options is spread over (none: a local load). Blocking: with
+        "auto" the first call listens for one beacon interval."""
+        return resolve_workers(options.get("rpc_workers"), self.workers_heard)
+
+    def _decides_split(self, backend: str, options: dict[str, Any]) -> bool:
+        """Whether Lemonade places the layers (llamacpp_split.py): for a main host that computes on its CPU,
+        unless the user's own flags or devices place them."""
+        return backend in ("cpu", "system") and not options.get("llamacpp_device") \
+            and not user_places_layers(str(options.get("llamacpp_args") or ""))
 
     async def health_fields(self, loaded: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """`rpc_workers` in `/v1/health`: every worker configured or used by a loaded model, whether it
-        answers a TCP connect now, its connect latency and the loaded models spread over it."""
+        """`rpc_workers` in `/v1/health`: every worker configured (or heard, with "auto") or used by a loaded
+        model, whether it answers a TCP connect now, its connect latency, the loaded models spread over
+        it and the layers each holds there."""
         store = {"kv_store": {**self.warm_store.describe(), "enabled": self.warm_swaps}}  # warm swaps' saved states
         users: dict[str, list[str]] = {w: [] for w in self._configured_workers()}
+        layers: dict[str, dict[str, int]] = {}
         for name, options in loaded.items():
-            for worker in worker_list(options.get("rpc_workers") or []):
+            used = options.get("resolved_rpc_workers") or worker_list(options.get("rpc_workers") or [])
+            for worker in used:
                 users.setdefault(worker, []).append(name)
+            for share in options.get("resolved_rpc_split") or []:
+                held = layers.setdefault(share["address"], {})
+                held[name] = held.get(name, 0) + int(share["layers"])
         if not users:
             return store
         results = await asyncio.gather(*(probe(w, HEALTH_TIMEOUT) for w in users))
-        return {**store, "rpc_workers": [{**r, "models": users[r["address"]]} for r in results]}
+        return {**store, "rpc_workers": [{**r, "models": users[r["address"]],
+                                          **({"layers": layers[r["address"]]} if r["address"] in layers else {})}
+                                         for r in results]}
 
     def memory_need(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
                     cap_bytes: int | None = None) -> MemoryNeed | None:
         """From the GGUF header (llamacpp_memory.py), for the backends whose memory is host RAM; a GPU's
-        memory is not accounted (None), as before."""
+        memory is not accounted (None), as before. Spread over RPC workers, this host's share only, once
+        the workers are known to answer and to hold their shares (else 503 naming the missing ones, 507
+        naming each one's shortfall)."""
         if uses_gpu(backend, detect_devices()):
             return None
-        swa_full = self.warm_swaps and model.mode == "chat" and swa_full_chosen(files, options, cap_bytes)
-        need = memory_need(files, options, backend, cap_bytes, model.mode, swa_full)
+        workers = self.rpc_workers(options)
+        if workers:
+            refuse_unreachable(model, probe_all_sync(workers))
+            if self._decides_split(backend, options):
+                shared = self._split_main(model, files, options, backend, cap_bytes, workers)
+                if shared is not None:
+                    return shared
+        swa_full = self.warm_swaps and model.mode == "chat" and not workers and swa_full_chosen(files, options,
+                                                                                                 cap_bytes)
+        return self._with_fallback(options, lambda opts: memory_need(files, opts, backend, cap_bytes, model.mode,
+                                                                     swa_full))
+
+    def _split_main(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
+                    cap_bytes: int | None, workers: list[str]) -> MemoryNeed | None:
+        """The main host's share of a load over `workers`, at the largest context they hold (None: the
+        shares cannot be told, or a worker does not report its memory)."""
+        devices = worker_devices(workers)
+        if devices is None:
+            return None
+
+        def main_share(opts: dict[str, Any]) -> MemoryNeed | None:
+            need = split_need(files, opts, backend, cap_bytes, model.mode)
+            return decide(model.public, need, devices)[0].main if need is not None else None
+
+        return self._with_fallback(options, main_share)
+
+    @staticmethod
+    def _with_fallback(options: dict[str, Any], estimate: Callable[[dict[str, Any]], MemoryNeed | None]
+                       ) -> MemoryNeed | None:
+        """Speculation in auto yields to memory: without it the load holds less (no drafted logits)."""
+        need = estimate(options)
         if need is not None and str(options.get("speculation") or "auto") == "auto":
-            # speculation in auto yields to memory: without it the load holds less (no drafted logits)
-            plain = memory_need(files, {**options, "speculation": "off"}, backend, cap_bytes, model.mode, swa_full)
+            plain = estimate({**options, "speculation": "off"})
             if plain is not None and plain.at() < need.at():
                 need = dataclasses.replace(need, fallback=plain)
         return need
+
+    async def exit_cause(self, launch: Launch) -> str | None:
+        """A model spread over RPC workers ends when one goes away (llama-server aborts with "Remote RPC
+        server crashed"): the workers that no longer accept a connection are named."""
+        workers = launch.options.get("resolved_rpc_workers") or []
+        if not workers:
+            return None
+        down = [r for r in await probe_all(workers, HEALTH_TIMEOUT) if not r["reachable"]]
+        if not down:
+            return None
+        names = ", ".join(f"{d['address']} ({d.get('error', 'unreachable')})" for d in down)
+        return (f"lost its llama.cpp RPC worker{'s' if len(down) > 1 else ''} {names}: restart "
+                f"`lemonade worker` there, or take {'them' if len(down) > 1 else 'it'} out of rpc_workers")
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:
         backend = self.requested_backend(options)

@@ -105,6 +105,23 @@ def layer_rows(meta: dict[str, Any], k_bytes: float = 2.0, v_bytes: float = 2.0)
     """(bytes per cell over the full-attention layers, bytes per cell over the sliding-window layers,
     the window) from a GGUF's metadata, the way llama.cpp lays its KV cache out; None when the
     metadata does not say enough (no layer count, no attention)."""
+    rows = kv_rows_by_layer(meta, k_bytes, v_bytes)
+    if rows is None:
+        return None
+    full = sum(row for row, windowed in rows if not windowed)
+    windowed = sum(row for row, windowed in rows if windowed)
+    if full <= 0 and windowed <= 0:
+        return None
+    arch = str(meta.get("general.architecture", ""))
+    return full, windowed, int(meta.get(f"{arch}.attention.sliding_window") or 0)
+
+
+def kv_rows_by_layer(meta: dict[str, Any], k_bytes: float = 2.0, v_bytes: float = 2.0
+                     ) -> list[tuple[float, bool]] | None:
+    """For each layer, (bytes per KV cell, whether it is a sliding-window layer): where llama.cpp puts a
+    layer's cache is where the layer is (one host's share of a model split over RPC workers,
+    llamacpp_memory.split_need). A recurrent layer of a hybrid model has none (0). None when the
+    metadata does not say enough."""
     arch = str(meta.get("general.architecture", ""))
     layers = meta.get(f"{arch}.block_count")
     heads = meta.get(f"{arch}.attention.head_count")
@@ -123,22 +140,18 @@ def layer_rows(meta: dict[str, Any], k_bytes: float = 2.0, v_bytes: float = 2.0)
     interval = meta.get(f"{arch}.full_attention_interval")
     swa = _swa_layers(arch, meta, layers)
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
-    full = windowed = 0.0
+    out: list[tuple[float, bool]] = []
     for il in range(layers):
         if isinstance(interval, int) and interval > 1 and il % interval != interval - 1:
-            continue  # a recurrent layer of a hybrid model: its state does not grow with the context
+            out.append((0.0, False))  # a recurrent layer of a hybrid model: its state does not grow with the context
+            continue
         if isinstance(lora_rank, int) and lora_rank > 0:  # multi-head latent attention: one compressed row
             row = (lora_rank + rope_dim) * k_bytes
         else:
             kl, vl = (swa_key, swa_value) if swa[il] else (key_len, value_len)
             row = kv_heads[il] * (kl * k_bytes + vl * v_bytes)
-        if swa[il] and window:
-            windowed += row
-        else:
-            full += row
-    if full <= 0 and windowed <= 0:
-        return None
-    return full, windowed, window
+        out.append((float(row), bool(swa[il] and window)))
+    return out
 
 
 def kv_layout(main_file: Path, llamacpp_args: str = "", parallel: int = 1, ubatch: int = 512) -> KvLayout | None:

@@ -38,6 +38,7 @@ from lemonade.backends.llamacpp_context import (
     FALLBACK_CTX,
     MIN_AUTO_CTX,
     UNKNOWN_TRAINED_CAP,
+    kv_rows_by_layer,
     layer_rows,
 )
 from lemonade.backends.llamacpp_spec import draft_tokens_max
@@ -227,25 +228,10 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
     for layout in mains:
         d, e = weights_bytes(layout, repack)
         data, extra = data + d, extra + e
-    vocab = int(meta.get(f"{arch}.vocab_size") or mains[0].array_lengths.get("tokenizer.ggml.tokens", 0))
-    embd = int(meta.get(f"{arch}.embedding_length") or 0)
-    ff = meta.get(f"{arch}.feed_forward_length")
-    ff = max(ff) if isinstance(ff, list) and ff else int(ff or 4 * embd) if not isinstance(ff, list) else 4 * embd
-    heads = int(_first(meta.get(f"{arch}.attention.head_count")) or 1)
-    query = heads * int(meta.get(f"{arch}.attention.key_length") or (embd // heads if heads else embd))
+    vocab, embd, ff, heads, query = _widths(mains[0], arch)
     embeddings = mode in ("embeddings", "reranking")
     rows = layer_rows(meta, flags.k_bytes, flags.v_bytes)
-    trained = meta.get(f"{arch}.context_length")
-    trained = int(trained) if isinstance(trained, int) and trained > 0 else None
-
-    # the context: as asked, or with -1 anything from the smallest useful one to the trained length
-    asked = options.get("ctx_size", -1)
-    if isinstance(asked, int) and asked > 0:
-        ctx, ctx_min = asked, None
-    else:
-        ctx = trained or (UNKNOWN_TRAINED_CAP if rows is not None else FALLBACK_CTX)
-        ctx_min = min(MIN_AUTO_CTX, ctx)
-
+    ctx, ctx_min = _context(meta, arch, options, rows)
     ub = flags.ubatch
     terms: list[tuple[float, int | None]] = []
     parts: dict[str, int] = {"weights": data, "repacked_weights": extra}
@@ -257,19 +243,61 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
     if recurrent:
         parts["recurrent_state"] = recurrent
         checkpoint_bytes += recurrent / flags.slots
-    # one token's logits per slot (embedding models' too), and those of its drafted tokens when it speculates
-    outputs = min(flags.batch, flags.slots * (1 + draft_tokens_max(files, options, mode)))
-    parts["output"] = max(flags.slots, outputs) * vocab * 4
+    parts["output"] = _outputs(files, options, mode, flags) * vocab * 4
     parts["compute"] = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query)
-    threads = PER_HTTP_THREAD_BYTES.get(mode, PER_HTTP_THREAD_BYTES["chat"])
-    parts["process"] = PROCESS_BYTES + PER_VOCAB_BYTES * vocab + threads * (flags.slots + 4)
-    if embeddings:
-        parts["process"] += EMBEDDING_ANSWER_BYTES
+    parts["process"] = _process_bytes(vocab, mode, flags)
+    _host_extras(files, options, backend, cap_bytes, mode, flags, rows, kv, checkpoint_bytes, parts, terms)
+    fixed = sum(parts.values())
+    return MemoryNeed(fixed, tuple(terms), ctx, ctx_min, parts)
 
+
+def _widths(layout: GGUFLayout, arch: str) -> tuple[int, int, int, int, int]:
+    """(vocabulary, embedding, feed-forward, heads, query width) of a model."""
+    meta = layout.meta
+    vocab = int(meta.get(f"{arch}.vocab_size") or layout.array_lengths.get("tokenizer.ggml.tokens", 0))
+    embd = int(meta.get(f"{arch}.embedding_length") or 0)
+    ff = meta.get(f"{arch}.feed_forward_length")
+    ff = max(ff) if isinstance(ff, list) and ff else int(ff or 4 * embd) if not isinstance(ff, list) else 4 * embd
+    heads = int(_first(meta.get(f"{arch}.attention.head_count")) or 1)
+    query = heads * int(meta.get(f"{arch}.attention.key_length") or (embd // heads if heads else embd))
+    return vocab, embd, ff, heads, query
+
+
+def _context(meta: dict[str, Any], arch: str, options: dict[str, Any], rows: Any) -> tuple[int, int | None]:
+    """(the context asked, the smallest worth loading with -1): as asked, or with -1 anything from the
+    smallest useful one to the trained length."""
+    trained = meta.get(f"{arch}.context_length")
+    trained = int(trained) if isinstance(trained, int) and trained > 0 else None
+    asked = options.get("ctx_size", -1)
+    if isinstance(asked, int) and asked > 0:
+        return asked, None
+    ctx = trained or (UNKNOWN_TRAINED_CAP if rows is not None else FALLBACK_CTX)
+    return ctx, min(MIN_AUTO_CTX, ctx)
+
+
+def _outputs(files: dict[str, list[Path]], options: dict[str, Any], mode: str, flags: EngineFlags) -> int:
+    """Tokens whose logits the output buffer holds: one per slot (embedding models' too), and those of its
+    drafted tokens when it speculates."""
+    outputs = min(flags.batch, flags.slots * (1 + draft_tokens_max(files, options, mode)))
+    return max(flags.slots, outputs)
+
+
+def _process_bytes(vocab: int, mode: str, flags: EngineFlags) -> int:
+    threads = PER_HTTP_THREAD_BYTES.get(mode, PER_HTTP_THREAD_BYTES["chat"])
+    answers = EMBEDDING_ANSWER_BYTES if mode in ("embeddings", "reranking") else 0
+    return PROCESS_BYTES + PER_VOCAB_BYTES * vocab + threads * (flags.slots + 4) + answers
+
+
+def _host_extras(files: dict[str, list[Path]], options: dict[str, Any], backend: str, cap_bytes: int | None,
+                 mode: str, flags: EngineFlags, rows: tuple[float, float, int] | None,
+                 kv: list[tuple[float, int | None]], checkpoint_bytes: float, parts: dict[str, int],
+                 terms: list[tuple[float, int | None]]) -> None:
+    """What llama-server keeps in host memory besides its buffers, added to `parts` and `terms`: the
+    context checkpoints and the prompt cache (copies of KV cache states), the projector, a draft model."""
     # what grows while it serves: both bounded by the flags we set at launch. A slot makes context
     # checkpoints only while it holds more than a window of prompt, so at most ctx / window slots hold
     # them at once (a slot's are cleared, or moved into the bounded prompt cache, when it takes a new task)
-    if checkpoint_bytes and not embeddings:
+    if checkpoint_bytes and mode not in ("embeddings", "reranking"):
         n = max(0, flags.checkpoints if flags.checkpoints is not None else CHECKPOINTS)
         window = rows[2] if rows is not None and rows[2] else 0
         if window and n:
@@ -293,8 +321,6 @@ def memory_need(files: dict[str, list[Path]], options: dict[str, Any], backend: 
         if draft is not None:
             parts["draft"] = draft.fixed
             terms.extend(draft.terms)
-    fixed = sum(parts.values())
-    return MemoryNeed(fixed, tuple(terms), ctx, ctx_min, parts)
 
 
 def _kv_terms(rows: tuple[float, float, int] | None, flags: EngineFlags
@@ -354,3 +380,115 @@ def _recurrent_state(meta: dict[str, Any], arch: str) -> int:
     interval = meta.get(f"{arch}.full_attention_interval")
     recurrent_layers = layers - (layers // interval if isinstance(interval, int) and interval > 1 else 0)
     return int(recurrent_layers * 4 * (d_inner * d_state + (d_conv - 1) * (d_inner + 2 * d_state)))
+
+
+# ----- a model spread over llama.cpp RPC workers (llamacpp_split.py places the layers) ------------------------
+# Measured on llama-server b11312 with Gemma 3 270M over three ggml-rpc-servers (docs/scale-out.md): a device
+# holding layers gets a compute buffer as a local CPU would (16.5 MiB at a 512-token micro-batch; the rule
+# above gives 23) plus the attention masks of its layers (2 bytes per micro-batch token per cell), and the
+# main host's CPU, which then runs only the input and output layers, 2.5 MiB plus the masks it builds.
+# An rpc-server receives each tensor whole into a message buffer before copying it into place, so it
+# holds its largest tensor twice for a moment; RPC_DEVICE_BYTES is its own growth while it serves.
+RPC_DEVICE_BYTES = 8 * MiB
+OUTPUT_LAYER = ("token_embd.", "output.", "output_norm.")  # kept on the main host (llamacpp_split.py)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One repeating layer, as it lands on the device that holds it."""
+
+    weights: int  # its tensors
+    largest: int  # its largest tensor (received whole before it is put in place)
+    kv_rate: float  # bytes per KV cache cell
+    windowed: bool  # a sliding-window layer: at most `SplitNeed.window_cells` cells
+
+
+@dataclass(frozen=True)
+class SplitNeed:
+    """What a load spread over RPC workers holds on each host. `main`: the main host's share, which the
+    router admits against this server's budget (the input and output layers, the logits, the CPU's
+    compute buffer and masks, and what llama-server keeps in host memory: prompt cache, context
+    checkpoints, its process). The rest goes with the layers: a device holding layers `first` to
+    `first + count` needs `device_bytes` of them."""
+
+    main: MemoryNeed
+    layers: tuple[LayerCost, ...]
+    device_fixed: int  # compute buffer and the rpc-server's growth, on a device holding any layer
+    mask_rate: float  # bytes per KV cell of the attention masks, per kind of layer it holds
+    window_cells: int | None  # cells of a sliding-window layer's cache (None: it has none, or --swa-full)
+
+    def device_bytes(self, first: int, count: int, ctx: int) -> int:
+        if count <= 0:
+            return 0
+        held = self.layers[first:first + count]
+        window = ctx if self.window_cells is None else min(ctx, self.window_cells)
+        kv = sum(layer.kv_rate * (window if layer.windowed else ctx) for layer in held)
+        masks = self.mask_rate * (ctx * any(not layer.windowed for layer in held)
+                                  + window * any(layer.windowed for layer in held))
+        return int(sum(layer.weights for layer in held) + max(layer.largest for layer in held) + kv + masks
+                   + self.device_fixed)
+
+
+def split_need(files: dict[str, list[Path]], options: dict[str, Any], backend: str = "cpu",
+               cap_bytes: int | None = None, mode: str = "chat") -> SplitNeed | None:
+    """The per-host shares of a load whose repeating layers go to RPC devices and whose input and output
+    layers stay on this host (what llamacpp_split.split_args tells llama-server), or None when it cannot
+    be told: no readable GGUF, a model with recurrent state, no per-layer tensors. Local loads keep
+    `memory_need`."""
+    mains = _layouts(files.get("main") or [])
+    if not mains:
+        return None
+    meta = mains[0].meta
+    arch = str(meta.get("general.architecture", ""))
+    flags = engine_flags(str(options.get("llamacpp_args") or ""))
+    rows_by_layer = kv_rows_by_layer(meta, flags.k_bytes, flags.v_bytes)
+    count = meta.get(f"{arch}.block_count")
+    if not isinstance(count, int) or count <= 0 or _recurrent_state(meta, arch):
+        return None
+    weights, largest = [0] * count, [0] * count
+    host: list[Any] = []
+    for layout in mains:
+        for t in layout.tensors:
+            name = t.name.split(".")
+            if name[0] == "blk" and len(name) > 1 and name[1].isdigit() and int(name[1]) < count:
+                il = int(name[1])
+                weights[il] += t.nbytes
+                largest[il] = max(largest[il], t.nbytes)
+            else:
+                host.append(t)
+    if not any(weights):
+        return None
+    embeddings = mode in ("embeddings", "reranking")
+    rows = None if embeddings else layer_rows(meta, flags.k_bytes, flags.v_bytes)
+    kv_rows = [(0.0, False)] * count if embeddings or rows_by_layer is None else rows_by_layer
+    layers = tuple(LayerCost(weights[il], largest[il], kv_rows[il][0], kv_rows[il][1]) for il in range(count))
+
+    vocab, embd, ff, heads, query = _widths(mains[0], arch)
+    ctx, ctx_min = _context(meta, arch, options, rows)
+    ub = flags.ubatch
+    kv, masks, checkpoint_bytes = _kv_terms(rows, flags)
+    # the output matmul on this host's CPU: a repacked copy of its weights when their type repacks
+    output = next((t for t in host if t.name == "output.weight"), None) or \
+        next((t for t in host if t.name == "token_embd.weight"), None)
+    repack = repacked_types(backend)
+    outputs = _outputs(files, options, mode, flags)
+    parts: dict[str, int] = {
+        "input_output_weights": sum(t.nbytes for t in host),
+        "repacked_weights": output.nbytes if output is not None and output.type in repack and len(output.dims) >= 2
+        and output.dims[1] % 8 == 0 else 0,
+        "output": outputs * vocab * 4,
+        "compute": ub * 4 * 2 * embd + (0 if embeddings else outputs * vocab * 4),
+        "process": _process_bytes(vocab, mode, flags),
+    }
+    terms: list[tuple[float, int | None]] = list(masks)
+    _host_extras(files, options, backend, cap_bytes, mode, flags, rows, kv, checkpoint_bytes, parts, terms)
+    main = MemoryNeed(sum(parts.values()), tuple(terms), ctx, ctx_min, parts)
+    streams = 1 if flags.unified else flags.slots
+    window = rows[2] if rows is not None else 0
+    window_cells = None if flags.swa_full or not window else \
+        _pad(window * (flags.slots if flags.unified else 1) + ub) * streams
+    device_fixed = ub * 4 * (COMPUTE_EMBD_FLOATS * embd + COMPUTE_FF_FLOATS * ff + COMPUTE_QUERY_FLOATS * query) \
+        + RPC_DEVICE_BYTES
+    # per cell: the masks, and without flash attention the K x Q scores the device materialises
+    mask_rate = MASK_BYTES * ub / streams + (0.0 if flags.flash_attn else 4.0 * ub * heads / streams)
+    return SplitNeed(main, layers, device_fixed, mask_rate, window_cells)

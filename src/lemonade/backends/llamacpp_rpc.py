@@ -10,6 +10,10 @@ their free memory (docs/scale-out.md). This module is everything Lemonade knows 
   validation uses too) so a bad one is refused with a 400 naming it;
 - reachability: a TCP connect with a short timeout, before a load (an unreachable worker would make
   `llama-server` fail or hang while loading) and for `/v1/health` and `/v1/system-info`;
+- what each worker can hold: the status a `lemonade worker` answers over UDP on its RPC port
+  (llamacpp_worker.py: its devices and their free memory), from which `decide` decides where the layers
+  go (llamacpp_split.py) and refuses, before anything starts, workers that cannot hold the model;
+- `rpc_workers: "auto"`: the workers heard announcing themselves (beacon.WorkerDirectory);
 - the worker side: the `ggml-rpc-server` command line `lemonade worker` runs.
 
 The RPC protocol has no authentication and no encryption: a worker must listen only on a private
@@ -20,12 +24,19 @@ time (its accept loop is serial); a second one waits until the first disconnects
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import shlex
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lemonade.llamacpp_settings import WorkerSpecError, split_worker, worker_list
+from lemonade.backends.llamacpp_memory import SplitNeed
+from lemonade.backends.llamacpp_split import Device, Placement, largest_context, place, split_refusal
+from lemonade.beacon import INTERVAL_S, MAX_DATAGRAM, STATUS_QUERY, WorkerBeacon, WorkerDirectory, decode_worker
+from lemonade.errors import APIError
+from lemonade.llamacpp_settings import AUTO_WORKERS, WorkerSpecError, split_worker, worker_setting
 
 PROBE_TIMEOUT = 2.0  # seconds for the check before a load
 HEALTH_TIMEOUT = 0.5  # seconds for health and system-info, which must stay quick
@@ -34,13 +45,37 @@ HOW_TO_FIX = ("Start `lemonade worker --host <its private address> --port <port>
               "model or the server-wide llamacpp.rpc_workers.")
 
 
+STATUS_TIMEOUT = 1.0  # seconds for a worker's answer to a status query (asked twice: UDP may lose one)
+# llamacpp_args flags that place layers or tensors themselves: with any of them the user's split stands,
+# and Lemonade only checks that the workers answer
+USER_SPLIT_FLAGS = frozenset({"-ts", "--tensor-split", "-ot", "--override-tensor", "-sm", "--split-mode", "-ngl",
+                              "--gpu-layers", "--n-gpu-layers", "-mg", "--main-gpu", "-nkvo", "--no-kv-offload",
+                              "-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe"})
+
+
 def check_option(value: Any) -> str | None:
     """The `rpc_workers` recipe option's check: an error message naming the bad entry, or None."""
     try:
-        worker_list(value)
+        worker_setting(value)
     except WorkerSpecError as exc:
         return f"Option {exc}"
     return None
+
+
+def resolve_workers(value: Any, directory: WorkerDirectory) -> list[str]:
+    """The workers a load uses: the list given, or with "auto" the ones heard announcing themselves
+    (503 naming what to do when none is)."""
+    setting = worker_setting(value or [])
+    if setting != AUTO_WORKERS:
+        return list(setting)
+    heard = [b.endpoint for b in directory.workers()]
+    if not heard:
+        why = f" ({directory.error})" if directory.error else ""
+        raise APIError(503, f"rpc_workers is \"auto\" but no llama.cpp RPC worker announced itself on this network "
+                       f"within {INTERVAL_S + 0.5:g} s{why}. Start `lemonade worker --host <its private address> "
+                       "--broadcast` on each worker host (the same UDP port as this server's beacons, "
+                       "LEMONADE_BEACON_PORT), or name the workers in rpc_workers.", code="rpc_worker_unreachable")
+    return heard
 
 
 def rpc_args(workers: list[str]) -> list[str]:
@@ -99,6 +134,90 @@ def probe_sync(worker: str, timeout: float = HEALTH_TIMEOUT) -> dict[str, Any]:
     except OSError as exc:
         return _result(worker, started, _describe(exc, timeout))
     return _result(worker, started, None)
+
+
+def query_status(worker: str, timeout: float = STATUS_TIMEOUT) -> WorkerBeacon | None:
+    """A `lemonade worker`'s devices and free memory, asked over UDP on its RPC port; None when it does
+    not answer (down, not a `lemonade worker`, an older one, or UDP filtered on the way)."""
+    host, port = split_worker(worker)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(address)  # only its answers are read
+        except OSError:
+            return None
+        for _attempt in range(2):
+            try:
+                sock.send(STATUS_QUERY)
+                sock.settimeout(timeout / 2)
+                data = sock.recv(MAX_DATAGRAM)
+            except OSError:  # a timeout, or the port closed (ICMP port unreachable)
+                continue
+            beacon = decode_worker(data, str(address[0]))
+            if beacon is not None:
+                return beacon
+    return None
+
+
+def query_statuses(workers: list[str]) -> dict[str, WorkerBeacon | None]:
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(workers)))) as pool:
+        return dict(zip(workers, pool.map(query_status, workers), strict=True))
+
+
+def user_places_layers(llamacpp_args: str) -> bool:
+    try:
+        argv = shlex.split(llamacpp_args or "")
+    except ValueError:
+        return False
+    return any(token.partition("=")[0] in USER_SPLIT_FLAGS for token in argv)
+
+
+def devices_of(statuses: dict[str, WorkerBeacon | None]) -> list[Device] | None:
+    """Every worker's devices in order, or None when some worker did not report them."""
+    devices: list[Device] = []
+    for worker, status in statuses.items():
+        if status is None:
+            return None
+        devices += [Device(worker, str(d["name"]), int(d["free_bytes"])) for d in status.devices]
+    return devices
+
+
+def worker_devices(workers: list[str]) -> list[Device] | None:
+    """Every worker's devices with their free memory now, in order; None when some worker does not say
+    (not a `lemonade worker`, an older one, or UDP filtered on the way)."""
+    return devices_of(query_statuses(workers))
+
+
+def decide(model: str, need: SplitNeed, devices: list[Device], ctx: int | None = None
+           ) -> tuple[SplitNeed, Placement]:
+    """Where the layers go: at `ctx`, or for the load's estimate at the largest context the devices hold
+    up to the one asked (the returned need's main share then asks no more, so the router sizes the
+    context within it). 507 naming each worker's shortfall when they cannot hold the model together."""
+    main = need.main
+    wanted = ctx or main.ctx or 0
+    low = ctx or (main.ctx_min if main.ctx_min is not None else wanted)
+    fits = largest_context(need, devices, low, wanted) if wanted else None
+    if fits is None:
+        raise APIError(507, split_refusal(model, need, devices, low, fixed_ctx=main.ctx_min is None),
+                       type="server_error", code="insufficient_memory",
+                       extra={"rpc_workers": [{"address": d.worker, "device": d.name, "free_bytes": d.free}
+                                              for d in devices]})
+    placement = place(need, devices, fits)
+    assert placement is not None
+    if fits < wanted:
+        need = dataclasses.replace(need, main=dataclasses.replace(main, ctx=fits, ctx_min=min(main.ctx_min or fits,
+                                                                                              fits)))
+    return need, placement
+
+
+def probe_all_sync(workers: list[str], timeout: float = PROBE_TIMEOUT) -> list[dict[str, Any]]:
+    """`probe_all` for threads: every worker at once."""
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(workers)))) as pool:
+        return list(pool.map(lambda w: probe_sync(w, timeout), workers))
 
 
 def unreachable_message(model: str, down: list[dict[str, Any]]) -> str:

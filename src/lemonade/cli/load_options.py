@@ -60,7 +60,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--llamacpp-args",), "llamacpp_args", str, "Custom arguments to pass to llama-server, e.g. "
          "\"--flash-attn on --no-mmap\"", LLAMACPP, "ARGS"),
     Flag(("--rpc-workers",), "rpc_workers", str, "llama.cpp RPC workers to spread the model over: "
-         "HOST:PORT[,HOST:PORT...] (lemonade worker)", LLAMACPP, "WORKERS"),
+         "HOST:PORT[,HOST:PORT...] (lemonade worker), or auto for those announcing themselves on the network",
+         LLAMACPP, "WORKERS"),
     Flag(("--speculation",), "speculation", str, "Speculative decoding: auto (on while it makes the model faster; "
          "the default), on or off", LLAMACPP, "MODE"),
     Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use: auto (vulkan on a Vulkan GPU, "
@@ -94,7 +95,9 @@ FLAGS: tuple[Flag, ...] = (
 
 
 def _value(flag: Flag, value: Any) -> Any:
-    if flag.key == "rpc_workers":  # the server takes a list
+    if flag.key == "rpc_workers":  # the server takes a list, or "auto"
+        if str(value).strip().lower() == "auto":
+            return "auto"
         return [w.strip() for w in str(value).split(",") if w.strip()]
     return value
 

@@ -5,6 +5,11 @@ backends install`), starts its `ggml-rpc-server` on `--host`/`--port` in the for
 it serves and how to point a server at it, and stops it cleanly on Ctrl-C or SIGTERM (its process
 group gets SIGTERM, then SIGKILL after a grace period). The worker protocol has no authentication:
 bind it to a private network address only (docs/scale-out.md).
+
+Over UDP on the same port it answers a server's status query with its devices and the memory it can
+give (backends/llamacpp_worker.py), which the server's split of a model's layers is made from; with
+`--broadcast` it also announces itself with discovery beacons, for servers whose `rpc_workers` is
+"auto" and for `lemonade scan`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -25,6 +30,9 @@ from rich.markup import escape
 from lemonade.cli.common import EXIT_ERROR, EXIT_USAGE, err, fail, out
 from lemonade.cli.progress import ProgressView
 from lemonade.util.process_group import signal_group
+
+if TYPE_CHECKING:
+    from lemonade.backends.llamacpp_worker import WorkerStatus
 
 DEVICES_TIMEOUT = 5.0  # seconds to wait, once it listens, for its device list to be read
 READY_TIMEOUT = 60.0  # seconds for the worker to listen (it enumerates its devices first)
@@ -53,20 +61,28 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _pump(proc: subprocess.Popen[str], devices: list[str], listed: threading.Event) -> None:
-    """Echo the worker's output to stderr; collect the devices it lists after "Devices:".
+def _pump(proc: subprocess.Popen[str], devices: list[str], listed: threading.Event,
+          status: WorkerStatus) -> None:
+    """Echo the worker's output to stderr; collect the devices it lists after "Devices:"; tell
+    `status` when a client comes and goes.
 
     `listed` is set once that list has ended (or the output has): the worker listens as soon as it
     has printed it, and we may see the port open before this thread has read those lines."""
     assert proc.stdout is not None
+    from lemonade.backends.llamacpp_worker import parse_device
+
     in_devices = False
     for line in proc.stdout:
         text = line.rstrip()
         err.print(f"[dim]rpc-server | {escape(text)}[/dim]", highlight=False)
+        status.seen(text)
         if text.startswith("Devices:"):
             in_devices = True
         elif in_devices and text.startswith("  ") and "MiB" in text:  # "  CPU: <name> (N MiB, M MiB free)"
             devices.append(text.strip())
+            device = parse_device(text)
+            if device is not None:
+                status.devices.append(device)
         elif in_devices:
             in_devices = False
             listed.set()
@@ -97,11 +113,16 @@ def worker(
                                         "($LLAMA_CACHE/rpc), so the next load of the same model sends less")] = False,
     backend: Annotated[str | None, typer.Option("--backend", help="llama.cpp backend whose worker to run (cpu, "
                                                 "vulkan, cuda, ...; default: the best for this machine)")] = None,
+    broadcast: Annotated[bool, typer.Option("--broadcast/--no-broadcast", help="Announce this worker with "
+                                            "discovery beacons (UDP port 13305, every 2 s), for servers whose "
+                                            "rpc_workers is \"auto\" and for `lemonade scan`")] = False,
 ) -> None:
     """Serve this host's CPU/GPUs to a Lemonade server as a llama.cpp RPC worker (until Ctrl-C)."""
     from lemonade.backends.base import _die_with_parent as die_with_parent
     from lemonade.backends.engine import InstallError
     from lemonade.backends.llamacpp_rpc import worker_argv, worker_binary
+    from lemonade.backends.llamacpp_worker import Announcer, WorkerStatus
+    from lemonade.beacon import beacon_port
     from lemonade.llamacpp_settings import split_worker
     from lemonade.paths import cache_dir
 
@@ -129,8 +150,11 @@ def worker(
                             preexec_fn=die_with_parent)  # a SIGKILLed `lemonade worker` leaves no orphan
     devices: list[str] = []
     listed = threading.Event()
-    pump = threading.Thread(target=_pump, args=(proc, devices, listed), name="rpc-worker-output", daemon=True)
+    status = WorkerStatus(socket.gethostname() or "UnknownHost", chosen, [], cache)
+    pump = threading.Thread(target=_pump, args=(proc, devices, listed, status), name="rpc-worker-output",
+                            daemon=True)
     pump.start()
+    announcer: Announcer | None = None
     try:
         deadline = time.monotonic() + READY_TIMEOUT
         while not _listening(host, port):
@@ -150,15 +174,23 @@ def worker(
                       f"[bold]{escape(address)}[/bold]", highlight=False)
             for dev in devices:
                 out.print(f"  device {escape(dev)}", highlight=False)
+            status.serving(proc.pid)
+            announcer = Announcer(status, host, port, broadcast, beacon_port())
+            announcer.start()
             out.print("Use it from a Lemonade server: lemonade config set "
                       f"llamacpp.rpc_workers={escape(json.dumps([address]))}  (Ctrl-C stops the worker)",
                       highlight=False)
+            if broadcast:
+                out.print(f"Announcing it on UDP port {beacon_port()} every 2 s: servers with "
+                          "llamacpp.rpc_workers=auto on this network use it", highlight=False)
         while not stop.is_set() and proc.poll() is None:
             stop.wait(0.2)
         if proc.poll() is not None and not stop.is_set():
             raise fail(f"ggml-rpc-server exited with code {proc.returncode}")
         out.print(f"Stopping the RPC worker (pid {proc.pid})", highlight=False)
     finally:
+        if announcer is not None:
+            announcer.stop()
         _stop(proc)
         pump.join(2.0)
         for sig, handler in previous.items():

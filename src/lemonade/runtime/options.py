@@ -139,7 +139,8 @@ def validate_option(recipe: str, key: str, value: Any) -> Any:
     spec = known[key]
     typ = spec.type
     if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
-        want = _TYPE_NAMES.get(typ, "a number") if isinstance(typ, type) else "a number"
+        want = _TYPE_NAMES.get(typ, "a number") if isinstance(typ, type) else \
+            " or ".join(_TYPE_NAMES[t] for t in typ) if all(t in _TYPE_NAMES for t in typ) else "a number"
         raise OptionsError(f"Option '{key}' must be {want}, got {json.dumps(value)}")
     problem = spec.check(value) if spec.check else None
     if problem:

@@ -201,9 +201,10 @@ class Proxy:
 
     async def _crash(self, lm: LoadedModel, exc: Exception) -> EngineUnreachable:
         """The error for a request whose engine went away: once the router has seen the process end
-        (a moment at most), it says why, an out-of-memory kill included."""
+        (a moment at most), it says why, an out-of-memory kill or an RPC worker gone included."""
         if not lm.engine.remote:
             await self.router.confirm_crash(lm, wait=1.0)
+            await self.router.explained(lm)  # what else ended it (an RPC worker gone), a moment at most
         return crash_error(lm, exc)
 
     async def _count_tokens(self, lm: LoadedModel, text: str) -> int | None:

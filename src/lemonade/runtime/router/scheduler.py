@@ -63,6 +63,7 @@ from lemonade.system.memory import MemoryBudget, cgroup_memory, read_budget
 from lemonade.util.ports import free_port
 
 log = logging.getLogger("lemonade.router")
+EXPLAIN_SECONDS = 2.0  # what an engine may take to say why it ended (Engine.exit_cause), which clients wait for
 
 FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
 
@@ -199,6 +200,8 @@ class Router:
             backend = engine.ready_backend(engine.requested_backend(options))
             cap = self.budget().cap_bytes
             return await asyncio.to_thread(engine.memory_need, model, files, options, backend, cap)
+        except APIError:  # the engine refuses the load before anything starts (llama.cpp: RPC workers missing or full)
+            raise
         except Exception as exc:  # an estimate that fails must not stop the load (it is then not admitted by memory)
             log.warning("No memory estimate for %s: %s", model.name, exc)
             return None
@@ -557,8 +560,35 @@ class Router:
                                      "message": f"{lm.engine.process} for {lm.model.public} {how}; it is started "
                                                 "again on the next request"}
             lm.exit_reason = self.crashed[lm.name]["message"]
+            if not oom:
+                lm.exit_explained = asyncio.get_running_loop().create_future()
+                self._spawn(self._explain_exit(lm))
             self._on_change()
             self._dispatch()
+
+    async def _explain_exit(self, lm: LoadedModel) -> None:
+        """Add what the engine knows of an exit (an RPC worker gone) to the crash report and the error its
+        clients get (they wait for this, EXPLAIN_SECONDS at most)."""
+        try:
+            cause = await asyncio.wait_for(lm.engine.exit_cause(lm.launch), EXPLAIN_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - the crash is reported either way
+            log.debug("No exit cause for %s: %s", lm.name, exc)
+            cause = None
+        if cause:
+            entry = self.crashed.get(lm.name)
+            message = f"{lm.engine.process} for {lm.model.public} {cause}; it is started again on the next request"
+            if entry is not None and entry.get("pid") == lm.server.pid:
+                entry["message"] = message
+            lm.exit_reason = message
+            log.warning("%s", message)
+        if lm.exit_explained is not None and not lm.exit_explained.done():
+            lm.exit_explained.set_result(None)
+
+    async def explained(self, lm: LoadedModel) -> None:
+        """Wait until the router has added what the engine knows of `lm`'s exit (a moment at most)."""
+        if lm.exit_explained is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(lm.exit_explained), EXPLAIN_SECONDS + 0.5)
 
     def _oom_killed(self, code: int) -> bool:
         """Was an engine that exited with `code` killed by the OOM killer? A SIGKILL while the cgroup's

@@ -60,6 +60,7 @@ class LoadedModel:
     peak_bytes: int = 0  # the most it was measured to hold
     exit_reason: str | None = None  # why its process ended, once the router knows (an OOM kill, an exit code)
     affinity: SlotAffinity | None = None  # which conversation each of its slots holds (slot_affinity.py)
+    exit_explained: asyncio.Future[None] | None = None  # set once the engine said what ended it (Engine.exit_cause)
 
     def __post_init__(self) -> None:
         self.idle.set()

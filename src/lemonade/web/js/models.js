@@ -83,6 +83,8 @@ export function create(root) {
 
   async function loadDialog(model) {
     const view = await call(`/models/${encodeURIComponent(model.id)}/options`);
+    // a list option as typed: comma-separated, or a word standing for one (rpc_workers: auto)
+    const listValue = (text) => (text.trim().toLowerCase() === 'auto' ? 'auto' : text.split(',').map((v) => v.trim()).filter(Boolean));
     const inputs = {};
     const rows = Object.entries(view.effective).filter(([k]) => k !== 'model_name').map(([key, value]) => {
       const def = view.defaults[key];
@@ -91,7 +93,7 @@ export function create(root) {
         control = h('select', {}, h('option', { value: '' }, 'server setting'), h('option', { value: 'true' }, 'on'), h('option', { value: 'false' }, 'off'));
       } else if (typeof def === 'boolean' || typeof value === 'boolean') control = h('input', { type: 'checkbox', checked: !!value });
       else if (typeof def === 'number' || typeof value === 'number') control = h('input', { type: 'number', value: String(value ?? ''), step: 'any' });
-      else if (Array.isArray(def) || Array.isArray(value)) control = h('input', { type: 'text', value: (value || []).join(','), placeholder: 'comma-separated' });
+      else if (Array.isArray(def) || Array.isArray(value)) control = h('input', { type: 'text', value: Array.isArray(value) ? value.join(',') : (value ?? ''), placeholder: 'comma-separated' });
       else control = h('input', { type: 'text', value: value ?? '' });
       const list = Array.isArray(def) || Array.isArray(value); // e.g. rpc_workers: host:port,host:port
       inputs[key] = { control, kind: control.tagName === 'SELECT' ? 'tristate' : list ? 'list' : control.type };
@@ -104,7 +106,7 @@ export function create(root) {
     const values = () => Object.fromEntries(Object.entries(inputs).map(([k, { control, kind }]) =>
       [k, kind === 'checkbox' ? control.checked : kind === 'tristate' ? (control.value === '' ? null : control.value === 'true')
         : kind === 'number' ? (control.value === '' ? null : Number(control.value))
-        : kind === 'list' ? control.value.split(',').map((v) => v.trim()).filter(Boolean) : control.value]));
+        : kind === 'list' ? listValue(control.value) : control.value]));
     const dialog = h('dialog', { class: 'options-dialog', 'aria-label': `Load ${model.id}` },
       h('form', { method: 'dialog' },
         h('h2', {}, `Load ${model.id}`),
