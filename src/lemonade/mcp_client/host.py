@@ -21,11 +21,12 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp import Client, Implementation, StdioServerParameters
-from mcp.client.stdio import stdio_client
+
+if TYPE_CHECKING:  # the `mcp` package is imported when a connection opens: the server starts without it
+    from mcp import Client, StdioServerParameters
 
 from lemonade import __version__
 from lemonade.errors import APIError
@@ -80,6 +81,8 @@ class _Watched:
 
 @contextlib.asynccontextmanager
 async def _watched_stdio(params: StdioServerParameters, ended: asyncio.Event) -> AsyncIterator[tuple[Any, Any]]:
+    from mcp.client.stdio import stdio_client
+
     async with stdio_client(params) as (read, write):
         yield _Watched(read, ended), write
 
@@ -130,6 +133,8 @@ class Connection:
             except McpConfigError as exc:
                 self.last_error = str(exc)
                 raise APIError(400, str(exc), code="mcp_env_missing") from None
+            from mcp import StdioServerParameters
+
             params = StdioServerParameters(command=self.config.command, args=list(self.config.args), env=env,
                                            cwd=self.config.working_dir or None)
             ready: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
@@ -149,6 +154,8 @@ class Connection:
 
     async def _hold(self, params: StdioServerParameters, ready: asyncio.Future[BaseException | None]) -> None:
         """The connection's task: open, describe, wait until told to stop or the server goes away."""
+        from mcp import Client, Implementation
+
         try:
             client_info = Implementation(name="lemonade", version=__version__)
             async with Client(_watched_stdio(params, self._wake), read_timeout_seconds=self.timeout,
