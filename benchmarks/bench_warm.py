@@ -182,11 +182,12 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
 def conversation_figures(procs: Processes, root: Path, cache: Path, models: Path, gguf: Path, turns: int
                          ) -> dict[bool, tuple[dict[str, float], dict[str, float]]]:
     """Figure 3 both ways: (through this server, stock llama-server) for together and in turns, each
-    on a fresh engine."""
+    on a fresh engine and a cache dir of its own (a server started on `cache` would restore the
+    conversations the last one saved there, filling its slots and its KV cache before the first turn)."""
     out = {}
     for together in (True, False):
         port = free_port()
-        server = start_server(procs, root, cache, models, port)
+        server = start_server(procs, root, new_cache(root, f"cache-conv-{together}", backend_dir()), models, port)
         ours = asyncio.run(conversations(f"http://127.0.0.1:{port}", A, turns, together))
         procs.stop(server)
         stock_port = free_port()
