@@ -67,6 +67,7 @@ def test_config_on_disk_without_a_server(nowhere):
     assert ok(lemonade("config", "get", "llamacpp.args", env=nowhere)).stdout.strip() == "--slot-save-path /x"
     everything = json.loads(ok(lemonade("config", "get", env=nowhere)).stdout)
     assert everything["llamacpp"] == {"backend": "auto", "args": "--slot-save-path /x", "device": "",
+                                      "speculation": "auto",
                                       "prefer_system": False, "rpc_workers": [], "cpu_bin": "builtin",
                                       "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
                                       "cpu_args": "", "system_args": "", "vulkan_args": "", "rocm_args": "",

@@ -388,6 +388,14 @@ class JsonRpcReply(Doc):
 
 
 TEXT = {"type": "string"}  # text/plain answers
+
+
+def _object_of(required: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A JSON answer: an object with these fields (the MCP client host's, mcp_client/host.py)."""
+    return {"application/json": {"type": "object", "required": list(required), "properties": required}}
+
+
+_MCP_SERVER = _object_of({"server": {"type": "object"}})
 Answer = type[BaseModel] | dict[str, dict[str, Any]] | None  # None: an empty body
 # (method, path after the prefix) -> the model of its 200 JSON answer, a schema per media type, or
 # None for an empty body. Lemonade's, OpenAI's, Anthropic's and llama.cpp's routes share this table.
@@ -458,6 +466,15 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/mcp"): JsonRpcReply,
     ("post", "/internal/telemetry/flush"): Flushed,
     ("post", "/internal/shutdown"): ShuttingDown,
+    ("get", "/internal/mcp/servers"): _object_of({"servers": {"type": "array", "items": {"type": "object"}}}),
+    ("post", "/internal/mcp/servers"): _MCP_SERVER,
+    ("delete", "/internal/mcp/servers/{server_id}"): _object_of({"removed": {"type": "string"}}),
+    ("post", "/internal/mcp/servers/{server_id}/connect"): _MCP_SERVER,
+    ("post", "/internal/mcp/servers/{server_id}/disconnect"): _MCP_SERVER,
+    ("post", "/internal/mcp/servers/{server_id}/refresh-tools"): _MCP_SERVER,
+    ("post", "/internal/mcp/servers/{server_id}/tools/call"): _object_of({
+        "server_id": {"type": "string"}, "tool": {"type": "string"}, "result": {"type": "object"}}),
+    ("get", "/internal/mcp/tools"): _object_of({"tools": {"type": "array", "items": {"type": "object"}}}),
     ("post", "/cloud/auth"): CloudKeySet,
     ("delete", "/cloud/auth/{provider}"): CloudKeyCleared,
 }
