@@ -47,6 +47,7 @@ DONE_MARK = b"data: [DONE]"  # the last event of an OpenAI-style stream: the cli
 # with back-to-back requests after a stream). So a stream has a connection of its own, closed when
 # the stream ends (engine_client.py never pools one; to a remote engine we say so).
 STREAM_HEADERS = {"Content-Type": "application/json", "Connection": "close"}
+COPY_TIMEOUT_S = 10.0  # a slot copy the engine has not done by then (it defers a busy slot's) is given up
 ENGINE_ERRORS = (OSError,)  # refused, reset, timed out: both clients raise these (remote_http.py says why)
 
 
@@ -187,7 +188,8 @@ class Proxy:
             return
         lm.affinity.take(donor)  # not given to another request while its state is read
         try:
-            tokens = await cancelled_when_gone(lm.engine.share_slot(lm.launch, self.client, donor, held.slot))
+            tokens = await cancelled_when_gone(asyncio.wait_for(
+                lm.engine.share_slot(lm.launch, self.client, donor, held.slot), COPY_TIMEOUT_S))
         except (*ENGINE_ERRORS, ValueError) as exc:  # the request is then read in full: nothing is lost
             log.debug("Copying slot %d of %s into slot %d failed: %s", donor, lm.name, held.slot, exc)
             tokens = 0
