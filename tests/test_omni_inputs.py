@@ -44,7 +44,12 @@ def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_d
     (extra / VISION / gemma.name).symlink_to(gemma)
     write_vision_projector(extra / VISION / "mmproj-random-f32.gguf")
     publish_whisper(hub_server, whisper_ct2_dir)
-    srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra)})
+    # Warm swaps off (kv_store_gb 0): with them Gemma 3 gets its full window cache, so each tool round
+    # reuses the last one's prompt, and the 270M base model's few-shot echo of a transcript is a near tie
+    # such a reused prefix tips. This file proves the omni roles (which audio and picture reach which
+    # tool), not warm swaps (tests/test_warm_swaps.py).
+    srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra)},
+                         config={"kv_store_gb": 0})
     with srv.client() as http:
         for name, components in ((EAR_KIT, [GEMMA_NAME, WHISPER]), (EYE_KIT, [GEMMA_NAME, VISION]),
                                  (SEEING_KIT, [VISION, WHISPER])):

@@ -188,11 +188,15 @@ class Services:
         except RuntimeError:
             return  # set outside a running server: the next start uses it
         # an engine's config section is its recipe's name without the dash (sd-cpp: sdcpp)
-        affected = [lm for lm in self.router.models(usable=False)
+        # a model already leaving (stopping, or its process gone) is not started again: its next load uses
+        # the new build, and one loaded meanwhile (by a request or /v1/load) already does
+        affected = [lm for lm in self.router.models()
                     if (lm.model.recipe.replace("-", ""), lm.backend) in backends]
 
         async def reload() -> None:
             for lm in affected:
+                if self.router.resident(lm.model.name) is not lm:
+                    continue
                 log.info("Loading %s again: its %s_bin setting changed", lm.model.public, lm.backend)
                 try:
                     await self.router.ensure_loaded(lm.model, dict(lm.options), pinned=lm.pinned, reload=True)

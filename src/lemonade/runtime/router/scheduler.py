@@ -367,7 +367,7 @@ class Router:
         chose, and what the router decided for the load (`resolved_ctx_size`, `resolved_speculation`)
         is not an option of its own."""
         shown = {k: v for k, v in lm.options.items() if not k.startswith("resolved_")}  # the router's own decisions
-        wanted = dict(wanted)
+        wanted = {k: v for k, v in wanted.items() if not k.startswith("resolved_")}  # (a running model's options)
         key = lm.engine.backend_option
         if key is not None and wanted.get(key) == "auto":
             wanted[key] = shown.get(key)
