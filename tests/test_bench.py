@@ -131,17 +131,18 @@ def register(server, name: str) -> dict[str, Any]:
 
 def test_preflight_and_auto_pull(hub_server_bench, hub_server, tmp_path: Path) -> None:
     server = hub_server_bench
+    before = len(hub_server.downloads(file=GEMMA_FILE))  # the hub serves this worker's other test files too
     assert register(server, "user.Bench-Pull")["model"]["downloaded"] is False
     refused = bench(server, "user.Bench-Pull", "--scenarios", "chat-short", "--runs", "1", cwd=tmp_path)
     assert refused.returncode == 1
     assert ("Model 'user.Bench-Pull' is not downloaded. Run `lemonade pull user.Bench-Pull` first, or use "
             "--auto-pull") in refused.stderr
-    assert loads(server) == 0 and not hub_server.downloads(file=GEMMA_FILE)  # nothing ran, nothing came
+    assert loads(server) == 0 and len(hub_server.downloads(file=GEMMA_FILE)) == before  # nothing ran, nothing came
     pulled = bench(server, "user.Bench-Pull", "--scenarios", "chat-short", "--runs", "1", "--no-reload",
                    "--auto-pull", "--json", cwd=tmp_path)
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert "Preflight: model 'user.Bench-Pull' is not downloaded; pulling it." in pulled.stderr
-    assert len(hub_server.downloads(file=GEMMA_FILE)) == 1
+    assert len(hub_server.downloads(file=GEMMA_FILE)) == before + 1
     (result,) = json.loads(pulled.stdout)["models"][0]["results"]
     (scenario,) = result["scenarios"]
     assert scenario["name"] == "chat-short" and scenario["tps"]["mean"] > 0  # the bundled scenario ran

@@ -115,12 +115,13 @@ class Helpers:
     async def _chat(self, model: ModelInfo, system: str, user: str, schema: Mapping[str, Any] | None = None) -> str:
         """The helper's reply, greedy; under `schema` as a grammar when given (the `llm` contract). The
         same request is decided the same way every time: the helper's short prompt is read whole, without
-        the prompt cache and without speculation (a cached prefix or a batch of drafted tokens changes
-        llama.cpp's arithmetic, and with it a greedy choice at a near tie)."""
+        the prompt cache (a cached prefix changes llama.cpp's arithmetic, and with it a greedy choice at a
+        near tie). Speculation is left as the model runs: llama-server cannot switch it per request, so
+        asking for it off would restart a model other requests use."""
         body: dict[str, Any] = {
             "model": model.public, "stream": False, "temperature": 0.0, "max_tokens": HELPER_MAX_TOKENS,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "cache_prompt": False, "speculation": "off"}
+            "cache_prompt": False}
         if schema is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "routing_decision", "schema": dict(schema)}}
