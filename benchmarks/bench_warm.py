@@ -179,7 +179,7 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
     return {"prompt_tokens_computed": sum(computed), "mean_ttft_s": statistics.mean(ttft), "requests": len(ttft)}
 
 
-def conversation_figures(procs: Processes, root: Path, cache: Path, models: Path, gguf: Path, turns: int
+def conversation_figures(procs: Processes, root: Path, models: Path, gguf: Path, turns: int
                          ) -> dict[bool, tuple[dict[str, float], dict[str, float]]]:
     """Figure 3 both ways: (through this server, stock llama-server) for together and in turns, each
     on a fresh engine and a cache dir of its own (a server started on `cache` would restore the
@@ -282,7 +282,7 @@ def main() -> None:
         port = free_port()
         print(f"load average {load_avg()} before", flush=True)
         if args.conversations_only:
-            figures = conversation_figures(procs, root, cache, models, gguf, args.turns)
+            figures = conversation_figures(procs, root, models, gguf, args.turns)
             print(f"load average {load_avg()} after\n")
             print_conversations(figures, args.turns)
             return
@@ -295,7 +295,7 @@ def main() -> None:
         # after the restart figure: 16 new conversations take over every slot, A's among them
         four = asyncio.run(sixteen_at_once(url))
         procs.stop(server)
-        figures = conversation_figures(procs, root, cache, models, gguf, args.turns)
+        figures = conversation_figures(procs, root, models, gguf, args.turns)
         ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
                 for name, full in (("context checkpoints", False), ("full window cache", True))}
         print(f"load average {load_avg()} after\n")
