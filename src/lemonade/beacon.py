@@ -67,6 +67,7 @@ class Beacon:
     hostname: str
     url: str
     sender: str  # the IP address the datagram came from
+    service: str = SERVICE  # what announced itself ("lemonade": a server)
 
     @property
     def base_url(self) -> str:
@@ -90,7 +91,7 @@ def decode(data: bytes, sender: str) -> Beacon | None:
     if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) and obj.get(k) for k in
                                             ("service", "hostname", "url")):
         return None
-    return Beacon(obj["hostname"], obj["url"], sender)
+    return Beacon(obj["hostname"], obj["url"], sender, obj["service"])
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,9 @@ class BeaconSender:
                 log.debug("Beacon to %s:%d failed: %s", dest, port, exc)
 
 
-def _listening_socket(port: int | None) -> socket.socket:
+def listening_socket(port: int | None = None) -> socket.socket:
+    """A UDP socket bound to the beacon port, beside other listeners on the machine; OSError when
+    the port cannot be bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # beside other listeners on the machine
@@ -304,7 +307,7 @@ def listen_all(duration: float, port: int | None = None, loopback_only: bool = F
                ) -> Iterator[Beacon | WorkerBeacon]:
     """Beacons of servers and of RPC workers heard on the UDP port within `duration` seconds, each
     server URL and worker endpoint once. OSError when the port cannot be bound."""
-    sock = _listening_socket(port)
+    sock = listening_socket(port)
     try:
         seen: set[str] = set()
         deadline = time.monotonic() + duration
@@ -352,7 +355,7 @@ class WorkerDirectory:
                 return
             self._started_at = time.monotonic()
         try:
-            sock = _listening_socket(self.port)
+            sock = listening_socket(self.port)
         except OSError as exc:
             self._error = f"cannot listen on UDP port {self.port or beacon_port()}: {exc.strerror or exc}"
             log.warning("RPC worker discovery: %s", self._error)
@@ -408,3 +411,31 @@ def discover_local(timeout: float = INTERVAL_S + 0.5) -> Beacon | None:
         for beacon in listen(timeout, loopback_only=True):
             return beacon
     return None
+
+
+class BeaconListener:
+    """The servers a running server hears, in the background (config `peers: "auto"`,
+    backends/peers.py): the latest beacon of each server URL and when it came. Only server beacons
+    (`service` "lemonade") count."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port
+        self._heard: dict[str, tuple[Beacon, float]] = {}
+
+    async def run(self) -> None:
+        sock = listening_socket(self.port)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                data, (sender, _) = await loop.sock_recvfrom(sock, MAX_DATAGRAM)
+                beacon = decode(data, sender)
+                if beacon is not None and beacon.service == SERVICE:
+                    self._heard[beacon.base_url] = (beacon, time.monotonic())
+        finally:
+            sock.close()
+
+    def recent(self, within: float) -> list[Beacon]:
+        """The servers heard in the last `within` seconds, each once, in the order first heard."""
+        since = time.monotonic() - within
+        return [beacon for beacon, when in self._heard.values() if when >= since]

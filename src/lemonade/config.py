@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -51,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "disable_model_filtering": False,  # list models bigger than this machine's memory too (catalog/fit.py)
     "enable_dgpu_gtt": False,  # count a discrete AMD GPU's GTT (shared system memory) when filtering by size
     "broadcast": True,  # UDP discovery beacons (beacon.py), so apps and `lemonade scan` find this server
+    # Other servers of the LAN to forward requests to (backends/peers.py, docs/scale-out.md): base URLs, or
+    # "auto" for the servers heard by the discovery beacons; every member needs the same LEMONADE_PEER_KEY
+    "peers": [],
     "extra_models_dir": "",
     "models_dir": "",
     "auto_check_model_updates": True,
@@ -153,6 +157,8 @@ def validate_value(key: str, value: Any) -> Any:
     default = _DEFAULT_LEAVES[key]
     if key == "cloud_providers":
         return _cloud_providers(value)
+    if key == "peers":
+        return _peers(value)
     if key == "llamacpp.rpc_workers":
         from lemonade.llamacpp_settings import WorkerSpecError, worker_setting
 
@@ -227,6 +233,33 @@ def _cloud_providers(value: Any) -> list[dict[str, Any]]:
         raise ConfigError("Config key 'cloud_providers' must be a list of objects with 'name' and 'base_url' "
                           "(manage it with lemonade cloud install/uninstall)")
     return value
+
+
+def _peers(value: Any) -> str | list[str]:
+    """"auto", or a list of base URLs (http:// or https://, with a host; a trailing slash or /api/v1 is
+    dropped: the peer's API is found under it as under any server's)."""
+    if value == "auto":
+        return value
+    usage = ("Config key 'peers' must be \"auto\" (the servers heard by discovery beacons) or a list of base URLs "
+             "such as [\"http://10.0.0.2:13305\"]")
+    if not isinstance(value, list):
+        raise ConfigError(f"{usage}, got {json.dumps(value)}")
+    out: list[str] = []
+    for entry in value:
+        parts = urlsplit(entry.strip()) if isinstance(entry, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise ConfigError(f"{usage}; {json.dumps(entry)} is not an http:// or https:// URL with a host")
+        try:
+            parts.port  # noqa: B018 - raises for a port out of range
+        except ValueError:
+            raise ConfigError(f"{usage}; {json.dumps(entry)} has no valid port") from None
+        path = parts.path.rstrip("/")
+        for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
+            path = path.removesuffix(suffix)
+        url = f"{parts.scheme}://{parts.netloc}{path}"
+        if url not in out:
+            out.append(url)
+    return out
 
 
 def _websocket_port(value: Any) -> str | int:
@@ -349,6 +382,8 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key == "llamacpp.rpc_workers" and not raw.strip().startswith("["):
         # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`, or `auto` (the workers heard on the LAN)
         return raw.strip() if raw.strip().lower() == "auto" else raw.split(",")
+    if key == "peers" and not raw.strip().startswith("["):  # `LEMONADE_PEERS=auto`, or a comma list of URLs
+        return "auto" if raw.strip() == "auto" else [u.strip() for u in raw.split(",") if u.strip()]
     if isinstance(default, (list, dict)) and key != "max_loaded_models":
         try:
             return json.loads(raw)

@@ -18,6 +18,8 @@ from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.cloud_providers import CloudProviders
 from lemonade.backends.engine import Engine, EngineUnavailable
 from lemonade.backends.native_build import stop_builds
+from lemonade.backends.peer import FAILOVER_CODES, LOCAL_ONLY_ENDPOINTS, PeerEngine
+from lemonade.backends.peers import Peers
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
@@ -33,10 +35,11 @@ from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
 from lemonade.runtime.engine_client import EngineClient
+from lemonade.runtime.engine_request import EngineError
 from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
-from lemonade.runtime.request_context import load_progress
+from lemonade.runtime.request_context import from_peer, load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats
@@ -102,6 +105,10 @@ class Services:
         # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
+        # The other servers of the LAN (backends/peers.py): requests for models they serve may go there.
+        self.peers: Peers = self.engines.get(PeerEngine.recipe).peers  # type: ignore[union-attr]
+        self.peers.on_down = self._unbind_peer
+        self.proxy.instead = self._instead
         self.telemetry = Telemetry(config)  # inference spans: OTLP export (`telemetry.enabled`), /spans/stream
         self.mcp = McpHost(self.config_dir)  # external MCP servers whose tools omni collections use (/internal/mcp)
         self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
@@ -131,6 +138,7 @@ class Services:
         archetype detection (in a thread: the device tools take a moment)."""
         await self.downloads.start(bool(self.config.get("auto_check_model_updates")))
         self.cloud.start(self.http)
+        self.peers.start(self.http)
         # Read the hardware once in a thread (vulkaninfo, nvidia-smi), so no request waits for it; auto-tune's
         # archetype comes from that report.
         self._detecting = asyncio.get_running_loop().run_in_executor(
@@ -224,7 +232,64 @@ class Services:
             lm = self.router.resident(name)
             if lm is not None:
                 return lm.model
+            elsewhere = self.peers.named(name) or self._on_peer(name, here=False)
+            if elsewhere is not None:  # a model this server does not have, but a peer does
+                return elsewhere
             raise model_not_found(name) from None
+
+    # ----- peers (backends/peers.py): where a request goes when this server does not serve it ------
+    def _on_peer(self, name: str, here: bool) -> ModelInfo | None:
+        """The peer's model that serves a request for `name` (`here`: this server has it too, not
+        loaded), or None: this server serves it. A request a peer forwarded here stays here."""
+        if not self.peers.forwarding or from_peer.get():
+            return None
+        targets = self.peers.targets(name, here=here, loaded_here=False)
+        return self.peers.bound(targets[0], name) if targets else None
+
+    def _forwarded(self, model: ModelInfo, endpoint: str) -> ModelInfo:
+        """`model`, or the same model on a peer that has it loaded while this server has not."""
+        if model.recipe == PeerEngine.recipe and endpoint in LOCAL_ONLY_ENDPOINTS:
+            raise APIError(400, f"{endpoint} is not forwarded to peers; ask {model.definition['peer']}, where "
+                           f"{model.definition['upstream_id']} lives, directly", code="invalid_argument")
+        engine = self.engines.get(model.recipe)
+        if (not self.peers.forwarding or engine is None or engine.remote or endpoint in LOCAL_ONLY_ENDPOINTS
+                or self.router.resident(model.name) is not None):
+            return model
+        return self._on_peer(model.public, here=True) or model
+
+    def _instead(self, model: ModelInfo, path: str, error: EngineError) -> tuple[ModelInfo, str] | None:
+        """After a peer failed a request before answering (backends/peer.py `FAILOVER_CODES`; it is
+        marked down): the next peer with the model, else this server's own model at its engine's path
+        for the same endpoint, else None (the error stands)."""
+        if model.recipe != PeerEngine.recipe or error.code not in FAILOVER_CODES:
+            return None
+        name = model.definition["upstream_id"]
+        local = self.catalog.find(name)
+        other = self._on_peer(name, here=local is not None)
+        if other is not None:
+            return other, path
+        return (local, path_for) if local is not None and (path_for := self._local_path(local, path)) else None
+
+    def _local_path(self, model: ModelInfo, peer_path: str) -> str | None:
+        """The path of `model`'s engine for the endpoint a peer was asked at `peer_path` (its query
+        kept); None where this server's engine takes another request for it (pictures: the engine
+        makes their body, backends/peer.py)."""
+        engine = self.engines.get(model.recipe)
+        base, _, query = peer_path.partition("?")
+        endpoint = PeerEngine.endpoint_of(base)
+        path = engine.endpoints.get(endpoint) if engine is not None and endpoint is not None else None
+        return None if path is None else path + (f"?{query}" if query else "")
+
+    def _unbind_peer(self, url: str) -> None:
+        """A peer stopped answering: its models bound here are let go (they take no slot; the next
+        request chooses again)."""
+        def bound_to(lm: Any) -> bool:
+            return lm.model.recipe == PeerEngine.recipe and lm.model.definition.get("peer") == url
+
+        if any(bound_to(lm) for lm in self.router.models(usable=False)):
+            task = asyncio.ensure_future(self.router.unload_where(bound_to))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _architecture_of(self, model_name: str) -> str | None:
         """The GGUF `general.architecture` of a downloaded model's main file (the key of its
@@ -288,7 +353,9 @@ class Services:
     def check_model(self, model: ModelInfo, mode: str, endpoint: str, *, hint: dict[str, str] | None = None,
                     images: bool = False) -> ModelInfo:
         """May `model` serve this request? The one check every API family uses: not a collection, the
-        right deployment mode, images only for vision models, an engine this server has."""
+        right deployment mode, images only for vision models, an engine this server has. Returns the
+        model that serves it: `model`, or the same model on a peer of the LAN that has it loaded while
+        this server has not (backends/peers.py)."""
         if model.recipe == ROUTER_RECIPE:
             raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
                            "/completions and /responses requests to one of its members; call one of those "
@@ -307,7 +374,7 @@ class Services:
         if not self.engines.available(model.recipe):
             raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
                            "this server yet.", code="model_load_refused")
-        return model
+        return self._forwarded(model, endpoint)
 
     def accepts_images(self, model: ModelInfo) -> bool:
         """Whether the model has a vision projector (an mmproj checkpoint or file), i.e. can read images."""
@@ -384,6 +451,9 @@ class Services:
                               "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
                               "longer want it.", code="model_not_deletable")
         engine = self.engines.get(model.recipe)
+        if model.recipe == PeerEngine.recipe:
+            raise bad_request(f"Model {model.definition['upstream_id']} lives on peer {model.definition['peer']}, not "
+                              "on this server: delete it there", code="model_not_deletable")
         if engine is not None and engine.remote:
             provider = model.definition.get("cloud_provider", "")
             raise bad_request(f"Model {model.public} is served by cloud provider '{provider}' and has no files here; "
@@ -409,6 +479,7 @@ class Services:
 
     async def aclose(self) -> None:
         self.cloud.stop()
+        await self.peers.stop()
         await self.mcp.aclose()  # the MCP servers this server started stop with it
         stop_builds()  # a backend build in a worker thread would otherwise hold the exit until it ends
         await asyncio.to_thread(self.telemetry.shutdown)  # queued spans leave before the server does

@@ -1,9 +1,9 @@
 """The ASGI app: routers mounted under Lemonade's four prefixes, middleware, error handling.
 
 Every API route is served at `/api/v1`, `/api/v0`, `/v1` and `/v0`. Root-only: `/live`,
-`/metrics`, `/mcp`, `/internal/*` and the web app (`/`, `/static/*`, api/webapp.py); the Ollama API
-lives at `/api/*`; the WebSockets `/logs/stream`, `/spans/stream` and `/realtime` are served at the root and
-under the prefixes.
+`/metrics`, `/mcp`, `/internal/*`, `/peers/*` (api/peers.py) and the web app (`/`, `/static/*`,
+api/webapp.py); the Ollama API lives at `/api/*`; the WebSockets `/logs/stream`, `/spans/stream`
+and `/realtime` are served at the root and under the prefixes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from lemonade import __version__
-from lemonade.api import internal, internal_mcp
+from lemonade.api import internal, internal_mcp, peers
 from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
 from lemonade.api.errors import api_family, error_body, install_error_handlers
@@ -201,6 +201,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(realtime.router)
     app.include_router(internal.router)
     app.include_router(internal_mcp.router)
+    app.include_router(peers.router)
     app.include_router(ollama_routes.router)
     app.include_router(mcp_routes.router)
     skip_other_paths(app)
@@ -212,5 +213,6 @@ def create_app(services: Services) -> FastAPI:
     # Origins, API key, metrics, body limit, JSON content type, disconnect watch: one layer, one pass.
     app.add_middleware(RequestGuard, policy=OriginPolicy(services.allowed_origins), api_key=services.api_key,
                        admin_key=services.admin_key, body_limit=BodySizeLimit(services.config),
-                       observe=services.metrics.observe_request, telemetry=services.telemetry)
+                       observe=services.metrics.observe_request, telemetry=services.telemetry,
+                       peer_admits=services.peers.gate.admits)
     return app

@@ -1,7 +1,9 @@
 """Our one ASGI layer: every per-request rule of ours, in one pass over the headers.
 
 In order: the Host/Origin policy (403; an allowed page's preflight gets its 204 and its responses
-their CORS headers, a 401 included; every answer says `Vary: Origin`), the API key (401), then for
+their CORS headers, a 401 included; every answer says `Vary: Origin`), the API key (401; a request
+another server of the LAN forwarded carries a peer session instead, `X-Lemonade-Peer`, which must be
+one this server opened, backends/peer_auth.py, and marks the request `from_peer`), then for
 HTTP: an inference request's span while tracing is on (observability/spans.py), metrics (status and
 time, to the end of the response body), the body size limit (413), JSON as the default content type,
 and for POSTs the disconnect watch that sets the request's `client_gone`.
@@ -33,13 +35,16 @@ from lemonade.api.middleware import (
 from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors, with_vary
 from lemonade.observability.spans import inference_route
 from lemonade.observability.telemetry import Telemetry
-from lemonade.runtime.request_context import client_gone, request_trace
+from lemonade.runtime.request_context import client_gone, from_peer, request_trace
 from lemonade.util import jsonparse
 
 ERROR_BODY_KEPT = 65536  # of an error answer, for the span's status message
 
+PEER_HEADER = b"x-lemonade-peer"
 WANTED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"access-control-request-method",
-                    b"access-control-request-headers", b"access-control-request-private-network"})
+                    b"access-control-request-headers", b"access-control-request-private-network", PEER_HEADER})
+PEER_REFUSAL = ("This server has no such peer session: forwarded requests are taken only from servers that proved "
+                "they hold the same LEMONADE_PEER_KEY (the session may also have expired, or this server restarted)")
 
 
 def wanted_headers(scope: Scope) -> dict[bytes, str]:
@@ -54,8 +59,9 @@ def wanted_headers(scope: Scope) -> dict[bytes, str]:
 class RequestGuard:
     def __init__(self, app: ASGIApp, *, policy: OriginPolicy, api_key: str | None, admin_key: str | None,
                  body_limit: BodySizeLimit, observe: Callable[[str, str, int, float], None],
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, peer_admits: Callable[[str], bool] = lambda token: False) -> None:
         self.app = app
+        self.peer_admits = peer_admits  # a peer session this server opened (backends/peer_auth.py PeerGate)
         self.telemetry = telemetry  # traces only while its `enabled` flag is up (one check per request)
         self.policy = policy
         self.api_key = api_key or None
@@ -80,10 +86,25 @@ class RequestGuard:
             await preflight(send, origin, headers.get(b"access-control-request-headers"),
                             headers.get(b"access-control-request-private-network", "").lower() == "true")
             return
+        peer = headers.get(PEER_HEADER)
+        if peer is not None and not scope["path"].startswith("/internal"):
+            if not self.peer_admits(peer):
+                await refuse_unauthorized(scope, receive, self._cors(send, origin) if http else send, PEER_REFUSAL)
+                return
+            token = from_peer.set(True)
+            try:
+                await self._admitted(scope, receive, send, headers, origin, http)
+            finally:
+                from_peer.reset(token)
+            return
         why = auth_refusal(scope, self.api_key, self.admin_key)
         if why is not None:
             await refuse_unauthorized(scope, receive, self._cors(send, origin) if http else send, why)
             return
+        await self._admitted(scope, receive, send, headers, origin, http)
+
+    async def _admitted(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str], origin: str | None,
+                        http: bool) -> None:
         if not http:
             await self.app(scope, receive, send)
             return

@@ -21,6 +21,7 @@ ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitabl
 
 OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico", *OPEN_WEB_PATHS)
 SPAN_STREAM_PATHS = ("/spans/stream", "/traces/stream")
+PEER_PREFIX = "/peers/"
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -116,6 +117,8 @@ def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> st
     if scope["type"] == "http" and scope.get("method") == "OPTIONS":
         return None  # CORS preflight carries no credentials
     if path in OPEN_PATHS or path.startswith(OPEN_WEB_PREFIXES):
+        return None
+    if path.startswith(PEER_PREFIX):  # the peer handshake proves the peer key itself (api/peers.py)
         return None
     if path.startswith("/internal"):
         if is_admin(scope, api_key, admin_key):

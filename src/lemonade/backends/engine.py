@@ -289,6 +289,7 @@ class Engine(ABC):
     memory_base_bytes: ClassVar[int] = 0
     memory_per_weight_byte: ClassVar[float] = 1.0
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
+    connect_timeout: ClassVar[float] = 10.0  # seconds a remote engine may take to accept a connection
     # Where its models run. False: a process of ours per model, holding a slot of its type. True: a
     # service elsewhere (a cloud provider): no slot, no process, and requests leave through `outbound`.
     remote: ClassVar[bool] = False
@@ -384,12 +385,13 @@ class Engine(ABC):
                      backend: str, port: int) -> Launch:
         """Start (and wait for) the engine process for `model` on a loopback `port`."""
 
-    def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:
+    def encode_raw(self, path: str, content_type: str, launch: Launch | None = None) -> tuple[str, bytes, bytes, str]:
         """How a raw (non-JSON) request body for the engine path `path` (its query string holds the
         request's fields) is sent: (path, head, tail, content type), the body going untouched
         between head and tail, so a large upload is never copied. As it is by default; an engine
-        whose server takes another shape frames it here (whisper-server: a multipart form). May
-        raise lemonade.errors.APIError for a field the engine cannot take."""
+        whose server takes another shape frames it here (whisper-server: a multipart form; a peer:
+        its public API's form, naming the model as `launch` says). May raise
+        lemonade.errors.APIError for a field the engine cannot take."""
         return path, b"", b"", content_type
 
     def decode_raw(self, path: str, content: bytes) -> bytes:

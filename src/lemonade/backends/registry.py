@@ -19,6 +19,7 @@ from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
 from lemonade.backends.llamacpp import LlamaCppEngine
 from lemonade.backends.onnxruntime import OnnxRuntimeEngine
+from lemonade.backends.peer import PeerEngine
 from lemonade.backends.piper import PiperEngine
 from lemonade.backends.sdcpp import SdCppEngine
 from lemonade.backends.vllm import VllmEngine
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 ENGINE_CLASSES: tuple[type[Engine], ...] = (
     LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine, PiperEngine, SdCppEngine, OnnxRuntimeEngine,
-    CloudEngine,
+    CloudEngine, PeerEngine,
     VllmEngine,  # `vllm serve` on CUDA/ROCm GPUs; refuses clearly elsewhere (docs/scale-out.md)
 )
 

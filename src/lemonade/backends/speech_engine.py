@@ -13,7 +13,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lemonade.backends.engine import EngineUnavailable, Launch, Option
+from lemonade.backends.engine import Engine, EngineUnavailable, Launch, Option
 from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
@@ -32,14 +32,22 @@ def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
     return [p for paths in files.values() for p in paths if p.name.endswith(suffix)]
 
 
-class SpeechEngine(PythonEngine):
+class SpeechService(Engine):
+    """What `/v1/audio/speech` asks of a text-to-speech engine (media/speech.py reads it before a
+    model loads): the response formats it encodes, buffered and streamed, and the speeds it takes.
+    The request itself is `{"input", "voice", "speed", "response_format", "stream"}` at the engine's
+    `audio/speech` path."""
+
+    speech_formats: ClassVar[tuple[str, ...]] = ENCODED_FORMATS  # buffered response formats
+    stream_formats: ClassVar[tuple[str, ...]] = ("pcm",)  # streamed response formats
+    speed_range: ClassVar[tuple[float, float]] = (0.25, 4.0)
+
+
+class SpeechEngine(PythonEngine, SpeechService):
     """A Python-native TTS engine run by our speech worker."""
 
     endpoints = {"audio/speech": "/speech"}
     worker_engine: ClassVar[str]  # the worker's voice module: workers/tts_<name>.py
-    speech_formats: ClassVar[tuple[str, ...]] = ENCODED_FORMATS  # buffered response formats
-    stream_formats: ClassVar[tuple[str, ...]] = ("pcm",)  # streamed response formats
-    speed_range: ClassVar[tuple[float, float]] = (0.25, 4.0)
 
     @property
     def threads_option(self) -> str:

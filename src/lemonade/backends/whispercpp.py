@@ -202,7 +202,7 @@ class WhisperCppEngine(NativeBackends, Engine):
         return Launch(server, {**options, "whispercpp_backend": backend}, backend, device=self.device(backend))
 
     # ----- requests ----------------------------------------------------------------------------------
-    def encode_raw(self, path: str, content_type: str) -> tuple[str, bytes, bytes, str]:
+    def encode_raw(self, path: str, content_type: str, launch: Launch | None = None) -> tuple[str, bytes, bytes, str]:
         """A transcription (audio body, fields in the query) as whisper-server's multipart form."""
         url = urlsplit(path)
         if url.path != INFERENCE_PATH:

@@ -9,10 +9,10 @@ and `pcm` streamed, as the spec says, or the engine's first format when it canno
 
 from __future__ import annotations
 
-from lemonade.backends.speech_engine import SpeechEngine
+from lemonade.backends.speech_engine import SpeechService
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
-from lemonade.runtime.engine_request import EngineError, encode
+from lemonade.runtime.engine_request import EngineError
 from lemonade.services import Services
 
 # Raw PCM is declared as Lemonade declares it: 16-bit little-endian samples at 24 kHz, mono (RFC 2586's
@@ -32,16 +32,16 @@ def choose_format(requested: str | None, supported: tuple[str, ...], default: st
     return requested
 
 
-def speech_engine(svc: Services, model: ModelInfo) -> SpeechEngine:
+def speech_engine(svc: Services, model: ModelInfo) -> SpeechService:
     svc.engine_path(model, "audio/speech")
     engine = svc.engines.get(model.recipe)
-    if not isinstance(engine, SpeechEngine):
+    if not isinstance(engine, SpeechService):
         raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /audio/speech",
                        code="invalid_argument")
     return engine
 
 
-def check_speed(engine: SpeechEngine, speed: float) -> None:
+def check_speed(engine: SpeechService, speed: float) -> None:
     low, high = engine.speed_range
     if not low <= speed <= high:
         raise APIError(400, f"Invalid value for 'speed': {speed}. This model's engine takes {low} to {high}",
@@ -70,8 +70,7 @@ async def synthesize(svc: Services, model: ModelInfo, text: str, *, voice: str |
     check_speed(engine, speed)
     payload = {"input": text, "voice": voice, "speed": speed, "response_format": fmt, "stream": False}
     try:
-        audio = await svc.proxy.post_raw(model, svc.engine_path(model, "audio/speech"), encode(payload),
-                                         "application/json")
+        audio = await svc.proxy.post_raw(model, svc.engine_path(model, "audio/speech"), payload, "application/json")
     except EngineError as exc:
         raise refusal(exc) from None
     svc.metrics.record_inference(model.public, "audio/speech", None, None)

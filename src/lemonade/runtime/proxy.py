@@ -16,9 +16,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -40,6 +40,7 @@ from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats, cache_tokens_of
 
 log = logging.getLogger("lemonade.proxy")
+T = TypeVar("T")
 TAIL_BYTES = 16384
 DONE_MARK = b"data: [DONE]"  # the last event of an OpenAI-style stream: the client's answer is complete
 # llama-server closes the connection after every streamed response. Were that connection put back
@@ -131,6 +132,9 @@ class Proxy:
         self.stats = stats
         self.metrics = metrics
         self.speculation = speculation  # speculative decoding per model: measured, switched (speculation_switch.py)
+        # The model (and its engine's path) to ask when a remote engine failed a request before any of
+        # its answer left: another peer, or this server's own model (services.py wires it).
+        self.instead: Callable[[ModelInfo, str, EngineError], tuple[ModelInfo, str] | None] = lambda *_: None
 
     def _options(self, model: ModelInfo) -> Callable[[], dict[str, Any]]:
         return lambda: self.options.resolve(model.name, model.recipe)
@@ -237,7 +241,7 @@ class Proxy:
         async def round_trip() -> tuple[int, bytes]:
             if not lm.engine.remote and (data is None or isinstance(data, bytes)):
                 return await self.client.request(method, lm.base_url, path, data, content_type)
-            return await self.remote.request(method, url, data, headers)
+            return await self.remote.request(method, url, data, headers, lm.engine.connect_timeout)
 
         span = request_trace.get()
         if span is not None:
@@ -279,7 +283,25 @@ class Proxy:
         finally:
             resp.close()
 
+    async def _with_fallback(self, model: ModelInfo, path: str, ask: Callable[[ModelInfo, str], Awaitable[T]]) -> T:
+        """`ask(model, path)`; a remote engine that failed it before answering gives way to the model
+        `instead` names, asked at its own engine's path; each model once."""
+        tried = {model.name}
+        while True:
+            try:
+                return await ask(model, path)
+            except EngineError as exc:
+                other = self.instead(model, path, exc)
+                if other is None or other[0].name in tried:
+                    raise
+                log.info("%s: %s; asking %s instead", model.public, exc.message, other[0].public)
+                model, path = other
+                tried.add(model.name)
+
     async def _round_trip(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
+        return await self._with_fallback(model, path, lambda m, p: self._round_trip_once(m, p, body))
+
+    async def _round_trip_once(self, model: ModelInfo, path: str, body: dict[str, Any]) -> bytes:
         """POST to the model's engine; an engine found dead is started again once and asked again."""
         await self.speculation.before(model, body, self._options(model))
         for attempt in range(2):
@@ -306,16 +328,24 @@ class Proxy:
         async with self.router.hold(lm):
             return json.loads(await self._call(lm, "GET", path, None))
 
-    async def post_raw(self, model: ModelInfo, path: str, data: bytes | FileBody, content_type: str) -> bytes:
-        """A non-JSON body (e.g. audio; fields in `path`'s query; a `FileBody` is streamed from its file)
-        to the model's engine, in the shape the engine takes (`Engine.encode_raw`); returns its answer
-        in ours (`Engine.decode_raw`)."""
+    async def post_raw(self, model: ModelInfo, path: str, data: bytes | FileBody | dict[str, Any],
+                       content_type: str) -> bytes:
+        """A non-JSON body (e.g. audio; fields in `path`'s query; a `FileBody` is streamed from its file),
+        or a JSON one (a dict) whose answer is not JSON (speech), to the model's engine, in the shape
+        the engine takes (`Engine.encode_raw`); returns its answer in ours (`Engine.decode_raw`)."""
+        return await self._with_fallback(model, path, lambda m, p: self._post_raw_once(m, p, data, content_type))
+
+    async def _post_raw_once(self, model: ModelInfo, path: str, data: bytes | FileBody | dict[str, Any],
+                             content_type: str) -> bytes:
         for attempt in range(2):
             async with self.router.use(model, self._options(model)) as lm:
-                engine_path, head, tail, engine_type = lm.engine.encode_raw(path, content_type)
-                body = Framed(head, data, tail) if head or tail else data
                 try:
-                    content = await self._call(lm, "POST", engine_path, None, raw=body, content_type=engine_type)
+                    if isinstance(data, dict):
+                        content = await self._call(lm, "POST", path, data)
+                    else:
+                        engine_path, head, tail, engine_type = lm.engine.encode_raw(path, content_type, lm.launch)
+                        body = Framed(head, data, tail) if head or tail else data
+                        content = await self._call(lm, "POST", engine_path, None, raw=body, content_type=engine_type)
                     return lm.engine.decode_raw(path, content)
                 except EngineUnreachable:
                     if attempt or not await self.router.confirm_crash(lm):
@@ -350,7 +380,8 @@ class Proxy:
         queue full with Retry-After, every slot pinned) keep their HTTP status, and so does every error
         when `in_band_errors` is False (a raw byte stream such as audio, which has no error event)."""
         try:
-            return await self._stream(model, path, body, endpoint, transform, media_type)
+            return await self._with_fallback(
+                model, path, lambda m, p: self._stream(m, p, body, endpoint, transform, media_type))
         except EngineError as exc:
             if not in_band_errors:
                 raise  # a raw byte stream (audio) has no error events; nothing was sent, so the status says it
@@ -367,7 +398,7 @@ class Proxy:
             return await self.client.stream(lm.base_url, path, encode(body))
         url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
         assert sent is not None  # outbound passes a body on, it never drops one
-        return await self.remote.stream(url, encode(sent), headers)
+        return await self.remote.stream(url, encode(sent), headers, lm.engine.connect_timeout)
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,

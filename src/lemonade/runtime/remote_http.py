@@ -1,4 +1,4 @@
-"""HTTP through aiohttp: to cloud engines, and uploads streamed from a file to a local engine.
+"""HTTP through aiohttp: to remote engines (cloud providers, peers), and uploads streamed from a file to a local engine.
 
 Everything else goes to local engines over `engine_client.py`. Two reasons for a module of its own:
 aiohttp takes a quarter of a second to import, which a server that never talks to a cloud engine
@@ -9,6 +9,7 @@ carried a request. The original error is the `__cause__`, for messages that name
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,22 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 2.0  # below llama-server's 5 s idle close
+# TCP keepalive on every connection: a service whose machine vanished mid-answer (no reset ever
+# comes) is noticed after about PROBE_IDLE_S + PROBE_COUNT x PROBE_INTERVAL_S seconds of silence,
+# instead of the system's two hours, so a request never hangs on a dead host.
+PROBE_IDLE_S, PROBE_INTERVAL_S, PROBE_COUNT = 5, 2, 3
+
+
+def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """aiohttp's socket factory: a TCP socket with keepalive probes (where the system has them)."""
+    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", PROBE_IDLE_S), ("TCP_KEEPINTVL", PROBE_INTERVAL_S),
+                        ("TCP_KEEPCNT", PROBE_COUNT)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return sock
 
 
 class RemoteHttp:
@@ -30,10 +47,10 @@ class RemoteHttp:
         self._session: aiohttp.ClientSession | None = None
         self._read_timeout = read_timeout
 
-    def _timeout(self) -> aiohttp.ClientTimeout:
+    def _timeout(self, connect: float) -> aiohttp.ClientTimeout:
         import aiohttp
 
-        return aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT,
+        return aiohttp.ClientTimeout(total=None, connect=connect,
                                      sock_read=self._read_timeout() if self._read_timeout else None)
 
     def session(self) -> aiohttp.ClientSession:
@@ -41,28 +58,31 @@ class RemoteHttp:
 
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S),
+                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S,
+                                               socket_factory=keepalive_socket),
                 timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT), auto_decompress=False)
         return self._session
 
     async def request(self, method: str, url: str, data: bytes | AsyncIterable[bytes] | None,
-                      headers: dict[str, str]) -> tuple[int, bytes]:
+                      headers: dict[str, str], connect_timeout: float = CONNECT_TIMEOUT) -> tuple[int, bytes]:
         """One round trip: (status, body)."""
         import aiohttp
 
         try:
             async with self.session().request(method, url, data=data, headers=headers,
-                                              timeout=self._timeout()) as resp:
+                                              timeout=self._timeout(connect_timeout)) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientError as exc:
             raise _connection_error(exc) from exc
 
-    async def stream(self, url: str, data: bytes, headers: dict[str, str]) -> RemoteStream:
+    async def stream(self, url: str, data: bytes, headers: dict[str, str],
+                     connect_timeout: float = CONNECT_TIMEOUT) -> RemoteStream:
         """A POST whose answer is read as it comes, like the engine client's `EngineStream`."""
         import aiohttp
 
         try:
-            return RemoteStream(await self.session().post(url, data=data, headers=headers, timeout=self._timeout()))
+            return RemoteStream(await self.session().post(url, data=data, headers=headers,
+                                                          timeout=self._timeout(connect_timeout)))
         except aiohttp.ClientError as exc:
             raise _connection_error(exc) from exc
 

@@ -10,6 +10,8 @@
 - `routing_dependency`: True while a routing policy calls one of its helper models (a router LLM,
   a classifier, an embedder) for a `collection.router` request, so the router keeps that model in
   the routing-helper pool instead of a user-facing slot (runtime/router/scheduler.py, "Residency classes").
+- `from_peer`: True for a request another server of the LAN forwarded here (api/guard.py checked its
+  session): it is served by this server, never forwarded again (backends/peers.py).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ client_gone: ContextVar[Departure | None] = ContextVar("client_gone", default=No
 request_trace: ContextVar[InferenceSpan | None] = ContextVar("request_trace", default=None)
 load_progress: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar("load_progress", default=None)
 routing_dependency: ContextVar[bool] = ContextVar("routing_dependency", default=False)
+from_peer: ContextVar[bool] = ContextVar("from_peer", default=False)
 
 
 class ClientGone(Exception):

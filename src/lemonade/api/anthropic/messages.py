@@ -50,7 +50,7 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
     tr = translate.to_openai(body, model.name)
     images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
                  for m in tr.body["messages"])
-    svc.check_model(model, "chat", "/messages", images=images)
+    model = svc.check_model(model, "chat", "/messages", images=images)  # or the same model on a peer
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
     proxy = svc.proxy

@@ -1,4 +1,7 @@
-"""`GET /v1/models` and `GET /v1/models/{id}`: the catalog as OpenAI model objects plus Lemonade fields."""
+"""`GET /v1/models` and `GET /v1/models/{id}`: the catalog as OpenAI model objects plus Lemonade fields.
+
+With peers (backends/peers.py), the models this server does not have but a peer of the LAN serves
+are listed too, as that peer lists them, with `peer` saying where they live."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from lemonade.api.middleware import is_admin
+from lemonade.backends.peers import RECIPE as PEER_RECIPE
+from lemonade.backends.peers import Peer
 from lemonade.model_info import ModelInfo
 from lemonade.routing.cost import prices
 from lemonade.runtime.options import options_for
@@ -111,7 +116,18 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
             obj = alias_object(svc, alias, target, include_paths)
             if show_all or obj["downloaded"]:
                 data.append(obj)
+    listed = {obj["id"] for obj in data}
+    for name, holders in svc.peers.listing().items():
+        if name not in listed and svc.catalog.find(name) is None:
+            data.append(peer_object(*holders[0]))
     return {"object": "list", "data": data}
+
+
+def peer_object(peer: Peer, listed: dict[str, Any]) -> dict[str, Any]:
+    """A peer's model as that peer lists it, saying where it lives (`peer`, its base URL) and whether
+    it is loaded there."""
+    shown = {k: v for k, v in listed.items() if k != "mode"}
+    return {**shown, "peer": peer.url, "peer_hostname": peer.hostname, "peer_loaded": listed["id"] in peer.loaded}
 
 
 def alias_object(svc: Services, alias: str, target: ModelInfo, include_paths: bool = False,
@@ -127,6 +143,11 @@ async def get_model(request: Request, model_id: str,
     svc: Services = request.app.state.services
     include_paths = paths_shown(request, include_paths)
     model = svc.resolve(model_id)
+    if model.recipe == PEER_RECIPE:  # a model only a peer serves
+        peer = svc.peers.get(model.definition["peer"])
+        listed = peer.models.get(model.definition["upstream_id"]) if peer is not None else None
+        if peer is not None and listed is not None:
+            return peer_object(peer, listed)
     target = svc.catalog.alias_of(model_id)
     obj = (alias_object(svc, model_id, target, include_paths, with_components=True) if target is not None
            else model_object(svc, model, with_components=True, include_paths=include_paths))
