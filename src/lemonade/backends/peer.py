@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from lemonade.backends.engine import BackendState, InstallError, Launch, Progress
+from lemonade.backends.engine import BackendState, EngineUnavailable, InstallError, Launch, Progress
 from lemonade.backends.image_engine import ImageEngine
 from lemonade.backends.peer_auth import HEADER
 from lemonade.backends.peers import CONNECT_SECONDS, RECIPE, Peers, label
@@ -116,7 +116,10 @@ class PeerEngine(ImageEngine, SpeechService):
 
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:
-        url = model.definition["peer"]
+        url = model.definition.get("peer")
+        if not url:
+            raise EngineUnavailable(f"Model {model.public}: recipe '{self.recipe}' names the models of the LAN's "
+                                    "peers as this server finds them; it cannot be registered", code="model_load_error")
         return Launch(PeerConnection(url, model.definition["upstream_id"]), dict(options),  # type: ignore[arg-type]
                       backend, device=f"peer {label(url)}")
 
