@@ -52,20 +52,23 @@ GEMMA_ID = "extra." + GEMMA_NAME
 
 
 class Server:
-    """One `lemonade serve` subprocess."""
+    """One `lemonade serve` subprocess; with `netns`, inside that network namespace (a host of
+    tests/lan.py), listening on `host`, its address there."""
 
     def __init__(self, cache: Path, port: int, env: dict[str, str], args: list[str],
-                 cgroup: MemoryCgroup | None = None) -> None:
+                 cgroup: MemoryCgroup | None = None, netns: str | None = None, host: str = "127.0.0.1") -> None:
         """`cgroup`: a memory cgroup (tests/cgroups.py) the server joins before it starts, so it and
         every engine it starts count against the cgroup's cap."""
         self.cache = cache
         self.config_dir = Path(env.get("LEMONADE_CONFIG_DIR") or cache)  # config.json, user_models.json, ...
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
         self.log_path = cache / "server.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        where = ["ip", "netns", "exec", netns] if netns else []  # `ip netns exec` runs the program itself (same pid)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port), *args],
+            [*where, sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port), *args,
+             *(["--host", host] if host != "127.0.0.1" else [])],
             env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=(lambda: join(cgroup)) if cgroup is not None else None)
         self.known_children: set[int] = set()
@@ -152,9 +155,10 @@ class ServerFactory:
     def __call__(self, *, env: dict[str, str] | None = None, args: list[str] | None = None,
                  cache: Path | None = None, config: dict[str, Any] | None = None, port: int | None = None,
                  wait: bool = True, engines: tuple[str, ...] = ("llamacpp", "fasterwhisper"),
-                 cgroup: MemoryCgroup | None = None) -> Server:
+                 cgroup: MemoryCgroup | None = None, netns: str | None = None, host: str = "127.0.0.1") -> Server:
         """`engines`: installed backends of the test cache to link into the server's cache dir;
-        `cgroup`: a memory cgroup to start the server in (tests/cgroups.py)."""
+        `cgroup`: a memory cgroup to start the server in (tests/cgroups.py); `netns` and `host`: the
+        network namespace to run in and the address to listen on there."""
         cache = cache or self.tmp.mktemp("lemonade-cache")
         # Persistent JSON goes to a config dir of its own next to the cache dir (found again when a test
         # restarts a server on the same cache), never to the user's ~/.config/lemonade.
@@ -181,7 +185,7 @@ class ServerFactory:
         # must never find a test's server; tests of the beacons turn them on (LEMONADE_BROADCAST="").
         full_env["LEMONADE_BROADCAST"] = "false"
         full_env.update(env or {})
-        server = Server(cache, port or free_port(), full_env, args or [], cgroup)
+        server = Server(cache, port or free_port(), full_env, args or [], cgroup, netns=netns, host=host)
         self.servers.append(server)
         if wait:
             server.wait_live()

@@ -423,17 +423,21 @@ class BeaconListener:
         self._heard: dict[str, tuple[Beacon, float]] = {}
 
     async def run(self) -> None:
-        sock = listening_socket(self.port)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                data, (sender, _) = await loop.sock_recvfrom(sock, MAX_DATAGRAM)
-                beacon = decode(data, sender)
+        """Listen until cancelled (OSError when the port cannot be bound)."""
+        listener = self
+
+        class Heard(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+                beacon = decode(data, str(addr[0]))
                 if beacon is not None and beacon.service == SERVICE:
-                    self._heard[beacon.base_url] = (beacon, time.monotonic())
+                    listener._heard[beacon.base_url] = (beacon, time.monotonic())
+
+        sock = listening_socket(self.port)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(Heard, sock=sock)
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
-            sock.close()
+            transport.close()
 
     def recent(self, within: float) -> list[Beacon]:
         """The servers heard in the last `within` seconds, each once, in the order first heard."""

@@ -232,10 +232,15 @@ class Services:
             lm = self.router.resident(name)
             if lm is not None:
                 return lm.model
-            elsewhere = self.peers.named(name) or self._on_peer(name, here=False)
-            if elsewhere is not None:  # a model this server does not have, but a peer does
-                return elsewhere
+            on_peer = self.elsewhere(name)
+            if on_peer is not None:
+                return on_peer
             raise model_not_found(name) from None
+
+    def elsewhere(self, name: str) -> ModelInfo | None:
+        """A model this server does not have but a peer of the LAN serves: by its id, or addressed on
+        one peer as `<id>@<host:port>`."""
+        return self.peers.named(name) or self._on_peer(name, here=False)
 
     # ----- peers (backends/peers.py): where a request goes when this server does not serve it ------
     def _on_peer(self, name: str, here: bool) -> ModelInfo | None:

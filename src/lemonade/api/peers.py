@@ -4,7 +4,8 @@ The handshake (backends/peer_auth.py) proves `LEMONADE_PEER_KEY` in both directi
 it; the API key does not guard these routes (api/middleware.py), the key does. A server without a
 usable key answers 403 to all of them, so a peer knows at once that it takes no forwarded requests.
 
-- `POST /peers/challenge` `{"client_nonce"}` -> `{"server_nonce", "proof", "instance"}`
+- `POST /peers/challenge` `{"client_nonce"}` -> `{"server_nonce", "address", "proof", "instance"}`, the
+  address being this server's end of the connection (`ip:port`), which the proof covers;
 - `POST /peers/session` `{"client_nonce", "server_nonce", "proof", "instance", "hostname"}` ->
   `{"expires_in", "instance", "hostname"}`, or 401 when the proof is wrong (or late, or used);
 - `GET /peers/models` with the session in `X-Lemonade-Peer`: the models this server serves itself
@@ -22,7 +23,7 @@ from fastapi import APIRouter, Request
 
 from lemonade.api.errors import APIError
 from lemonade.api.openai.models import model_object
-from lemonade.backends.peer_auth import HEADER, KEY_ENV, SESSION_SECONDS
+from lemonade.backends.peer_auth import HEADER, KEY_ENV, SESSION_SECONDS, address_text
 from lemonade.services import Services
 
 router = APIRouter(prefix="/peers", tags=["peers"])
@@ -52,8 +53,9 @@ async def _object(request: Request) -> dict[str, Any]:
 async def challenge(request: Request) -> dict[str, str]:
     svc = _services(request)
     body = await _object(request)
+    host, port = request.scope.get("server") or ("", 0)
     try:
-        return svc.peers.gate.challenge(body.get("client_nonce"))
+        return svc.peers.gate.challenge(body.get("client_nonce"), address_text(host, port))
     except ValueError as exc:
         raise APIError(400, f"Invalid value for 'client_nonce': {exc}", code="invalid_argument") from None
 

@@ -34,6 +34,7 @@ from lemonade.backends.peer_auth import (
     KEY_ENV,
     SESSION_SECONDS,
     PeerGate,
+    address_text,
     key_problem,
     matches,
     new_nonce,
@@ -64,6 +65,17 @@ def label(url: str) -> str:
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
     return f"{host}:{port}"
+
+
+async def addresses(url: str) -> set[str]:
+    """The `ip:port` a connection to `url` may reach (its host resolved), as peer_auth.py writes them."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {address_text(str(info[4][0]), port) for info in infos}
 
 
 @dataclass
@@ -233,7 +245,7 @@ class Peers:
 
     async def stop(self) -> None:
         for task in (self._task, self._listening):
-            if task is not None:
+            if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -263,8 +275,8 @@ class Peers:
         """One round: the peer list brought up to date with the setting (and the beacons), then every
         peer asked for its models."""
         self._listen(self.forwarding and self.setting() == "auto")
-        if self._listening is not None and self._listening.done() and self._listening.exception() is not None:
-            log.error("Cannot hear discovery beacons for peers: \"auto\": %s", self._listening.exception())
+        if self._listening is not None and self._listening.done():
+            log.error("Cannot hear discovery beacons for peers: \"auto\": %r", self._listening.exception())
             self._listener = self._listening = None
         urls = self.urls() if self.forwarding else []
         for url in [u for u in self._peers if u not in urls]:
@@ -310,24 +322,31 @@ class Peers:
                                f"(is {KEY_ENV} set on it?)")
             return
         answer = resp.json()
-        server_nonce = str(answer.get("server_nonce", ""))
+        server_nonce, address = str(answer.get("server_nonce", "")), str(answer.get("address", ""))
         if answer.get("instance") == self.instance:
             self._set(peer, "self", "this server itself")
             return
-        if not server_nonce or not matches(answer.get("proof"), proof(self._key, "server", client_nonce, server_nonce)):
+        contacted = await addresses(peer.url)
+        if address not in contacted:
+            self._refuse(peer, f"it answered for the address {address or '(none)'}, not {', '.join(sorted(contacted))} "
+                               "that we connected to: another server's answer passed on (a relay), or NAT or a proxy "
+                               "between us (peers must reach each other directly); nothing is sent to it")
+            return
+        if not server_nonce or not matches(answer.get("proof"),
+                                           proof(self._key, "server", client_nonce, server_nonce, address)):
             self._refuse(peer, f"it did not prove that it holds {KEY_ENV} (another key, or not a Lemonade server): "
                                "nothing is sent to it")
             return
         resp = await http.post(peer.url + "/peers/session", timeout=POLL_TIMEOUT, json={
             "client_nonce": client_nonce, "server_nonce": server_nonce,
-            "proof": proof(self._key, "client", client_nonce, server_nonce),
+            "proof": proof(self._key, "client", client_nonce, server_nonce, address),
             "instance": self.instance, "hostname": self.hostname})
         if resp.status_code != 200:
             self._refuse(peer, f"it refused our proof of {KEY_ENV} (HTTP {resp.status_code})")
             return
         expires_in = resp.json().get("expires_in")
         lifetime = float(expires_in) if isinstance(expires_in, (int, float)) else SESSION_SECONDS
-        peer.token = session_token(self._key, client_nonce, server_nonce)
+        peer.token = session_token(self._key, client_nonce, server_nonce, address)
         peer.session_until = time.monotonic() + min(lifetime, SESSION_SECONDS)
         peer.instance = str(answer.get("instance") or "")
 
