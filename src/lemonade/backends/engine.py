@@ -290,6 +290,9 @@ class Engine(ABC):
     memory_per_weight_byte: ClassVar[float] = 1.0
     available: ClassVar[bool] = True  # False: known recipe whose engine this build does not ship
     connect_timeout: ClassVar[float] = 10.0  # seconds a remote engine may take to accept a connection
+    # A remote engine on plain HTTP that our own lean client may talk to (runtime/engine_client.py):
+    # a peer server; a cloud provider's API stays on aiohttp, which speaks whatever its proxy answers.
+    lean_client: ClassVar[bool] = False
     # Where its models run. False: a process of ours per model, holding a slot of its type. True: a
     # service elsewhere (a cloud provider): no slot, no process, and requests leave through `outbound`.
     remote: ClassVar[bool] = False

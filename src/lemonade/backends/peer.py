@@ -77,6 +77,7 @@ class PeerEngine(ImageEngine, SpeechService):
     remote = True
     process = "peer"
     connect_timeout = CONNECT_SECONDS
+    lean_client = True  # another of our servers: plain HTTP/1.1 that runtime/engine_client.py speaks
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
                  "responses": "/v1/responses", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank",
                  "tokenize": "/v1/tokenize", "classify": "/v1/classify", "audio/transcriptions": TRANSCRIPTIONS,

@@ -6,8 +6,10 @@ client spent about 0.8 ms of CPU on each round trip (request and response object
 multidicts, stream readers, timers), and a few microseconds on every relayed token, on a 2-core
 machine where every millisecond of ours is taken from the engine. This one writes the request in
 one piece and takes the answer from the parser's callbacks. It does only what our engines need:
-a bytes body; an answer read whole, or relayed chunk by chunk. Uploads streamed from files and
-remote (TLS) engines stay on aiohttp (`runtime/remote_http.py`).
+a bytes body; an answer read whole, or relayed chunk by chunk. A remote engine on plain HTTP (a
+peer server of the LAN, backends/peer.py) takes the same path, with its own headers and connect
+timeout: forwarding is held to 2 ms a request (docs/performance.md, "Peers"). Uploads streamed from
+files and TLS engines (cloud providers) stay on aiohttp (`runtime/remote_http.py`).
 
 Closing a connection is how a request is stopped: a task cancelled while it waits (the client hung
 up) closes its connection, and llama-server stops that request. Such a connection, and one that
@@ -219,9 +221,12 @@ class EngineClient:
         return found
 
     async def request(self, method: str, base_url: str, path: str, body: bytes | None = None,
-                      content_type: str = "application/json") -> tuple[int, bytes]:
-        """(status, body) of one request to the engine at `base_url`, over a kept connection."""
-        host, port, conn, status = await self._begin(method, base_url, path, body, content_type)
+                      content_type: str = "application/json", headers: dict[str, str] | None = None,
+                      connect_timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, bytes]:
+        """(status, body) of one request to the engine at `base_url`, over a kept connection;
+        `headers`: more header lines (never Host, Content-Type or Content-Length)."""
+        host, port, conn, status = await self._begin(method, base_url, path, body, content_type, headers,
+                                                     connect_timeout)
         try:
             content = await conn.read_all()
         except BaseException:
@@ -234,20 +239,23 @@ class EngineClient:
             self._idle.setdefault((host, port), deque()).append(conn)
         return status, content
 
-    async def stream(self, base_url: str, path: str, body: bytes) -> EngineStream:
+    async def stream(self, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
+                     connect_timeout: float = CONNECT_TIMEOUT_S) -> EngineStream:
         """A POST whose answer is relayed as it comes; the caller closes the stream."""
-        *_, conn, status = await self._begin("POST", base_url, path, body, "application/json")
+        *_, conn, status = await self._begin("POST", base_url, path, body, "application/json", headers,
+                                             connect_timeout)
         return EngineStream(conn, status)
 
-    async def _begin(self, method: str, base_url: str, path: str, body: bytes | None,
-                     content_type: str) -> tuple[str, int, _Connection, int]:
+    async def _begin(self, method: str, base_url: str, path: str, body: bytes | None, content_type: str,
+                     headers: dict[str, str] | None, connect_timeout: float) -> tuple[str, int, _Connection, int]:
         host, port, netloc = self._address(base_url)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {netloc}\r\nContent-Type: {content_type}\r\n"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {netloc}\r\nContent-Type: {content_type}\r\n{extra}"
                 f"Content-Length: {len(body) if body else 0}\r\n\r\n").encode("latin-1")
         conn, reused = self._kept(host, port)
         try:
             if conn is None:
-                conn = await self._connect(host, port)
+                conn = await self._connect(host, port, connect_timeout)
             try:
                 return host, port, conn, await conn.begin(head, body)
             except EngineConnectionError:
@@ -256,7 +264,7 @@ class EngineClient:
                 # The engine dropped the kept connection as we wrote to it: it did not take the
                 # request, so asking again on a new connection cannot run it twice.
                 conn.close()
-                conn = await self._connect(host, port)
+                conn = await self._connect(host, port, connect_timeout)
                 return host, port, conn, await conn.begin(head, body)
         except BaseException:
             if conn is not None:
@@ -273,11 +281,11 @@ class EngineClient:
             conn.close()
         return None, False
 
-    async def _connect(self, host: str, port: int) -> _Connection:
+    async def _connect(self, host: str, port: int, timeout: float) -> _Connection:
         if self._closed:
             raise EngineConnectionError("the server is shutting down")
         loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(loop.create_connection(_Connection, host, port), CONNECT_TIMEOUT_S)
+        _, conn = await asyncio.wait_for(loop.create_connection(_Connection, host, port), timeout)
         return conn
 
     async def aclose(self) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -118,6 +119,22 @@ def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
             with contextlib.suppress(ValueError):
                 return json.loads(line[5:].strip())
     return None
+
+
+
+def plain_http(url: str) -> tuple[str, str] | None:
+    """(origin, path and query) of a remote engine's `http://host:port/...` URL, which our own client
+    takes (runtime/engine_client.py: a peer server of the LAN); None for TLS or a URL without a port,
+    which go through aiohttp."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.netloc or ":" not in parts.netloc.rsplit("]", 1)[-1]:
+        return None
+    return f"http://{parts.netloc}", url[len("http://") + len(parts.netloc):] or "/"
+
+
+def extra_headers(headers: dict[str, str]) -> dict[str, str]:
+    """A remote engine's request headers but those our own client writes itself."""
+    return {k: v for k, v in headers.items() if k.lower() not in ("host", "content-type", "content-length")}
 
 
 class Proxy:
@@ -239,8 +256,13 @@ class Proxy:
             data = raw if raw is not None else encode(body) if body is not None else None
 
         async def round_trip() -> tuple[int, bytes]:
-            if not lm.engine.remote and (data is None or isinstance(data, bytes)):
-                return await self.client.request(method, lm.base_url, path, data, content_type)
+            if data is None or isinstance(data, bytes):
+                if not lm.engine.remote:
+                    return await self.client.request(method, lm.base_url, path, data, content_type)
+                lean = plain_http(url) if lm.engine.lean_client else None
+                if lean is not None:
+                    return await self.client.request(method, *lean, data, content_type, extra_headers(headers),
+                                                     lm.engine.connect_timeout)
             return await self.remote.request(method, url, data, headers, lm.engine.connect_timeout)
 
         span = request_trace.get()
@@ -398,6 +420,9 @@ class Proxy:
             return await self.client.stream(lm.base_url, path, encode(body))
         url, sent, headers = lm.engine.outbound(lm.launch, path, body, dict(STREAM_HEADERS))
         assert sent is not None  # outbound passes a body on, it never drops one
+        lean = plain_http(url) if lm.engine.lean_client else None
+        if lean is not None:
+            return await self.client.stream(*lean, encode(sent), extra_headers(headers), lm.engine.connect_timeout)
         return await self.remote.stream(url, encode(sent), headers, lm.engine.connect_timeout)
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
