@@ -11,7 +11,7 @@ Five hosts on one bridge (tests/lan.py), each a network namespace with its own a
   challenges it gets to B, recording everything sent to it.
 
 A, B, C share LEMONADE_PEER_KEY. Proven through the official clients (openai, ollama, anthropic):
-the peer that has a model (loaded) answers, on every API family, streaming included, while A starts
+the peer that has a model (loaded) answers, on every API family (MCP's chat tool too), streaming included, while A starts
 no engine at all; a killed peer costs at most one failed attempt (the request goes to the next peer,
 or is served by A itself); neither D nor F gets anything, and the key never reaches them; with
 `peers: "auto"`, A finds the live servers by their beacons and refuses the forged one.
@@ -39,7 +39,7 @@ import openai
 import psutil
 import pytest
 
-from tests.helpers import GEMMA_NAME, Server, ServerFactory, wait_for
+from tests.helpers import GEMMA_NAME, Server, ServerFactory, call, texts, wait_for
 from tests.lan import Lan, lan_unusable
 from tests.models import minilm_gguf, tiny_reranker_gguf
 
@@ -124,20 +124,25 @@ def members(lan: Lan, module_servers: ServerFactory, gemma_dir: Path,
                               config={"peers": peers} if peers else None, netns=host.ns, host=host.address, port=PORT,
                               wait=False)
 
-    forger = Forger(lan, root / "forger.log", relay=url["b"])
+    forger: Forger | None = None
     try:
         b = start("b", GEMMA_NAME, EMBED)
         c = start("c", GEMMA_NAME, RERANK)
         a = start("a", EMBED, peers=[url["b"], url["c"], url["f"]])
         d = start("d", env={"LEMONADE_PEER_KEY": OTHER_KEY}, peers=[url["a"], url["b"]])
-        for server in (b, c, a, d):
+        b.wait_live(120)
+        # The forger relays to B, so it starts once B answers: a relay that found B not listening yet
+        # would be refused for that (and asked again only 30 s later), not for being a relay.
+        forger = Forger(lan, root / "forger.log", relay=url["b"])
+        for server in (c, a, d):
             server.wait_live(120)
         with b.client() as http:
             for name in (GEMMA_NAME, EMBED):
                 assert http.post("/v1/load", json={"model_name": name}).status_code == 200
         yield {"a": a, "b": b, "c": c, "d": d, "forger": forger}
     finally:
-        forger.stop()
+        if forger is not None:
+            forger.stop()
 
 
 def peers_of(server: Server) -> dict[str, dict[str, Any]]:
@@ -189,8 +194,10 @@ def test_the_peer_that_has_the_model_answers_on_every_api(members):
     with anthropic.Anthropic(base_url=a.url, api_key="x", max_retries=0, timeout=300).messages.stream(
             model=GEMMA_NAME, max_tokens=8, messages=HELLO) as events:
         assert "".join(events.text_stream)
+    result = call(a, "lemonade_chat", {"model": GEMMA_NAME, "messages": HELLO, "max_tokens": 8})  # MCP
+    assert not result.is_error and "".join(texts(result)), result
     # every one of them was answered by B's engine
-    assert requests_of(b, GEMMA_NAME, "chat/completions") - before == 4
+    assert requests_of(b, GEMMA_NAME, "chat/completions") - before == 5
     # A has all-MiniLM too, but B has it loaded: B embeds
     embedded = requests_of(b, EMBED, "embeddings")
     vectors = oai.embeddings.create(model=EMBED, input=["a cat", "a dog"]).data
