@@ -106,9 +106,9 @@ def paired(name: str, n: int, straight: Callable[[], float], forwarded: Callable
             direct.append(straight())
     diffs = [t - d for t, d in zip(through, direct, strict=True)]
     spread = "/".join(f"{pct(diffs, q):.2f}" for q in (0, 25, 50, 75, 100))
-    print(f"{name}, {n} per side: straight to B p50 {statistics.median(direct):.2f} ms, through A "
-          f"{statistics.median(through):.2f} ms, added p50 {statistics.median(through) - statistics.median(direct):+.2f} "
-          f"ms (paired differences min/p25/p50/p75/max {spread} ms)")
+    straight_p50, through_p50 = statistics.median(direct), statistics.median(through)
+    print(f"{name}, {n} per side: straight to B p50 {straight_p50:.2f} ms, through A {through_p50:.2f} ms, "
+          f"added p50 {through_p50 - straight_p50:+.2f} ms (paired differences min/p25/p50/p75/max {spread} ms)")
 
 
 def main() -> None:
@@ -129,7 +129,8 @@ def main() -> None:
             host_a, host_b = lan.add_host(), lan.add_host()
             url_a, url_b = f"http://{host_a.address}:{PORT}", f"http://{host_b.address}:{PORT}"
             servers = {}
-            for name, host, models, peers in (("b", host_b, models_dir(root), []), ("a", host_a, root / "none", [url_b])):
+            for name, host, models, peers in (("b", host_b, models_dir(root), []),
+                                              ("a", host_a, root / "none", [url_b])):
                 cache = new_cache(root, name, backend)
                 models.mkdir(exist_ok=True)
                 if peers:

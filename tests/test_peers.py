@@ -10,9 +10,9 @@ Five hosts on one bridge (tests/lan.py), each a network namespace with its own a
 - F: a forger (tests/peer_forger.py) that announces itself with forged beacons and relays the
   challenges it gets to B, recording everything sent to it.
 
-A, B, C share LEMONADE_PEER_KEY. Proven through the official clients (openai, ollama, anthropic):
-the peer that has a model (loaded) answers, on every API family (MCP's chat tool too), streaming included, while A starts
-no engine at all; a killed peer costs at most one failed attempt (the request goes to the next peer,
+A, B, C share LEMONADE_PEER_KEY. Proven through the official clients (openai, ollama, anthropic,
+mcp): the peer that has a model (loaded) answers, on every API family, streaming included, while A
+starts no engine at all; a killed peer costs at most one failed attempt (the request goes to the next peer,
 or is served by A itself); neither D nor F gets anything, and the key never reaches them; with
 `peers: "auto"`, A finds the live servers by their beacons and refuses the forged one.
 
@@ -288,3 +288,26 @@ def test_auto_finds_the_live_servers_by_their_beacons(members):
     assert reply.choices[0].message.content
     assert {(r["method"], r["path"]) for r in forger.received()} == {("POST", "/peers/challenge")}
     assert not any(KEY in json.dumps(r) for r in forger.received())
+
+
+def test_a_peer_dying_mid_stream_ends_the_stream_with_an_error(members):
+    """C streams Gemma's answer through A and dies after its first tokens: the client's stream ends
+    with an error event naming C (it does not hang), and A's next request for Gemma, which no live
+    server has now, is answered at once with a 404, not held for C."""
+    a, c = members["a"], members["c"]
+    wait_up(a, c)
+    body = {"model": GEMMA_NAME, "messages": HELLO, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    with httpx.stream("POST", a.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, connect=10)) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:  # C is answering: it goes, its engine with it (PR_SET_PDEATHSIG)
+                    os.kill(c.proc.pid, signal.SIGKILL)
+    c.proc.wait(30)
+    assert len(events) < 400 and events[-1] != "[DONE]", events[-3:]
+    error = json.loads(events[-1])["error"]
+    assert c.url.removeprefix("http://") in error["message"], error
+    gone = httpx.post(a.url + "/v1/chat/completions", timeout=60, json={"model": GEMMA_NAME, "messages": HELLO})
+    assert gone.status_code == 404, gone.text

@@ -26,10 +26,13 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from lemonade.util.tcp_keepalive import REMOTE, keep_alive
+
 # Idle connections are dropped before the engine's own idle close (llama-server: 5 s), so a kept
 # connection is rarely one the engine is closing just as we write to it (and that case is retried).
 IDLE_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A relayed stream stops reading from the engine while this much is waiting for a slow client.
 STREAM_BUFFER = 256 * 1024
 
@@ -285,7 +288,9 @@ class EngineClient:
         if self._closed:
             raise EngineConnectionError("the server is shutting down")
         loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(loop.create_connection(_Connection, host, port), timeout)
+        transport, conn = await asyncio.wait_for(loop.create_connection(_Connection, host, port), timeout)
+        if host not in LOOPBACK:  # a peer on the LAN: a host gone silent ends the request (util/tcp_keepalive.py)
+            keep_alive(transport.get_extra_info("socket"), *REMOTE)
         return conn
 
     async def aclose(self) -> None:

@@ -14,27 +14,20 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from lemonade.runtime.engine_client import EngineConnectionError
+from lemonade.util.tcp_keepalive import REMOTE, keep_alive
 
 if TYPE_CHECKING:
     import aiohttp
 
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 2.0  # below llama-server's 5 s idle close
-# TCP keepalive on every connection: a service whose machine vanished mid-answer (no reset ever
-# comes) is noticed after about PROBE_IDLE_S + PROBE_COUNT x PROBE_INTERVAL_S seconds of silence,
-# instead of the system's two hours, so a request never hangs on a dead host.
-PROBE_IDLE_S, PROBE_INTERVAL_S, PROBE_COUNT = 5, 2, 3
 
 
 def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
-    """aiohttp's socket factory: a TCP socket with keepalive probes (where the system has them)."""
-    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-    sock = socket.socket(family=family, type=kind, proto=proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", PROBE_IDLE_S), ("TCP_KEEPINTVL", PROBE_INTERVAL_S),
-                        ("TCP_KEEPCNT", PROBE_COUNT)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    """aiohttp's socket factory: a TCP socket with quick keep-alive probes (util/tcp_keepalive.py
+    REMOTE), so a service whose machine vanished mid-answer does not hold its request for hours."""
+    sock = socket.socket(family=addr_info[0], type=addr_info[1], proto=addr_info[2])
+    keep_alive(sock, *REMOTE)
     return sock
 
 

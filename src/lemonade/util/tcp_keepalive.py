@@ -18,18 +18,21 @@ from typing import Any
 IDLE_S = 15
 INTERVAL_S = 5
 PROBES = 3
+# Our own connections to a remote engine (a peer server, a cloud API): a host that vanished mid-answer
+# (no reset ever comes) is noticed after about 5 + 3 x 2 seconds of silence, so no request hangs on it.
+REMOTE = (5, 2, 3)  # idle, interval, probes
 # Linux and Windows call the idle time TCP_KEEPIDLE; macOS calls it TCP_KEEPALIVE.
 _IDLE_OPTION = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
 
 
-def keep_alive(sock: Any) -> None:
-    """Turn keep-alive probes on for a connected socket (a `socket.socket`, or the socket-like object
-    an event loop's transport gives). An option the platform lacks, or a socket that is not TCP (a
-    Unix socket), is left as it is."""
+def keep_alive(sock: Any, idle: int = IDLE_S, interval: int = INTERVAL_S, probes: int = PROBES) -> None:
+    """Turn keep-alive probes on for a socket (a `socket.socket`, or the socket-like object an event
+    loop's transport gives). An option the platform lacks, or a socket that is not TCP (a Unix
+    socket), is left as it is."""
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
     if _IDLE_OPTION is not None:
-        options.append((socket.IPPROTO_TCP, _IDLE_OPTION, IDLE_S))
-    for name, value in (("TCP_KEEPINTVL", INTERVAL_S), ("TCP_KEEPCNT", PROBES)):
+        options.append((socket.IPPROTO_TCP, _IDLE_OPTION, idle))
+    for name, value in (("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", probes)):
         if hasattr(socket, name):
             options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     for level, option, value in options:
