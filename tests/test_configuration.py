@@ -282,13 +282,13 @@ def test_params_what_runs_needs_the_admin_key_and_paths_stay_hidden(make_server,
         seen = c.get("/v1/params", headers=user).json()
         assert seen["extra_models_dir"] == "<extra_models_dir>" and str(gemma_dir) not in json.dumps(seen)
         assert c.get("/v1/params", headers=admin).json()["extra_models_dir"] == str(gemma_dir)
-        # What decides what runs and what it reads stays the admin's: engine flags and binaries, folders
+        # What decides what runs, what it reads and where requests go stays the admin's: engine flags and
+        # binaries, folders, the peers that requests are forwarded to
         for body in ({"llamacpp_args": "--threads 2"}, {"llamacpp": {"cpu_bin": "/tmp"}}, {"models_dir": "/tmp"},
-                     {"max_loaded_models": 3, "whispercpp": {"args": "-t 2"}}):
+                     {"max_loaded_models": 3, "whispercpp": {"args": "-t 2"}}, {"peers": ["http://10.9.9.9:13305"]}):
             refused = c.post("/v1/params", json=body, headers=user)
             assert refused.status_code == 403 and "admin key" in refused.json()["error"], body
-            assert ("args" in refused.json()["error"] or "_bin" in refused.json()["error"]
-                    or "models_dir" in refused.json()["error"])
+            assert any(word in refused.json()["error"] for word in ("args", "_bin", "models_dir", "peers"))
         assert c.get("/v1/params", headers=user).json()["max_loaded_models"] != 3  # nothing of a refusal applies
         assert c.post("/v1/params", json={"llamacpp_args": "--threads 2"}, headers=admin).status_code == 200
         # ...the other settings are any API client's, as on Lemonade's server

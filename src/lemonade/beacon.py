@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from lemonade.config import Config
@@ -416,7 +417,8 @@ def discover_local(timeout: float = INTERVAL_S + 0.5) -> Beacon | None:
 class BeaconListener:
     """The servers a running server hears, in the background (config `peers: "auto"`,
     backends/peers.py): the latest beacon of each server URL and when it came. Only server beacons
-    (`service` "lemonade") count."""
+    (`service` "lemonade") sent from the address their URL names count: a beacon cannot send the
+    server's challenges to another host."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port
@@ -429,7 +431,7 @@ class BeaconListener:
         class Heard(asyncio.DatagramProtocol):
             def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
                 beacon = decode(data, str(addr[0]))
-                if beacon is not None and beacon.service == SERVICE:
+                if beacon is not None and beacon.service == SERVICE and urlsplit(beacon.url).hostname == beacon.sender:
                     listener._heard[beacon.base_url] = (beacon, time.monotonic())
 
         sock = listening_socket(self.port)

@@ -152,3 +152,30 @@ def test_the_peers_setting(tmp_path):
             Config(tmp_path, environ={}).set({"peers": bad})
         assert named in str(refused.value)
     assert not (tmp_path / "config.json").exists()
+
+
+def test_auto_keeps_only_beacons_sent_from_the_address_they_name():
+    """`peers: "auto"` hears server beacons; one naming an address other than its sender's (a forged
+    pointer at another host) is dropped, so the server never sends that host a challenge."""
+    import asyncio
+    import socket
+
+    from lemonade.beacon import BeaconListener, encode
+
+    async def scenario() -> list[str]:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        listener = BeaconListener(port)
+        task = asyncio.ensure_future(listener.run())
+        await asyncio.sleep(0.2)
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for url in ("http://127.0.0.1:13305/api/v1/", "http://10.9.8.7:13305/api/v1/"):
+            sender.sendto(encode("h", url), ("127.0.0.1", port))
+        sender.close()
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return [b.base_url for b in listener.recent(60)]
+
+    assert asyncio.run(scenario()) == ["http://127.0.0.1:13305"]

@@ -31,7 +31,8 @@ router = APIRouter(tags=["config"])
 
 
 ADMIN_ONLY_KEYS = frozenset({"extra_models_dir", "models_dir", "cloud_providers", "no_fetch_executables",
-                             "llamacpp.prefer_system", "llamacpp.rpc_workers", "host", "port", "websocket_port"})
+                             "llamacpp.prefer_system", "llamacpp.rpc_workers", "peers", "host", "port",
+                             "websocket_port"})
 
 
 def admin_only(key: str) -> bool:
