@@ -7,7 +7,7 @@ tests/test_serving.py on real engines.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -273,6 +273,16 @@ def test_a_load_that_can_never_fit_is_refused_with_507_and_what_would_help():
     message = refuse.error.message
     assert "Cannot load b" in message and "a 1 GiB cgroup limit" in message
     assert "ctx_size" in message and "unloading pinned big" in message
+
+
+def test_a_split_load_refused_for_this_hosts_share_says_it_is_a_share():
+    """A load over RPC workers is admitted for the main host's share only; refused, the message
+    must not read as if the whole model were asked of this host."""
+    need = replace(chat_need(900), share="on this host, its share of a load whose layers the RPC workers hold")
+    (refuse,) = rules.plan(queue([W("b", need=need)], [], memory=512 * MiB))
+    assert refuse.error.status == 507
+    assert "needs about 900 MiB on this host, its share of a load whose layers the RPC workers hold" \
+        in refuse.error.message, refuse.error.message
 
 
 def test_pinned_and_waited_for_models_are_the_last_to_leave_for_memory():

@@ -482,7 +482,8 @@ def split_need(files: dict[str, list[Path]], options: dict[str, Any], backend: s
     }
     terms: list[tuple[float, int | None]] = list(masks)
     _host_extras(files, options, backend, cap_bytes, mode, flags, rows, kv, checkpoint_bytes, parts, terms)
-    main = MemoryNeed(sum(parts.values()), tuple(terms), ctx, ctx_min, parts)
+    main = MemoryNeed(sum(parts.values()), tuple(terms), ctx, ctx_min, parts,
+                      share="on this host, its share of a load whose layers the RPC workers hold")
     streams = 1 if flags.unified else flags.slots
     window = rows[2] if rows is not None else 0
     window_cells = None if flags.swa_full or not window else \

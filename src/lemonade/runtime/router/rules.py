@@ -442,7 +442,8 @@ def insufficient_memory(w: Wanted, need: MemoryNeed, q: Queue, sims: Mapping[str
         hints.append("unloading pinned " + ", ".join(f"{q.public(s.lm)} ({_mib(s.lm.held_bytes)})" for s in pinned))
     hints.append("more memory for this server")
     context = f" at {need.ctx_min if need.auto else need.ctx} tokens of context" if need.ctx else ""
-    return APIError(507, f"Cannot load {q.public(w)}: it needs about {_mib(lowest)}{context} ({parts}), and "
+    share = f" {need.share}" if need.share else ""
+    return APIError(507, f"Cannot load {q.public(w)}: it needs about {_mib(lowest)}{share}{context} ({parts}), and "
                     f"{_mib(max(0, best))} of the {_mib(q.memory.budget)} this server may use ({q.memory.source}) "
                     f"can be made free. What would make it fit: {'; '.join(hints)}.", type="server_error",
                     code="insufficient_memory")
