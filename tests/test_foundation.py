@@ -430,6 +430,9 @@ def test_every_route_needs_its_key(make_server):
             if path in OPEN_ROUTES:
                 assert 401 not in got.values(), (method, path, got)
                 continue
+            if path.startswith("/peers/"):  # the peer key guards them, not the API key: without one, 403 to all
+                assert set(got.values()) == {403}, (method, path, got)
+                continue
             internal = path.startswith("/internal")
             expected = {"none": True, "wrong": True, "api": internal, "admin": False}
             assert {name: code == 401 for name, code in got.items()} == expected, (method, path, got)

@@ -475,6 +475,14 @@ SUCCESS: dict[tuple[str, str], Answer] = {
     ("post", "/internal/mcp/servers/{server_id}/tools/call"): _object_of({
         "server_id": {"type": "string"}, "tool": {"type": "string"}, "result": {"type": "object"}}),
     ("get", "/internal/mcp/tools"): _object_of({"tools": {"type": "array", "items": {"type": "object"}}}),
+    # the peer handshake and listing (api/peers.py)
+    ("post", "/peers/challenge"): _object_of({"server_nonce": {"type": "string"}, "address": {"type": "string"},
+                                              "proof": {"type": "string"}, "instance": {"type": "string"}}),
+    ("post", "/peers/session"): _object_of({"expires_in": {"type": "number"}, "instance": {"type": "string"},
+                                            "hostname": {"type": "string"}}),
+    ("get", "/peers/models"): _object_of({"instance": {"type": "string"}, "hostname": {"type": "string"},
+                                          "data": {"type": "array", "items": {"type": "object"}},
+                                          "loaded": {"type": "array", "items": {"type": "string"}}}),
     ("post", "/cloud/auth"): CloudKeySet,
     ("delete", "/cloud/auth/{provider}"): CloudKeyCleared,
 }
