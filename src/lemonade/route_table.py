@@ -51,7 +51,9 @@ class RouteInfo:
     delete: str | None = None
     websocket: bool = False
     metrics: str = ""  # the `family` label of lemonade_http_requests_total; "" = the API family
-    span: tuple[str, str] | None = None  # traced inference: (OpenInference span kind, span name)
+    # Traced inference, (OpenInference span kind, span name): the routes Lemonade's router serves by
+    # `model` (api/errors.py words a missing one as it does).
+    span: tuple[str, str] | None = None
     streams: bool = False  # `"stream": true` is answered with SSE (Ollama: NDJSON)
     plain_error: bool = False  # its errors may be Lemonade's plain `{"error": "<message>"}` (api/openapi.py)
     # Where the request names a model: "<json|form|query|path>:<field>[|<field>...]", the first field

@@ -23,7 +23,7 @@ from lemonade.errors import (  # noqa: F401 - the api layer imports them from he
     model_not_found,
     registration_error,
 )
-from lemonade.observability.spans import inference_route
+from lemonade.route_table import route_of
 from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
@@ -91,8 +91,9 @@ def describe_validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str,
     return f"Invalid request: {msg}", "invalid_argument"
 
 
-# Lemonade's router refuses an inference request without a model in these words, typed `invalid_request`
-# (its ErrorType, not OpenAI's `invalid_request_error`); its clients and tests match on both.
+# Lemonade's router refuses an inference request (a route with a span, route_table.py) without a model in
+# these words, typed `invalid_request` (its ErrorType, not OpenAI's `invalid_request_error`); its clients and
+# tests match on both.
 NO_MODEL = ": no model specified in request"
 
 
@@ -108,7 +109,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, code = describe_validation_error(list(exc.errors()))
-        if message == "Missing required field 'model'" and inference_route(request.url.path) is not None:
+        route = route_of(request.url.path)
+        if message == "Missing required field 'model'" and route is not None and route.span is not None:
             return error_response(request.url.path, APIError(400, message + NO_MODEL, type="invalid_request",
                                                              code=code))
         return error_response(request.url.path, APIError(400, message, code=code))
