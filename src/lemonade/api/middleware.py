@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
 
-from lemonade.api.errors import APIError, api_family, error_body
+from lemonade.api.errors import APIError, error_body, error_family
 from lemonade.api.webapp import OPEN_WEB_PATHS, OPEN_WEB_PREFIXES
 from lemonade.config import Config
 
@@ -133,7 +133,7 @@ async def refuse_unauthorized(scope: Scope, receive: Any, send: Any, message: st
         await receive()  # the websocket.connect event
         await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
         return
-    body = json.dumps(error_body(api_family(scope["path"]), 401, message, "authentication_error",
+    body = json.dumps(error_body(error_family(scope["path"]), 401, message, "authentication_error",
                                  "invalid_api_key")).encode()
     await send({"type": "http.response.start", "status": 401,
                 "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
@@ -146,7 +146,7 @@ def route_family(path: str) -> str:
         return "internal"
     if path in ("/live", "/metrics") or path.startswith("/mcp"):
         return path.strip("/").split("/")[0]
-    family = api_family(path)
+    family = error_family(path)
     if family != "openai":
         return family
     tail = path

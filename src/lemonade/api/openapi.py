@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from lemonade.api.errors import api_family
+from lemonade.api.errors import error_family
 
 if TYPE_CHECKING:
     from lemonade.api.responses import Answer
@@ -116,7 +116,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         components[_SCHEMA_NAMES[family]] = schema
     components[PLAIN_ERROR["title"]] = PLAIN_ERROR
     for path, item in doc["paths"].items():
-        family = api_family(path)
+        family = error_family(path)
         error: dict[str, Any] = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
         if family == "openai" and _tail(path) in PLAIN_ERROR_PATHS:
             error = {"anyOf": [error, {"$ref": REF.format(model=PLAIN_ERROR["title"])}]}
