@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from starlette.routing import Mount
 
+from lemonade.api import responses
 from lemonade.api.app import create_app
 from lemonade.config import Config
 from lemonade.observability.logs import LogBuffer
-from lemonade.route_table import PREFIXES, ROUTES, route_of, split
+from lemonade.route_table import EMPTY, OWN, PREFIXES, REFUSED, ROUTES, route_of, split
 from lemonade.services import Services
 
 
@@ -80,3 +81,8 @@ def test_the_table_lists_exactly_the_routes_the_app_serves(tmp_path):
     assert sorted(served - listed) == [], "served by the app, missing from route_table.ROUTES"
     assert sorted(listed - served) == [], "in route_table.ROUTES, not served by the app"
 
+
+
+def test_every_named_success_answer_is_documented():
+    names = {answer for route in ROUTES for answer in route.methods.values()} - {EMPTY, OWN, REFUSED}
+    assert sorted(n for n in names if not hasattr(responses, n)) == [], "not in api/responses.py"
