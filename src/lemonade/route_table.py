@@ -16,6 +16,7 @@ imported only when `/openapi.json` is first built.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -220,23 +221,29 @@ def _pattern(path: str) -> re.Pattern[str]:
         for part in parts))
 
 
-def _index() -> tuple[dict[tuple[str, str], RouteInfo], dict[str, list[tuple[re.Pattern[str], RouteInfo]]]]:
-    exact: dict[tuple[str, str], RouteInfo] = {}
-    templates: dict[str, list[tuple[re.Pattern[str], RouteInfo]]] = {}
+def _fixed_paths() -> dict[tuple[str, str], RouteInfo]:
+    """(mount, path) -> route, for the routes without a parameter."""
+    fixed: dict[tuple[str, str], RouteInfo] = {}
     for route in ROUTES:
         if route.family not in FAMILIES:
             raise ValueError(f"{route.path}: unknown API family {route.family!r}")
+        if "{" in route.path:
+            continue
         for mount in route.mounts:
-            if "{" in route.path:
-                templates.setdefault(mount, []).append((_pattern(route.path), route))
-            else:
-                if (mount, route.path) in exact:
-                    raise ValueError(f"{route.path} is in the route table twice")
-                exact[(mount, route.path)] = route
-    return exact, templates
+            if (mount, route.path) in fixed:
+                raise ValueError(f"{route.path} is in the route table twice")
+            fixed[(mount, route.path)] = route
+    return fixed
 
 
-_EXACT, _TEMPLATES = _index()
+@functools.cache
+def _templates(mount: str) -> list[tuple[re.Pattern[str], RouteInfo]]:
+    """The routes with a parameter served at `mount`, compiled when first asked for (the CLI, which
+    reads PREFIXES only, never pays for it)."""
+    return [(_pattern(route.path), route) for route in ROUTES if mount in route.mounts and "{" in route.path]
+
+
+_FIXED = _fixed_paths()
 _SLASHED = tuple((prefix + "/", len(prefix)) for prefix in PREFIXES)
 
 
@@ -257,9 +264,9 @@ def route_of(path: str) -> RouteInfo | None:
     A fixed path is one dict lookup (the hot inference routes); only a path no fixed route has is
     tried against the templates (`/models/{model_id}`)."""
     mount, rest = split(path)
-    route = _EXACT.get((mount, rest))
+    route = _FIXED.get((mount, rest))
     if route is None:
-        for pattern, candidate in _TEMPLATES.get(mount, ()):
+        for pattern, candidate in _templates(mount):
             if pattern.fullmatch(rest):
                 return candidate
     return route
