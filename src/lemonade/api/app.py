@@ -54,10 +54,10 @@ from lemonade.api.origins import OriginPolicy
 from lemonade.api.webapp import install_web_app
 from lemonade.jobs.manager import JobManager
 from lemonade.observability.metrics import CONTENT_TYPE
+from lemonade.route_table import PREFIXES
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.server")
-PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are matched in order
 # FastAPI 0.16x asks OpenTelemetry on every request whether it is configured, and builds per-route
 # telemetry context; this server exports its own /metrics and configures no tracer, so it is off
 # (older FastAPI has no such parameter).
