@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # `__init__` (its version).
 LAYERS = (
     "lemonade",
-    "errors", "paths", "util", "audio", "system", "routing", "recipes", "llamacpp_settings",
+    "errors", "paths", "util", "audio", "system", "routing", "recipes", "route_table", "llamacpp_settings",
     "config", "legacy_state",
     "observability", "beacon",
     "labels", "model_info", "checkpoints",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from lemonade.route_table import PREFIXES
 from lemonade.util.atomic import atomic_write_json, read_json
 
 # Every settable key with its default; the type of the default is the type a value must have
@@ -254,8 +255,10 @@ def _peers(value: Any) -> str | list[str]:
         except ValueError:
             raise ConfigError(f"{usage}; {json.dumps(entry)} has no valid port") from None
         path = parts.path.rstrip("/")
-        for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
-            path = path.removesuffix(suffix)
+        for suffix in sorted(PREFIXES, key=len, reverse=True):  # "/api/v1" before its tail "/v1"
+            if path.endswith(suffix):
+                path = path.removesuffix(suffix)
+                break
         url = f"{parts.scheme}://{parts.netloc}{path}"
         if url not in out:
             out.append(url)

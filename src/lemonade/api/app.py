@@ -24,7 +24,7 @@ from lemonade import __version__
 from lemonade.api import internal, internal_mcp, peers
 from lemonade.api.anthropic import messages
 from lemonade.api.direct import DirectRoutes
-from lemonade.api.errors import api_family, error_body, install_error_handlers
+from lemonade.api.errors import error_body, error_family, install_error_handlers
 from lemonade.api.guard import RequestGuard
 from lemonade.api.lemonade import (
     backends,
@@ -54,10 +54,10 @@ from lemonade.api.origins import OriginPolicy
 from lemonade.api.webapp import install_web_app
 from lemonade.jobs.manager import JobManager
 from lemonade.observability.metrics import CONTENT_TYPE
+from lemonade.route_table import PREFIXES
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.server")
-PREFIXES = ("/v1", "/api/v1", "/v0", "/api/v0")  # most used first: routes are matched in order
 # FastAPI 0.16x asks OpenTelemetry on every request whether it is configured, and builds per-route
 # telemetry context; this server exports its own /metrics and configures no tracer, so it is off
 # (older FastAPI has no such parameter).
@@ -89,7 +89,7 @@ def websocket_only(app: FastAPI, http_port: int) -> Any:
             return
         message = (f"This port serves only the WebSockets /realtime, /logs/stream and /spans/stream (under any "
                    f"prefix); the HTTP API is on port {http_port}, which serves the WebSockets too.")
-        body = json.dumps(error_body(api_family(scope.get("path", "")), 404, message, "not_found",
+        body = json.dumps(error_body(error_family(scope.get("path", "")), 404, message, "not_found",
                                      "websocket_port")).encode()
         await send({"type": "http.response.start", "status": 404,
                     "headers": [(b"content-type", b"application/json")]})

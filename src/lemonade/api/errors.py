@@ -1,8 +1,9 @@
 """One error model for the whole server, rendered in each API family's own shape.
 
-Handlers raise `APIError`; the exception handler picks the body shape from the request path, so an
-Ollama client gets `{"error": "..."}`, an Anthropic client gets its `{"type": "error", ...}`
-envelope and everything else gets the OpenAI shape (with Lemonade's `status`/`message` pair).
+Handlers raise `APIError`; the exception handler picks the body shape from the request path's route
+(route_table.py), so an Ollama client gets `{"error": "..."}`, an Anthropic client gets its
+`{"type": "error", ...}` envelope and everything else gets the OpenAI shape (with Lemonade's
+`status`/`message` pair).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from lemonade.errors import (  # noqa: F401 - the api layer imports them from he
     model_not_found,
     registration_error,
 )
-from lemonade.observability.spans import inference_route
+from lemonade.route_table import route_of, split
 from lemonade.runtime.request_context import ClientGone
 
 log = logging.getLogger("lemonade.server")
@@ -39,13 +40,13 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def api_family(path: str) -> str:
-    """Which API's error shape a path answers with."""
-    if path.startswith("/api/") and not path.startswith(("/api/v0/", "/api/v1/")):
-        return "ollama"
-    if path.rstrip("/").endswith("/messages") or path.rstrip("/").endswith("/messages/count_tokens"):
-        return "anthropic"
-    return "openai"
+def error_family(path: str) -> str:
+    """Whose error shape a path answers with: its route's (route_table.py); for a path no route serves,
+    Ollama's under `/api/`, else OpenAI's."""
+    route = route_of(path)
+    if route is not None:
+        return route.error_family
+    return "ollama" if split(path)[0] == "ollama" else "openai"
 
 
 def error_body(family: str, status: int, message: str, type_: str, code: str | None,
@@ -63,7 +64,7 @@ def error_body(family: str, status: int, message: str, type_: str, code: str | N
 
 
 def error_response(request_path: str, exc: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    body = error_body(api_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra, exc.plain)
+    body = error_body(error_family(request_path), exc.status, exc.message, exc.type, exc.code, exc.extra, exc.plain)
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
@@ -91,8 +92,9 @@ def describe_validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str,
     return f"Invalid request: {msg}", "invalid_argument"
 
 
-# Lemonade's router refuses an inference request without a model in these words, typed `invalid_request`
-# (its ErrorType, not OpenAI's `invalid_request_error`); its clients and tests match on both.
+# Lemonade's router refuses an inference request (a route with a span, route_table.py) without a model in
+# these words, typed `invalid_request` (its ErrorType, not OpenAI's `invalid_request_error`); its clients and
+# tests match on both.
 NO_MODEL = ": no model specified in request"
 
 
@@ -108,7 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, code = describe_validation_error(list(exc.errors()))
-        if message == "Missing required field 'model'" and inference_route(request.url.path) is not None:
+        route = route_of(request.url.path)
+        if message == "Missing required field 'model'" and route is not None and route.span is not None:
             return error_response(request.url.path, APIError(400, message + NO_MODEL, type="invalid_request",
                                                              code=code))
         return error_response(request.url.path, APIError(400, message, code=code))

@@ -33,8 +33,8 @@ from lemonade.api.middleware import (
     with_default_json,
 )
 from lemonade.api.origins import OriginPolicy, preflight, refusal, refuse, with_cors, with_vary
-from lemonade.observability.spans import inference_route
 from lemonade.observability.telemetry import Telemetry
+from lemonade.route_table import route_of
 from lemonade.runtime.request_context import client_gone, from_peer, request_trace
 from lemonade.util import jsonparse
 
@@ -109,14 +109,14 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         if self.telemetry is not None and self.telemetry.active and scope.get("method") == "POST":
-            route = inference_route(scope["path"])
-            if route is not None:
-                await self._traced(scope, receive, send, headers, origin, route)
+            route = route_of(scope["path"])
+            if route is not None and route.span is not None:
+                await self._traced(scope, receive, send, headers, origin, route.span)
                 return
         await self._http(scope, receive, send, headers, origin)
 
     async def _traced(self, scope: Scope, receive: Any, send: Any, headers: dict[bytes, str],
-                      origin: str | None, route: tuple[str, str]) -> None:
+                      origin: str | None, kind_and_name: tuple[str, str]) -> None:
         """`_http` as one inference span (observability/spans.py): it keeps the request body it
         passes on, and an error answer's body. The span is finished as the response's last message
         leaves, before the client can read it: a client that has its answer may flush the exporter
@@ -127,7 +127,7 @@ class RequestGuard:
         all_headers: dict[str, str] = {}
         for key, value in scope.get("headers", ()):
             all_headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-        span = telemetry.start(*route, all_headers)
+        span = telemetry.start(*kind_and_name, all_headers)
         body: list[bytes] = []
         answer: list[bytes] = []
         status = 500

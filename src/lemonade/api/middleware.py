@@ -12,16 +12,12 @@ from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
 
-from lemonade.api.errors import APIError, api_family, error_body
-from lemonade.api.webapp import OPEN_WEB_PATHS, OPEN_WEB_PREFIXES
+from lemonade.api.errors import APIError, error_body, error_family
 from lemonade.config import Config
+from lemonade.route_table import route_of, split
 
 Scope = MutableMapping[str, Any]  # as Starlette's
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
-
-OPEN_PATHS = ("/live", "/docs", "/redoc", "/openapi.json", "/favicon.ico", *OPEN_WEB_PATHS)
-SPAN_STREAM_PATHS = ("/spans/stream", "/traces/stream")
-PEER_PREFIX = "/peers/"
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -84,16 +80,6 @@ def chosen_subprotocol(scope: Scope) -> str | None:
     return next(iter(plain or offered), None)
 
 
-def is_span_stream(scope: Scope) -> bool:
-    """`/spans/stream` (or `/traces/stream`) under any prefix: it authenticates in its own messages."""
-    path: str = scope.get("path", "")
-    for prefix in ("/api/v1", "/api/v0", "/v1", "/v0"):
-        if path.startswith(prefix + "/"):
-            path = path[len(prefix):]
-            break
-    return path in SPAN_STREAM_PATHS
-
-
 def key_matches(given: str | None, *keys: str | None) -> bool:
     """Whether `given` is one of `keys` (compared in constant time)."""
     return given is not None and any(k and hmac.compare_digest(given.encode(), k.encode()) for k in keys)
@@ -111,21 +97,21 @@ def auth_refusal(scope: Scope, api_key: str | None, admin_key: str | None) -> st
 
     `LEMONADE_API_KEY` guards API routes, `LEMONADE_ADMIN_API_KEY` guards `/internal/*`; the admin
     key is accepted wherever the API key is; `/metrics` accepts either key and is open when no API
-    key is set (lemonade.md, GET /metrics).
+    key is set (lemonade.md, GET /metrics). Routes the table marks `open` need no key.
     """
     path: str = scope.get("path", "")
     if scope["type"] == "http" and scope.get("method") == "OPTIONS":
         return None  # CORS preflight carries no credentials
-    if path in OPEN_PATHS or path.startswith(OPEN_WEB_PREFIXES):
-        return None
-    if path.startswith(PEER_PREFIX):  # the peer handshake proves the peer key itself (api/peers.py)
+    route = route_of(path)
+    if route is not None and route.open:
         return None
     if path.startswith("/internal"):
         if is_admin(scope, api_key, admin_key):
             return None
     elif api_key is None or key_matches(presented_key(scope), api_key, admin_key):
         return None
-    elif scope["type"] == "websocket" and presented_key(scope) is None and is_span_stream(scope):
+    elif scope["type"] == "websocket" and presented_key(scope) is None and route is not None \
+            and route.auth_in_messages:
         return None  # connects anonymously and sends {"type": "auth"} (api/lemonade/spans.py); a wrong key is refused
     return ("Invalid or missing API key. Send it as 'Authorization: Bearer <key>'"
             + (" (the admin key for /internal routes)." if path.startswith("/internal") else "."))
@@ -136,7 +122,7 @@ async def refuse_unauthorized(scope: Scope, receive: Any, send: Any, message: st
         await receive()  # the websocket.connect event
         await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
         return
-    body = json.dumps(error_body(api_family(scope["path"]), 401, message, "authentication_error",
+    body = json.dumps(error_body(error_family(scope["path"]), 401, message, "authentication_error",
                                  "invalid_api_key")).encode()
     await send({"type": "http.response.start", "status": 401,
                 "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
@@ -144,25 +130,15 @@ async def refuse_unauthorized(scope: Scope, receive: Any, send: Any, message: st
 
 
 def route_family(path: str) -> str:
-    """Coarse grouping of routes for metrics labels (bounded cardinality)."""
+    """The `family` label of an HTTP request's metrics: its route's (route_table.py), a bounded set.
+    A path no HTTP route serves (a 404) counts as `internal` under /internal, Ollama's under /api/,
+    else Lemonade's."""
+    route = route_of(path)
+    if route is not None and not route.websocket:
+        return route.metrics_family
     if path.startswith("/internal"):
         return "internal"
-    if path in ("/live", "/metrics") or path.startswith("/mcp"):
-        return path.strip("/").split("/")[0]
-    family = api_family(path)
-    if family != "openai":
-        return family
-    tail = path
-    for prefix in ("/api/v1", "/api/v0", "/v1", "/v0"):
-        if path.startswith(prefix + "/"):
-            tail = path[len(prefix):]
-            break
-    head = tail.strip("/").split("/")[0]
-    if head in ("chat", "completions", "embeddings", "responses", "audio", "images", "models"):
-        return "openai"
-    if head in ("rerank", "reranking", "reranker", "tokenize", "slots", "detokenize"):
-        return "llamacpp"
-    return "lemonade"
+    return "ollama" if split(path)[0] == "ollama" else "lemonade"
 
 
 def with_default_json(scope: Scope, origin: str | None, content_type: str | None) -> Scope:

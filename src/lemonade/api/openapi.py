@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from lemonade.api.errors import api_family
+from lemonade.api.errors import error_family
+from lemonade.route_table import EMPTY, OWN, REFUSED, route_of
 
 if TYPE_CHECKING:
     from lemonade.api.responses import Answer
@@ -44,13 +45,10 @@ _SCHEMA_NAMES = {family: schema["title"] for family, schema in ERROR_SCHEMAS.ite
 # Lemonade's plain refusals: `{"error": "<message>"}` as api-lemonade.md shows it for a refused model
 # definition on /v1/pull (errors.registration_error), and as Lemonade's server answers bad settings,
 # variant queries, routing policies and jobs (its clients read `error` as the message), next to the
-# status/message pair.
+# status/message pair. The routes that may answer so are `plain_error` in route_table.py.
 PLAIN_ERROR: dict[str, Any] = {"title": "RegistrationError", "type": "object", "required": ["error"],
                                "properties": {"error": _MESSAGE, "status": {"const": "error"}, "message": _MESSAGE}}
-PLAIN_ERROR_PATHS = ("/pull", "/params", "/pull/variants", "/routing/validate", "/jobs")
-# Routes that answer `"stream": true` with a stream (by path after the prefix): SSE, or Ollama's NDJSON.
-STREAMED = {"openai": ("/chat/completions", "/completions", "/responses", "/load", "/pull", "/install"),
-            "anthropic": ("/messages",), "ollama": ("/chat", "/generate", "/pull")}
+# A streaming route's stream (route_table.py `streams`): SSE, or Ollama's NDJSON.
 STREAM_MEDIA = {"ollama": "application/x-ndjson"}
 # One SSE event as OpenAPI 3.2 describes it (`data` is the raw text: JSON, or `[DONE]`); an NDJSON
 # stream is one JSON object per line, left unconstrained here.
@@ -60,13 +58,6 @@ STREAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "retry": {"type": "integer"}}},
     "application/x-ndjson": {},
 }
-_PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0", "/api")  # longest first
-
-
-def _tail(path: str) -> str:
-    return next((path[len(p):] for p in _PREFIXES if path.startswith(p + "/")), path)
-
-
 # Request bodies documented by `json_body`: each schema dict is filled from its model by `build_openapi`.
 _BODIES: list[tuple[dict[str, Any], type[BaseModel]]] = []
 
@@ -86,7 +77,7 @@ def _add_component(components: dict[str, Any], name: str, schema: dict[str, Any]
 
 
 def _success(answer: Answer, components: dict[str, Any]) -> dict[str, Any]:
-    """The documented 200 response of an operation (api/responses.py)."""
+    """The documented 200 response of an operation (its answer in api/responses.py)."""
     if answer is None:
         return {"description": "Success, with an empty body"}
     if isinstance(answer, dict):
@@ -103,7 +94,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document with the real success and error responses, without the 422 it never sends."""
     from fastapi.openapi.utils import get_openapi
 
-    from lemonade.api.responses import OLLAMA_SUCCESS, SUCCESS, UNSUPPORTED
+    from lemonade.api import responses
 
     for schema, model in _BODIES:
         if not schema:
@@ -116,24 +107,25 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         components[_SCHEMA_NAMES[family]] = schema
     components[PLAIN_ERROR["title"]] = PLAIN_ERROR
     for path, item in doc["paths"].items():
-        family = api_family(path)
+        route = route_of(path)  # every documented path has one (tests/unit/test_route_table.py)
+        family = error_family(path)
         error: dict[str, Any] = {"$ref": REF.format(model=_SCHEMA_NAMES[family])}
-        if family == "openai" and _tail(path) in PLAIN_ERROR_PATHS:
+        if route is not None and route.plain_error:
             error = {"anyOf": [error, {"$ref": REF.format(model=PLAIN_ERROR["title"])}]}
-        table = OLLAMA_SUCCESS if family == "ollama" else SUCCESS
+        answers = route.methods if route is not None else {}
         for method, operation in item.items():
-            responses = operation.setdefault("responses", {})
-            responses.pop("422", None)
-            key = (method, _tail(path))
-            if family == "ollama" and key in UNSUPPORTED:
-                responses.pop("200", None)
-            elif key in table:
-                responses["200"] = _success(table[key], components)
-            if _tail(path) in STREAMED[family] and "200" in responses:
+            documented = operation.setdefault("responses", {})
+            documented.pop("422", None)
+            answer = answers.get(method, OWN)
+            if answer == REFUSED:
+                documented.pop("200", None)
+            elif answer != OWN:
+                documented["200"] = _success(None if answer == EMPTY else getattr(responses, answer), components)
+            if route is not None and route.streams and "200" in documented:
                 media = STREAM_MEDIA.get(family, "text/event-stream")
-                responses["200"].setdefault("content", {})[media] = {"schema": STREAM_SCHEMAS[media]}
-            responses["default"] = {"description": "Error, in this API family's shape",
-                                    "content": {"application/json": {"schema": error}}}
+                documented["200"].setdefault("content", {})[media] = {"schema": STREAM_SCHEMAS[media]}
+            documented["default"] = {"description": "Error, in this API family's shape",
+                                     "content": {"application/json": {"schema": error}}}
             for media in operation.get("requestBody", {}).get("content", {}).values():
                 components.update(media.get("schema", {}).pop("$defs", {}))
     return doc

@@ -24,7 +24,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from lemonade.api.errors import api_family, error_body
+from lemonade.api.errors import error_body, error_family
 
 log = logging.getLogger("lemonade.server")
 Scope = MutableMapping[str, Any]  # as Starlette's
@@ -154,7 +154,7 @@ async def refuse(scope: Scope, receive: Any, send: Any, message: str) -> None:
         await receive()  # websocket.connect; closing before accept answers the handshake with 403
         await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
         return
-    body = json.dumps(error_body(api_family(scope.get("path", "")), 403, message, "forbidden",
+    body = json.dumps(error_body(error_family(scope.get("path", "")), 403, message, "forbidden",
                                  "origin_not_allowed")).encode()
     await send({"type": "http.response.start", "status": 403,
                 "headers": [(b"content-type", b"application/json"), VARY_ORIGIN]})

@@ -2,10 +2,11 @@
 
 Routes return plain dicts (or relay an engine's JSON) on purpose: validating every answer through
 a pydantic `response_model` would cost time on the request path (docs/performance.md) and would
-drop fields engines add. These models only *document* the answers: `api/openapi.py` attaches them
-to the operations listed in `SUCCESS`, keyed by method and path after the prefix. Every model allows
-extra fields: the fields named are the ones the spec documents and the server always sends, so a
-client can rely on them and a fuzzer checks them (`benchmarks/fuzz_api.py`, `tests/test_fuzz.py`).
+drop fields engines add. These models only *document* the answers: each route's row in
+route_table.py names its answer per method (a model or a schema below, by its name here), and
+`api/openapi.py` attaches it to the operation. Every model allows extra fields: the fields named
+are the ones the spec documents and the server always sends, so a client can rely on them and a
+fuzzer checks them (`benchmarks/fuzz_api.py`, `tests/test_fuzz.py`).
 `tests/test_foundation.py` checks that no JSON operation is left without one.
 """
 
@@ -15,7 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lemonade.api.lemonade.job_protocol import JOB_ANSWERS
+from lemonade.api.lemonade.job_protocol import (  # noqa: F401 - the route table names the Job Engine's here
+    JobAction,
+    JobDeleted,
+    JobList,
+    JobRecord,
+)
 
 Number = int | float
 
@@ -391,115 +397,29 @@ TEXT = {"type": "string"}  # text/plain answers
 
 
 def _object_of(required: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """A JSON answer: an object with these fields (the MCP client host's, mcp_client/host.py)."""
+    """A JSON answer: an object with these fields."""
     return {"application/json": {"type": "object", "required": list(required), "properties": required}}
 
 
-_MCP_SERVER = _object_of({"server": {"type": "object"}})
+# Answers that are a schema per media type rather than one model.
+WEB_PAGE = {"text/plain": TEXT, "text/html": TEXT}  # the web app to a browser or */*; Ollama's line
+PROMETHEUS_TEXT = {"text/plain": TEXT}
+TRANSCRIPTION = {"application/json": Transcription.model_json_schema(), "text/plain": TEXT}
+DOWNLOAD_JOBS = {"application/json": {"type": "array", "items": DownloadJob.model_json_schema()}}
+SLOT_LIST = {"application/json": {"type": "array", "items": {"type": "object"}}}
+SERVER_SETTINGS = _object_of({"port": {"type": "integer"}, "host": {"type": "string"}})
+PRESSURE_SIMULATED = _object_of({"status": {"const": "ok"}})
+MCP_SERVERS = _object_of({"servers": {"type": "array", "items": {"type": "object"}}})
+MCP_SERVER = _object_of({"server": {"type": "object"}})
+MCP_SERVER_REMOVED = _object_of({"removed": {"type": "string"}})
+MCP_TOOL_RESULT = _object_of({"server_id": {"type": "string"}, "tool": {"type": "string"},
+                              "result": {"type": "object"}})
+MCP_TOOLS = _object_of({"tools": {"type": "array", "items": {"type": "object"}}})
+PEER_CHALLENGE = _object_of({"server_nonce": {"type": "string"}, "address": {"type": "string"},
+                             "proof": {"type": "string"}, "instance": {"type": "string"}})
+PEER_SESSION = _object_of({"expires_in": {"type": "number"}, "instance": {"type": "string"},
+                           "hostname": {"type": "string"}})
+PEER_MODELS = _object_of({"instance": {"type": "string"}, "hostname": {"type": "string"},
+                          "data": {"type": "array", "items": {"type": "object"}},
+                          "loaded": {"type": "array", "items": {"type": "string"}}})
 Answer = type[BaseModel] | dict[str, dict[str, Any]] | None  # None: an empty body
-# (method, path after the prefix) -> the model of its 200 JSON answer, a schema per media type, or
-# None for an empty body. Lemonade's, OpenAI's, Anthropic's and llama.cpp's routes share this table.
-SUCCESS: dict[tuple[str, str], Answer] = {
-    ("get", "/live"): Live,
-    ("head", "/live"): None,
-    ("get", "/"): {"text/plain": TEXT, "text/html": TEXT},  # the web app to a browser or */*; Ollama's line
-    ("head", "/"): {"text/plain": TEXT, "text/html": TEXT},
-    ("get", "/metrics"): {"text/plain": TEXT},
-    ("head", "/metrics"): {"text/plain": TEXT},
-    ("get", "/health"): Health,
-    ("get", "/stats"): Stats,
-    ("get", "/system-stats"): SystemStats,
-    ("get", "/system-info"): SystemInfo,
-    ("get", "/models"): ModelList,
-    ("get", "/models/{model_id}"): Model,
-    ("post", "/models/register"): Registered,
-    ("get", "/models/{model_id}/options"): OptionsView,
-    ("post", "/models/{model_id}/options"): OptionsView,
-    ("delete", "/models/{model_id}/options"): OptionsView,
-    ("get", "/models/{model_id}/files"): ModelFiles,
-    ("post", "/models/check-updates"): Updates,
-    ("post", "/load"): Status,
-    ("post", "/unload"): Status,
-    ("post", "/install"): Installed,
-    ("post", "/uninstall"): Installed,
-    ("post", "/pull"): Registered,
-    ("post", "/delete"): Status,
-    ("get", "/downloads"): {"application/json": {"type": "array", "items": DownloadJob.model_json_schema()}},
-    ("post", "/downloads/control"): Status,  # the job as it is now, or {"status": "ok"} once removed
-    ("get", "/registry/search"): SearchResults,
-    ("get", "/pull/variants"): Variants,
-    ("post", "/routing/validate"): RoutingValidation,
-    ("post", "/chat/completions"): ChatCompletion,
-    ("post", "/completions"): Completion,
-    ("post", "/embeddings"): Embeddings,
-    ("post", "/responses"): Response,
-    ("post", "/audio/transcriptions"): {"application/json": Transcription.model_json_schema(),
-                                        "text/plain": TEXT},
-    ("post", "/images/generations"): Images,
-    ("post", "/images/edits"): Images,
-    ("post", "/images/variations"): Images,
-    ("post", "/images/upscale"): Images,
-    ("post", "/rerank"): Reranked,
-    ("post", "/reranking"): Reranked,
-    ("post", "/reranker"): Reranked,
-    ("post", "/tokenize"): Tokens,
-    ("post", "/classify"): Classified,
-    ("post", "/systemone"): SystemOneAnswers,
-    ("get", "/slots"): {"application/json": {"type": "array", "items": {"type": "object"}}},
-    ("post", "/slots/{slot_id}"): SlotAction,
-    ("post", "/messages"): AnthropicMessage,
-    ("post", "/messages/count_tokens"): TokenCount,
-    ("get", "/internal/config"): {"application/json": {"type": "object", "required": ["port", "host"],
-                                                       "properties": {"port": {"type": "integer"},
-                                                                      "host": {"type": "string"}}}},
-    ("post", "/internal/set"): Status,
-    ("get", "/params"): {"application/json": {"type": "object", "required": ["port", "host"],
-                                              "properties": {"port": {"type": "integer"},
-                                                             "host": {"type": "string"}}}},
-    ("post", "/params"): Status,
-    ("post", "/internal/pin"): Pinned,
-    ("post", "/internal/simulate-vram-pressure"): {"application/json": {
-        "type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}},
-    ("get", "/internal/aliases"): Aliases,
-    ("post", "/internal/aliases"): Alias,
-    ("delete", "/internal/aliases/{alias}"): Alias,
-    ("post", "/mcp"): JsonRpcReply,
-    ("post", "/internal/telemetry/flush"): Flushed,
-    ("post", "/internal/shutdown"): ShuttingDown,
-    ("get", "/internal/mcp/servers"): _object_of({"servers": {"type": "array", "items": {"type": "object"}}}),
-    ("post", "/internal/mcp/servers"): _MCP_SERVER,
-    ("delete", "/internal/mcp/servers/{server_id}"): _object_of({"removed": {"type": "string"}}),
-    ("post", "/internal/mcp/servers/{server_id}/connect"): _MCP_SERVER,
-    ("post", "/internal/mcp/servers/{server_id}/disconnect"): _MCP_SERVER,
-    ("post", "/internal/mcp/servers/{server_id}/refresh-tools"): _MCP_SERVER,
-    ("post", "/internal/mcp/servers/{server_id}/tools/call"): _object_of({
-        "server_id": {"type": "string"}, "tool": {"type": "string"}, "result": {"type": "object"}}),
-    ("get", "/internal/mcp/tools"): _object_of({"tools": {"type": "array", "items": {"type": "object"}}}),
-    # the peer handshake and listing (api/peers.py)
-    ("post", "/peers/challenge"): _object_of({"server_nonce": {"type": "string"}, "address": {"type": "string"},
-                                              "proof": {"type": "string"}, "instance": {"type": "string"}}),
-    ("post", "/peers/session"): _object_of({"expires_in": {"type": "number"}, "instance": {"type": "string"},
-                                            "hostname": {"type": "string"}}),
-    ("get", "/peers/models"): _object_of({"instance": {"type": "string"}, "hostname": {"type": "string"},
-                                          "data": {"type": "array", "items": {"type": "object"}},
-                                          "loaded": {"type": "array", "items": {"type": "string"}}}),
-    ("post", "/cloud/auth"): CloudKeySet,
-    ("delete", "/cloud/auth/{provider}"): CloudKeyCleared,
-}
-SUCCESS.update(JOB_ANSWERS)  # the Job Engine's (api/lemonade/job_protocol.py)
-# The Ollama API (`/api/...`), whose paths after `/api` overlap the others' (`/pull`, `/embeddings`).
-OLLAMA_SUCCESS: dict[tuple[str, str], Answer] = {
-    ("get", "/tags"): OllamaModels,
-    ("get", "/ps"): OllamaModels,
-    ("post", "/show"): OllamaShow,
-    ("get", "/version"): OllamaVersion,
-    ("delete", "/delete"): None,
-    ("post", "/chat"): OllamaChat,
-    ("post", "/generate"): OllamaGenerate,
-    ("post", "/embed"): OllamaEmbed,
-    ("post", "/embeddings"): OllamaEmbedding,
-    ("post", "/pull"): OllamaStatus,
-}
-# Operations that always refuse (Ollama's model creation and upload): no success answer to document.
-UNSUPPORTED = {("post", "/create"), ("post", "/copy"), ("post", "/push"), ("post", "/blobs/{digest}"),
-               ("head", "/blobs/{digest}")}

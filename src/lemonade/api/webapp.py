@@ -5,7 +5,7 @@ Lemonade's app, its tests and its users' scripts read `GET /` as HTML even for a
 are served too. Only a client that asks for plain text alone (`Accept: text/plain`) gets Ollama's
 probe answer, `Ollama is running`. The app's files are served from `/static/` out of the
 package's `web/` folder: plain ES modules and a few vendored libraries, no build step, nothing from
-a CDN, so the app works offline. `/` and `/static/*` need no API key (AuthMiddleware): the page asks
+a CDN, so the app works offline. `/` and `/static/*` need no API key (`open` in route_table.py): the page asks
 for the key and sends it on every API call, like any other client of the public API.
 
 Lemonade's own addresses of its app work too: its entry module `/renderer.bundle.js` (ours is the
@@ -28,9 +28,6 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 INDEX = WEB_DIR / "index.html"
 ENTRY = "renderer.bundle.js"  # the entry module, under the name Lemonade's app gives its own
 LEGACY_PREFIX = "/web-app"  # Lemonade's earlier address of the app
-# What the API key does not guard (api/middleware.py): the page asks for the key itself
-OPEN_WEB_PATHS = ("/", "/" + ENTRY, LEGACY_PREFIX)
-OPEN_WEB_PREFIXES = ("/static/", LEGACY_PREFIX + "/")
 OLLAMA_PROBE_ANSWER = "Ollama is running"
 
 

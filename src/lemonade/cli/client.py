@@ -22,6 +22,7 @@ from rich.console import Console
 
 from lemonade import __version__
 from lemonade.cli.target import api_key
+from lemonade.route_table import PREFIXES
 from lemonade.util.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -42,9 +43,8 @@ def _refuse(what: str, value: str, example: str) -> typer.Exit:
 
 
 def _strip_api_prefix(url: str) -> str:
-    for suffix in ("/api/v1", "/api/v0", "/v1", "/v0"):
-        url = url.removesuffix(suffix)
-    return url
+    """The server's origin from a URL that may end in an API prefix (`/api/v1` before `/v1`)."""
+    return next((url.removesuffix(p) for p in sorted(PREFIXES, key=len, reverse=True) if url.endswith(p)), url)
 
 
 def base_url(host: str | None = None, port: int | None = None) -> str:

@@ -46,19 +46,7 @@ SPAN_KIND_SERVER = 2
 STATUS_OK, STATUS_ERROR = 1, 2
 _SALT = secrets.token_hex(16)  # per process: a token's hash correlates spans of one run, nothing more
 
-# Request paths (after the /api/v1, /api/v0, /v1, /v0 prefix) traced as inference: kind and span name.
-# They are the routes Lemonade's router serves by `model` (api/errors.py words a missing one as it does).
-INFERENCE_ROUTES: dict[str, tuple[str, str]] = {
-    "/chat/completions": ("LLM", "chat.completions"),
-    "/completions": ("LLM", "completions"),
-    "/responses": ("LLM", "responses"),
-    "/embeddings": ("EMBEDDING", "embeddings"),
-    "/rerank": ("RERANKER", "reranking"),
-    "/reranking": ("RERANKER", "reranking"),
-    "/reranker": ("RERANKER", "reranking"),
-    "/classify": ("CLASSIFIER", "classify"),
-}
-PATH_PREFIXES = ("/api/v1", "/api/v0", "/v1", "/v0")
+# A span's kind (route_table.py names each traced route's) -> the prefix of its usage attributes.
 USAGE_PREFIX = {"LLM": "llm", "EMBEDDING": "embedding", "RERANKER": "reranker", "CLASSIFIER": "classifier"}
 
 # Session and client headers clients already send (OpenCode, MCP, generic ones), after configured ones.
@@ -70,15 +58,6 @@ THINK_PAIRS = (("<|think|>", "</|think|>"), ("<|think|>", "<turn|>"), ("<|think|
                ("<think>", "</think>"), ("<thought>", "</thought>"))
 _THINK_OPEN = re.compile(r"<\|think\|>|<thought>")
 _THINK_CLOSE = re.compile(r"</\|think\|>|</think\|>|</thought>")
-
-
-def inference_route(path: str) -> tuple[str, str] | None:
-    """(span kind, span name) of a traced inference path, or None."""
-    for prefix in PATH_PREFIXES:
-        if path.startswith(prefix + "/"):
-            path = path[len(prefix):]
-            break
-    return INFERENCE_ROUTES.get(path)
 
 
 def hash_token(token: str) -> str:

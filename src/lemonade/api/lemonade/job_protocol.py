@@ -64,13 +64,3 @@ class JobAction(_Doc):
 class JobDeleted(_Doc):
     status: Literal["deleted"]
     id: str
-
-
-JOB_ANSWERS: dict[tuple[str, str], type[BaseModel]] = {
-    ("get", "/jobs"): JobList,
-    ("get", "/jobs/{job_id}"): JobRecord,
-    ("post", "/jobs/{job_id}/pause"): JobAction,
-    ("post", "/jobs/{job_id}/interrupt"): JobAction,
-    ("post", "/jobs/{job_id}/resume"): JobAction,
-    ("delete", "/jobs/{job_id}"): JobDeleted,
-}

@@ -35,10 +35,11 @@ from lemonade.api.ollama.protocol import (
 from lemonade.api.openapi import json_body
 from lemonade.media import images
 from lemonade.model_info import ModelInfo
+from lemonade.route_table import OLLAMA_PREFIX
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")
-router = APIRouter(prefix="/api", tags=["ollama"])
+router = APIRouter(prefix=OLLAMA_PREFIX, tags=["ollama"])
 
 router.include_router(management.router)
 NDJSON = "application/x-ndjson"
