@@ -6,10 +6,13 @@ loads that would fit. For each configuration this loads the model through the se
 defaults: the engine flags the server adds, --cache-ram and --ctx-checkpoints included), reads the
 estimate from `/v1/health` (`memory_estimate_bytes`), then fills every slot: rounds of long, distinct
 prompts, one per slot at once, so the KV cache is full, idle slots' states go to the prompt cache
-and the sliding-window checkpoints are made; meanwhile it samples the engine's resident memory
-(RSS and PSS, every 50 ms). It prints estimate, peak and error; it never asserts.
+and the sliding-window checkpoints are made; then, where the engine speculates, every slot at once
+generates with n-gram drafts (their logits are the last part of the estimate to be reached);
+meanwhile it samples the engine's resident memory (RSS and PSS, every 50 ms). A chat model is
+loaded with speculation on: the estimate counts its drafts. It prints estimate, peak and error; it
+never asserts.
 
-    .venv/bin/python benchmarks/bench_memory.py [--quick] [--models gemma,minilm]
+    .venv/bin/python benchmarks/bench_memory.py [--quick] [--model gemma|minilm] [--config '2048 -np 8']
 
 The goal (issue 39): the llama.cpp estimate within 10 % of the measured peak, and never below what
 is measured at any moment by more than 5 %. Results: docs/memory.md. Every process it starts is
@@ -105,10 +108,14 @@ async def tokens_per_word(c: httpx.AsyncClient, model: str) -> float:
     return len(r.json()["tokens"]) / 500
 
 
-def fill_plan(ctx: int, slots: int, unified: bool, window: int) -> tuple[int, int]:
+def fill_plan(ctx: int, slots: int, unified: bool, window: int, embeddings: bool = False) -> tuple[int, int]:
     """(prompts at once, tokens each) that make the engine hold the most: as many slots as can each hold
     more than a sliding window at the same time (so each makes its context checkpoints), with prompts
-    that share the cache between them (a unified cache) or fill each slot's part, so they all run at once."""
+    that share the cache between them (a unified cache) or fill each slot's part, so they all run at once.
+    An embedding model keeps nothing between requests: every slot at once with the longest input a
+    slot takes (a unified cache lets one slot have the whole context) is its worst case."""
+    if embeddings and unified:
+        return slots, min(int(ctx * 0.9), PROMPT_CAP)
     if unified:
         busy = min(slots, max(1, ctx // (window + 64))) if window else slots
         tokens = ctx // busy
@@ -135,9 +142,34 @@ async def fill(c: httpx.AsyncClient, model: str, busy: int, tokens: int, per_wor
         await asyncio.gather(*(one(i) for i in range(busy)))
 
 
+async def draft_everywhere(c: httpx.AsyncClient, model: str, slots: int, ctx: int, per_word: float) -> None:
+    """Every slot at once generates a copy of a text it was given twice, so n-gram speculation drafts on
+    all of them in the same batches: the engine's output buffer then holds the logits of every slot's
+    drafted tokens, the one part of the estimate that prompts alone never reach (llama-server grows
+    that buffer only when a batch asks for that many outputs)."""
+    per_slot = int(ctx * 0.8 / slots)  # a unified cache is shared: all of them must fit at once
+    generate = min(64, per_slot // 3)
+    n_words = max(8, int((per_slot - generate) / per_word / 2))
+
+    async def one(i: int) -> None:
+        text = words(n_words, seed=7000 + i)
+        body = {"model": model, "prompt": f"{text}\n{text}\n", "max_tokens": generate, "temperature": 0,
+                "id_slot": i}
+        resp = await c.post("/v1/completions", json=body)
+        if resp.status_code != 200:
+            print(f"    draft request failed: {resp.status_code} {resp.text[:200]}", flush=True)
+    await asyncio.gather(*(one(i) for i in range(slots)))
+
+
 async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
-        r = await c.post("/v1/load", json={"model_name": name, "ctx_size": ctx, "llamacpp_args": args})
+        # Speculation on (not the shipped `auto`): the estimate is of the most an engine may hold, which
+        # includes its drafted tokens' logits, and with `auto` the controller would restart an engine
+        # whose fill prompts (4 tokens each) earned nothing from it, mid-measurement, without drafting.
+        load = {"model_name": name, "ctx_size": ctx, "llamacpp_args": args}
+        if name != "minilm":
+            load["speculation"] = "on"
+        r = await c.post("/v1/load", json=load)
         if r.status_code != 200:
             return {"error": f"load {r.status_code}: {r.text[:300]}"}
         (entry,) = [m for m in (await c.get("/v1/health")).json()["all_models_loaded"] if m["model_name"] == name]
@@ -149,7 +181,7 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         watcher.start()
         flags = engine_flags(args)
         rows = layer_rows(gguf_layout(path).meta)
-        busy, tokens = fill_plan(ctx, flags.slots, flags.unified, rows[2] if rows else 0)
+        busy, tokens = fill_plan(ctx, flags.slots, flags.unified, rows[2] if rows else 0, embeddings)
         cache = filled = 0
         if rows is not None and not embeddings:  # enough rounds to fill the prompt cache (its size: the KV cache's)
             # a saved prompt holds its full-attention layers' cache and the last window of the others
@@ -160,13 +192,21 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
         await fill(c, name, busy, tokens, per_word, embeddings, rounds)
+        command = entry.get("launch_command")
+        speculates = "--spec-type" in (command if isinstance(command, str) else " ".join(map(str, command or [])))
+        if speculates:
+            await draft_everywhere(c, name, flags.slots, ctx, per_word)
         seconds = time.perf_counter() - started
         peak.stop.set()
         watcher.join()
+        now = [m for m in (await c.get("/v1/health")).json()["all_models_loaded"] if m["model_name"] == name]
+        if not now or now[0]["pid"] != pid:
+            print("    the engine was restarted during the fill: its peak is not the whole story", flush=True)
         await c.post("/v1/unload", json={"model_name": name})
     return {"estimate": estimate, "loaded_rss": loaded.rss, "peak_rss": peak.rss, "peak_pss": peak.pss,
             "prompt_cache": cache, "prompt_cache_filled": filled,
-            "samples": peak.samples, "seconds": seconds, "prompts": f"{rounds} x {busy} x {tokens} tokens"}
+            "samples": peak.samples, "seconds": seconds, "prompts": f"{rounds} x {busy} x {tokens} tokens",
+            "drafted_on_every_slot": speculates}
 
 
 def print_table(rows: list[tuple[str, int, str, dict[str, Any]]]) -> None:
@@ -194,6 +234,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="three configurations instead of eleven")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of prompts per configuration")
     parser.add_argument("--model", choices=("gemma", "minilm"), help="only this model's configurations")
+    parser.add_argument("--config", help="only the configurations whose 'model ctx_size flags' contain this, "
+                                         "e.g. '2048 -np 8'")
     args = parser.parse_args()
     from tests.models import minilm_gguf
 
@@ -212,7 +254,8 @@ def main() -> None:
             print(f"load average {load_avg()} before; {psutil.cpu_count()} CPUs", flush=True)
             rows = []
             for name, ctx, llama_args in QUICK if args.quick else FULL:
-                if args.model and name != args.model:
+                chosen = f"{name} {ctx} {llama_args}"
+                if (args.model and name != args.model) or (args.config and args.config not in chosen):
                     continue
                 print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
                 result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, models / f"{name}.gguf", ctx, llama_args,
