@@ -161,7 +161,8 @@ async def draft_everywhere(c: httpx.AsyncClient, model: str, slots: int, ctx: in
     await asyncio.gather(*(one(i) for i in range(slots)))
 
 
-async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: int) -> dict[str, Any]:
+async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: int,
+                  max_rounds: int = 8) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         # Speculation on (not the shipped `auto`): the estimate is of the most an engine may hold, which
         # includes its drafted tokens' logits, and with `auto` the controller would restart an engine
@@ -183,19 +184,22 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         rows = layer_rows(gguf_layout(path).meta)
         busy, tokens = fill_plan(ctx, flags.slots, flags.unified, rows[2] if rows else 0, embeddings)
         cache = filled = 0
+        command = entry.get("launch_command")
+        command = command if isinstance(command, str) else " ".join(map(str, command or []))
         if rows is not None and not embeddings:  # enough rounds to fill the prompt cache (its size: the KV cache's)
-            # a saved prompt holds its full-attention layers' cache and the last window of the others
-            state = tokens * rows[0] + min(tokens, rows[2] or tokens) * rows[1]
-            cache = launch_cache_bytes(entry.get("launch_command"))
-            rounds = max(rounds, min(8, 2 + math.ceil(cache / max(1, busy * state))))
+            # a saved prompt holds its full-attention layers' cache and the last window of the others (all of
+            # theirs too with the full window cache, --swa-full)
+            window = tokens if "--swa-full" in command else min(tokens, rows[2] or tokens)
+            state = tokens * rows[0] + window * rows[1]
+            cache = launch_cache_bytes(command)
+            rounds = max(rounds, min(max_rounds, 2 + math.ceil(cache / max(1, busy * state))))
             filled = min(cache, int((rounds - 1) * busy * state))  # every prompt but the last round's goes to it
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
-        await fill(c, name, busy, tokens, per_word, embeddings, rounds)
-        command = entry.get("launch_command")
-        speculates = "--spec-type" in (command if isinstance(command, str) else " ".join(map(str, command or [])))
-        if speculates:
+        speculates = "--spec-type" in command
+        if speculates:  # first: the output buffer grows once, before the prompts fill the caches around it
             await draft_everywhere(c, name, flags.slots, ctx, per_word)
+        await fill(c, name, busy, tokens, per_word, embeddings, rounds)
         seconds = time.perf_counter() - started
         peak.stop.set()
         watcher.join()
@@ -234,6 +238,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="three configurations instead of eleven")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of prompts per configuration")
     parser.add_argument("--model", choices=("gemma", "minilm"), help="only this model's configurations")
+    parser.add_argument("--fill-cache", action="store_true",
+                        help="as many rounds as fill the prompt cache (up to 40; at 32k tokens of context, "
+                             "several minutes a configuration) instead of at most 8")
     parser.add_argument("--config", help="only the configurations whose 'model ctx_size flags' contain this, "
                                          "e.g. '2048 -np 8'")
     args = parser.parse_args()
@@ -259,7 +266,7 @@ def main() -> None:
                     continue
                 print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
                 result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, models / f"{name}.gguf", ctx, llama_args,
-                                             args.rounds))
+                                             args.rounds, 40 if args.fill_cache else 8))
                 rows.append((name, ctx, llama_args, result))
                 print(f"    {result}", flush=True)
             print(f"load average {load_avg()} after\n")
