@@ -10,30 +10,16 @@ also when a test fails. Needs root and iproute2 (`lan_unusable` says why not, fo
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
-
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+from tests.netns import ip, netns_usable
 
 
 def lan_unusable(tag: str) -> str | None:
-    """Why this machine cannot make the LAN, or None."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are a Linux feature"
-    if os.geteuid() != 0:
-        return "making network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
-    probe = f"{tag}probe"
-    made = ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"`ip netns add` fails here: {made.stderr.strip()}"
-    ip("netns", "del", probe, check=False)
+    """Why this machine cannot make the LAN, or None: namespaces (tests/netns.py) and a bridge."""
+    reason = netns_usable()
+    if reason:
+        return reason
     made = ip("link", "add", f"{tag}pb", "type", "bridge", check=False)
     if made.returncode != 0:
         return f"`ip link add ... type bridge` fails here: {made.stderr.strip()}"
