@@ -33,7 +33,7 @@ LAYERS = (
     "runtime",
     "downloads", "autotune", "jobs", "mcp_client",
     "services",
-    "classification", "media", "omni",
+    "classification", "media", "serving", "omni",
     "api",
     "server",
     "cli",

@@ -22,7 +22,6 @@ from lemonade.api.errors import describe_validation_error
 from lemonade.api.lemonade.load import _prepare_load
 from lemonade.api.lemonade.protocol import LoadRequest
 from lemonade.api.openai.inference import chat_model
-from lemonade.api.openai.models import model_object
 from lemonade.api.openai.protocol import ChatCompletionRequest, legacy_max_tokens
 from lemonade.catalog.catalog import NotFound
 from lemonade.errors import APIError
@@ -30,6 +29,7 @@ from lemonade.jobs.manager import Op, Owned, RunState
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
+from lemonade.serving.models import model_object
 from lemonade.system.info import system_info, system_stats
 
 log = logging.getLogger("lemonade.jobs")

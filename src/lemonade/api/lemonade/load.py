@@ -10,13 +10,14 @@ from fastapi.responses import JSONResponse
 
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
-from lemonade.api.openai.models import paths_shown, shown_checkpoint
+from lemonade.api.privacy import paths_shown
 from lemonade.api.sse import progress_stream
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
+from lemonade.serving.models import shown_checkpoint
 
 router = APIRouter(tags=["residency"])
 NAME_KEYS = ("model_name", "model")  # the alias not taken as the name is no option either
