@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from lemonade.api.errors import describe_validation_error
 from lemonade.api.lemonade.protocol import LoadRequest
-from lemonade.api.openai.inference import chat_model
 from lemonade.api.openai.protocol import ChatCompletionRequest, legacy_max_tokens
 from lemonade.catalog.catalog import NotFound
 from lemonade.errors import APIError
@@ -28,6 +27,7 @@ from lemonade.jobs.manager import Op, Owned, RunState
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
+from lemonade.serving.chat import CHAT_PATH, ENDPOINT, chat_model
 from lemonade.serving.load import prepare_load
 from lemonade.serving.models import model_object
 from lemonade.system.info import system_info, system_stats
@@ -167,7 +167,7 @@ class ServerOps:
         model = chat_model(self.svc, body.model, "/chat/completions")
         payload = body.model_dump(exclude_unset=True)
         legacy_max_tokens(payload)
-        return await self.svc.proxy.post_json(model, "/v1/chat/completions", payload, "chat/completions")
+        return await self.svc.proxy.post_json(model, CHAT_PATH, payload, ENDPOINT)
 
     # ----- the job's residencies: interrupt and resume ------------------------------------------
     async def reconcile(self, state: RunState) -> None:
