@@ -4,7 +4,7 @@ WAV as the spec requires, and mp3, flac, ogg and webm besides (`audio/formats.py
 container from the first bytes; the engine decodes and resamples to 16 kHz mono). The engine
 returns segments with timestamps; the response formats (json, verbose_json, text, srt, vtt) are
 made here, so every transcription engine answers alike; the transcription itself and the checks made
-before any model loads are `media/transcription.py`, shared with the other callers.
+before any model loads are `serving/transcription.py`, shared with the other callers.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from starlette.datastructures import UploadFile
 
 from lemonade.api.errors import APIError
 from lemonade.audio import formats
-from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import Services
+from lemonade.serving.transcription import check_audio, check_params, transcribe
 
 router = APIRouter(tags=["openai"])
 MAX_FIELD_BYTES = 1024 * 1024  # the text fields (a prompt); the file part is spooled to disk, bounded by
