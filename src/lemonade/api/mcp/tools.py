@@ -24,7 +24,6 @@ from typing import Any
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import image_tool, schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root, unique_name
-from lemonade.api.openai.audio import shaped
 from lemonade.audio.formats import HEAD_BYTES
 from lemonade.model_info import ModelInfo
 from lemonade.omni import loop as omni_loop
@@ -33,7 +32,7 @@ from lemonade.omni.definitions import OMNI_RECIPE
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import ENDPOINT_FOR_MODE, Services
 from lemonade.serving.chat import answer, forcing
-from lemonade.serving.transcription import check_audio, check_params, transcribe
+from lemonade.serving.transcription import check_audio, check_params, shaped, transcribe
 from lemonade.util.atomic import atomic_write_bytes
 
 log = logging.getLogger("lemonade.mcp")
