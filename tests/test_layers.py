@@ -184,6 +184,30 @@ def test_no_api_family_borrows_another_familys_logic():
                        + "\n".join(found))
 
 
+def web_framework_imports(module: str, source: str) -> list[str]:
+    """Imports of FastAPI or Starlette in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [f"{module} (line {node.lineno}) imports {name}" for name in names
+                  if name.split(".")[0] in ("fastapi", "starlette")]
+    return found
+
+
+def test_serving_knows_no_web_framework():
+    """serving/ takes plain values and raises APIError: a request or a response is the API's."""
+    found = [line for module, path in sorted(_modules().items()) if layer(module) == "serving"
+             for line in web_framework_imports(module, path.read_text())]
+    assert not found, "serving/ imports a web framework:\n" + "\n".join(found)
+    assert web_framework_imports("m", "def f():\n    from starlette.requests import Request\n") == [
+        "m (line 2) imports starlette.requests"]
+
+
 def test_the_family_check_sees_a_borrowed_use_case():
     """What the check was written for: the job ops took `_prepare_load` from Lemonade's load route (its
     own family: allowed) and `chat_model` from OpenAI's inference route (not), beside OpenAI's request
