@@ -10,6 +10,11 @@ names the router in a signature knows the router). Two checks:
   it (what it needs is passed in), the catalog does not ask the engines which modes a recipe serves
   (recipes.py tells both), and the API is above the omni tool loop and the media code it shares.
 
+A third check is inside `api/`: an API family (`api/<family>/`) borrows no logic from another
+family's modules. What two entry points both do (choose and load a model, a model object, a
+transcription) is in `serving/`, below every family; across families only the request shapes are
+shared (`*protocol` modules), and `api/app.py`, which mounts every family's routes, imports them all.
+
 No server runs here: the source files are parsed.
 """
 
@@ -33,7 +38,7 @@ LAYERS = (
     "runtime",
     "downloads", "autotune", "jobs", "mcp_client",
     "services",
-    "classification", "media", "omni",
+    "classification", "media", "serving", "omni",
     "api",
     "server",
     "cli",
@@ -151,6 +156,68 @@ def test_nothing_imports_upward():
             if layer(target) != layer(module) and rank.get(layer(target), -1) > rank.get(layer(module), -1):
                 upward.append(f"{module} (line {line}) imports {target}")
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def family(module: str) -> str | None:
+    """The API family of a module of `api/<family>/` (None for every other module)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "api" else None
+
+
+def borrowed(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports by a module of `api/` (app.py excepted) of another API family's module that is not its
+    request shapes (`*protocol`)."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        if not module.startswith("lemonade.api.") or module == "lemonade.api.app":
+            continue
+        for target, line in sorted(edges.items()):
+            other = family(target)
+            if other is not None and other != family(module) and not target.endswith("protocol"):
+                found.append(f"{module} (line {line}) imports {target}")
+    return found
+
+
+def test_no_api_family_borrows_another_familys_logic():
+    found = borrowed(import_graph())
+    assert not found, ("imports of another API family's module (move what both need into serving/):\n"
+                       + "\n".join(found))
+
+
+def web_framework_imports(module: str, source: str) -> list[str]:
+    """Imports of FastAPI or Starlette in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [f"{module} (line {node.lineno}) imports {name}" for name in names
+                  if name.split(".")[0] in ("fastapi", "starlette")]
+    return found
+
+
+def test_serving_knows_no_web_framework():
+    """serving/ takes plain values and raises APIError: a request or a response is the API's."""
+    found = [line for module, path in sorted(_modules().items()) if layer(module) == "serving"
+             for line in web_framework_imports(module, path.read_text())]
+    assert not found, "serving/ imports a web framework:\n" + "\n".join(found)
+    assert web_framework_imports("m", "def f():\n    from starlette.requests import Request\n") == [
+        "m (line 2) imports starlette.requests"]
+
+
+def test_the_family_check_sees_a_borrowed_use_case():
+    """What the check was written for: the job ops took `_prepare_load` from Lemonade's load route (its
+    own family: allowed) and `chat_model` from OpenAI's inference route (not), beside OpenAI's request
+    shapes (allowed); a peer route took `model_object` from OpenAI's models route (not)."""
+    graph = {"lemonade.api.lemonade.job_ops": {"lemonade.api.lemonade.load": 22, "lemonade.api.openai.inference": 24,
+                                               "lemonade.api.openai.protocol": 26},
+             "lemonade.api.peers": {"lemonade.api.openai.models": 25},
+             "lemonade.api.app": {"lemonade.api.openai.inference": 49}}
+    assert borrowed(graph) == ["lemonade.api.lemonade.job_ops (line 24) imports lemonade.api.openai.inference",
+                               "lemonade.api.peers (line 25) imports lemonade.api.openai.models"]
 
 
 def test_the_check_sees_function_level_and_type_checking_imports():

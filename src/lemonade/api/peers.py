@@ -22,9 +22,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lemonade.api.errors import APIError
-from lemonade.api.openai.models import model_object
 from lemonade.backends.peer_auth import HEADER, KEY_ENV, SESSION_SECONDS, address_text
 from lemonade.services import Services
+from lemonade.serving.models import model_object
 
 router = APIRouter(prefix="/peers", tags=["peers"])
 log = logging.getLogger("lemonade.peers")

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from starlette.requests import Request
+
 from lemonade.api.middleware import Scope, is_admin
 from lemonade.services import Services
 
@@ -45,3 +47,10 @@ def entry_view(scope: Scope, svc: Services) -> Callable[[dict[str, Any]], dict[s
     """A log entry as this reader may see it."""
     view = text_view(scope, svc)
     return lambda entry: {**entry, "line": view(entry["line"])}
+
+
+def paths_shown(request: Request, include_paths: bool) -> bool:
+    """Whether a local model file is shown by its absolute path: when asked (`include_paths`), and always
+    to admins (`serving/models.py` `shown_checkpoint`)."""
+    svc: Services = request.app.state.services
+    return include_paths or is_admin(request.scope, svc.api_key, svc.admin_key)

@@ -47,6 +47,7 @@ from lemonade.omni.media import Artifact, Clip, Turn, run_tool
 from lemonade.omni.toolset import Toolset
 from lemonade.runtime import forced_call
 from lemonade.services import Services
+from lemonade.serving import chat
 from lemonade.util.jsonparse import loads
 
 log = logging.getLogger("lemonade.omni")
@@ -269,9 +270,7 @@ async def run(svc: Services, toolset: Toolset, request: dict[str, Any],
             if named is not None:
                 call_body = forced_call.forced(call_body, named)
         try:
-            data = await svc.proxy.post_json(toolset.llm, "/v1/chat/completions", call_body, "chat/completions")
-            if named is not None:
-                data = forced_call.as_call(data, named)
+            data = await chat.answer(svc, toolset.llm, call_body, named)
         except APIError as exc:
             if exc.status < 500 or round_no == 0 or (must_answer and not turn.artifacts):
                 raise

@@ -1,10 +1,10 @@
 """Running the omni tools on a collection's components, and the media they make.
 
 Each tool calls the same service code as the HTTP endpoint it stands for (media/: `synthesize`
-behind `/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`, `transcribe`
-behind `/v1/audio/transcriptions`; `analyze_image` is a chat completion of the collection's vision
-model, as `/v1/chat/completions` runs one), so loading, residency and stats work as for any
-request. The tools that read what the user sent (`transcribe_audio`, `analyze_image`) find it in the
+behind `/v1/audio/speech`, `generate_images` and `edit_images` behind `/v1/images/*`; serving/:
+`transcribe` behind `/v1/audio/transcriptions`; `analyze_image` is a chat completion of the
+collection's vision model, as `/v1/chat/completions` runs one), so loading, residency and stats
+work as for any request. The tools that read what the user sent (`transcribe_audio`, `analyze_image`) find it in the
 `Turn`: the audio and pictures of the user's messages, numbered as their placeholders tell the LLM;
 their result is text for the LLM, not a medium. A tool's failure (bad arguments, a model that
 refuses) is text for the LLM ("Error: ..."), as OpenAI tool results are, so it can try again or
@@ -29,9 +29,9 @@ from lemonade.backends.image_engine import ImageEngine
 from lemonade.errors import APIError
 from lemonade.media import images
 from lemonade.media.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
-from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
+from lemonade.serving.transcription import check_audio, check_params, transcribe
 
 log = logging.getLogger("lemonade.omni")
 SIZE_RE = re.compile(r"^\s*(\d{2,4})\s*[x×X*]\s*(\d{2,4})\s*$")

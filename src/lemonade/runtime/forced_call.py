@@ -6,8 +6,8 @@ Why: llama-server reads `tool_choice` as a string. OpenAI's object form (`{"type
 and never call (Gemma 3 270M did). A named tool is forced here the way a grammar can force it: the
 model is asked for that tool's arguments under a JSON-schema grammar (`response_format`; the tool
 stays described in the prompt by the chat template), and the answer, or each streamed piece of it,
-becomes the call. Used by the OpenAI chat route, the Anthropic translation, MCP's `lemonade_chat`
-and the omni loop.
+becomes the call. Used through serving/chat.py by the OpenAI chat route, the Anthropic translation,
+MCP's `lemonade_chat` and the omni loop.
 """
 
 from __future__ import annotations

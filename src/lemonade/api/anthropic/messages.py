@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.anthropic import translate
 from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
-from lemonade.api.openai.inference import chat_model
 from lemonade.runtime import forced_call
 from lemonade.services import Services
+from lemonade.serving.chat import CHAT_PATH, ENDPOINT, answer, chat_model, forcing
 
 log = logging.getLogger("lemonade.anthropic")
 router = APIRouter(tags=["anthropic"])
@@ -53,9 +53,7 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
     model = svc.check_model(model, "chat", "/messages", images=images)  # or the same model on a peer
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
-    proxy = svc.proxy
-    name = forced_call.named_tool(tr.body)  # tool_choice {type: tool}: the call is forced (runtime/forced_call.py)
-    sent = forced_call.forced(tr.body, name) if name is not None else tr.body
+    sent, name = forcing(tr.body)  # tool_choice {type: tool}: the call is forced (runtime/forced_call.py)
     if body.stream:
         payload = {**sent, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -64,12 +62,10 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
                 source = forced_call.as_call_stream(name)(source)
             return translate.anthropic_stream(source, body.model, tr)
 
-        resp = await proxy.stream(model, "/v1/chat/completions", payload, "chat/completions", transform=transform)
+        resp = await svc.proxy.stream(model, CHAT_PATH, payload, ENDPOINT, transform=transform)
         resp.headers.update(headers)
         return resp
-    data = await proxy.post_json(model, "/v1/chat/completions", sent, "chat/completions")
-    if name is not None:
-        data = forced_call.as_call(data, name)
+    data = await answer(svc, model, sent, name)
     return JSONResponse(translate.to_anthropic(data, body.model, tr), headers=headers)
 
 

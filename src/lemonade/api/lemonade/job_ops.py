@@ -19,10 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lemonade.api.errors import describe_validation_error
-from lemonade.api.lemonade.load import _prepare_load
 from lemonade.api.lemonade.protocol import LoadRequest
-from lemonade.api.openai.inference import chat_model
-from lemonade.api.openai.models import model_object
 from lemonade.api.openai.protocol import ChatCompletionRequest, legacy_max_tokens
 from lemonade.catalog.catalog import NotFound
 from lemonade.errors import APIError
@@ -30,6 +27,9 @@ from lemonade.jobs.manager import Op, Owned, RunState
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
+from lemonade.serving.chat import CHAT_PATH, ENDPOINT, chat_model
+from lemonade.serving.load import prepare_load
+from lemonade.serving.models import model_object
 from lemonade.system.info import system_info, system_stats
 
 log = logging.getLogger("lemonade.jobs")
@@ -120,7 +120,8 @@ class ServerOps:
         body, names = self._load_names(params)
         router = self.svc.router
         before = {n: router.resident(n, usable=False) for n in names}
-        work = _prepare_load(self.svc, body)
+        work = prepare_load(self.svc, body.model_name, body.model_extra or {}, pinned=body.pinned,
+                            save_options=body.save_options)
         try:
             await work()
         except (ClientGone, asyncio.CancelledError):
@@ -166,7 +167,7 @@ class ServerOps:
         model = chat_model(self.svc, body.model, "/chat/completions")
         payload = body.model_dump(exclude_unset=True)
         legacy_max_tokens(payload)
-        return await self.svc.proxy.post_json(model, "/v1/chat/completions", payload, "chat/completions")
+        return await self.svc.proxy.post_json(model, CHAT_PATH, payload, ENDPOINT)
 
     # ----- the job's residencies: interrupt and resume ------------------------------------------
     async def reconcile(self, state: RunState) -> None:

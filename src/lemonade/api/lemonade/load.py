@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
-from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import LoadRequest, UnloadRequest
-from lemonade.api.openai.models import paths_shown, shown_checkpoint
+from lemonade.api.privacy import paths_shown
 from lemonade.api.sse import progress_stream
-from lemonade.labels import ROUTER_RECIPE
-from lemonade.model_info import ModelInfo
-from lemonade.runtime.options import OptionsError
-from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
+from lemonade.serving.load import prepare_load
 
 router = APIRouter(tags=["residency"])
-NAME_KEYS = ("model_name", "model")  # the alias not taken as the name is no option either
 
 
 @router.post("/load")
@@ -28,70 +22,12 @@ async def load(request: Request, body: LoadRequest = Body(..., examples=[
     """Load a model. With `"stream": true` the answer is SSE: `progress` events while the backend
     installs, the model downloads and the engine starts, then `complete` or `error`."""
     svc: Services = request.app.state.services
-    work = _prepare_load(svc, body, paths_shown(request, False))  # bad input is a plain 4xx, before any stream starts
+    # bad input is a plain 4xx, before any stream starts
+    work = prepare_load(svc, body.model_name, body.model_extra or {}, pinned=body.pinned,
+                        save_options=body.save_options, show_paths=paths_shown(request, False))
     if body.stream:
         return load_events(work)
     return await work()
-
-
-def _prepare_load(svc: Services, body: LoadRequest, show_paths: bool = False
-                  ) -> Callable[[], Awaitable[dict[str, Any]]]:
-    """Resolve the model, check its options and return the work that performs the load. `show_paths`:
-    an extra-dir model's checkpoint by absolute path (admins), else by file name (/v1/models' rule)."""
-    model = svc.resolve(body.model_name)
-    pinned = body.pinned
-    done = {"status": "success", "message": f"Loaded model: {model.public}", "model_name": model.public,
-            "recipe": model.recipe}
-    if model.recipe == ROUTER_RECIPE:
-        # Virtual, as in Lemonade: each request loads the member its policy picks. Loading every
-        # candidate up front would only push other models out.
-        async def acknowledge() -> dict[str, Any]:
-            return done
-
-        return acknowledge
-    if model.is_collection:
-        components = [svc.resolve(comp) for comp in model.components or []]
-
-        async def load_collection() -> dict[str, Any]:
-            if svc.catalog.collection_file(model) is not None:  # its file names the components
-                await svc.ready_collection(model)
-                components.extend(svc.resolve(comp) for comp in model.components or [])
-            for comp in components:
-                def options(c: ModelInfo = comp) -> dict[str, Any]:
-                    return svc.options.resolve(c.name, c.recipe)
-
-                await svc.router.ensure_loaded(comp, options, pinned=pinned)
-            return done
-
-        return load_collection
-    try:
-        requested = svc.options.parse_request(model.recipe, body.model_extra or {}, ignore=NAME_KEYS)
-    except OptionsError as exc:
-        raise bad_request(str(exc)) from None
-    effective = svc.options.resolve(model.name, model.recipe, request=requested)
-    if pinned is None:
-        pinned = svc.options.saved(model.name).get("pinned")
-
-    if model.checkpoint:
-        done["checkpoint"] = shown_checkpoint(model, show_paths)
-
-    async def load_model() -> dict[str, Any]:
-        lm = await svc.router.ensure_loaded(model, effective, pinned=pinned)  # loaded again if its options changed
-        if body.save_options:
-            svc.options.save_from_load(model.name, requested, body.pinned)
-        return {**done, **context_fields(lm)}
-
-    return load_model
-
-
-def context_fields(lm: LoadedModel) -> dict[str, Any]:
-    """What context the load gave the model and why (`ctx_size: -1` is sized to the free memory)."""
-    out: dict[str, Any] = {}
-    if lm.context_length is not None:
-        out["context_length"] = lm.context_length
-    if lm.launch.context_reason:
-        out["context_reason"] = lm.launch.context_reason
-    return out
 
 
 def load_events(run: Any) -> Any:

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Body, Query, Request
 
 from lemonade.api.errors import bad_request
 from lemonade.api.lemonade.protocol import OptionsRequest
-from lemonade.api.openai.models import model_object
 from lemonade.catalog.catalog import RegistrationError
 from lemonade.checkpoints.variants import shard_info
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
+from lemonade.serving.models import model_object
 
 router = APIRouter(tags=["models"])
 

@@ -19,11 +19,11 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 
 from lemonade.api.errors import APIError
-from lemonade.api.openai.routing import Helpers
 from lemonade.routing.context import RouteContext
 from lemonade.routing.evaluate import PolicyEmbeddings, decide
 from lemonade.routing.policy import PolicyError, parse_policy
 from lemonade.services import Services
+from lemonade.serving.routing import Helpers
 
 router = APIRouter(tags=["routing"])
 

@@ -24,16 +24,15 @@ from typing import Any
 from lemonade.api.errors import APIError
 from lemonade.api.mcp import image_tool, schema
 from lemonade.api.mcp.sandbox import SandboxError, confine, sandbox_root, unique_name
-from lemonade.api.openai.audio import shaped
 from lemonade.audio.formats import HEAD_BYTES
-from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.model_info import ModelInfo
 from lemonade.omni import loop as omni_loop
 from lemonade.omni import toolset as omni_toolset
 from lemonade.omni.definitions import OMNI_RECIPE
-from lemonade.runtime import forced_call
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import ENDPOINT_FOR_MODE, Services
+from lemonade.serving.chat import answer, forcing
+from lemonade.serving.transcription import check_audio, check_params, shaped, transcribe
 from lemonade.util.atomic import atomic_write_bytes
 
 log = logging.getLogger("lemonade.mcp")
@@ -262,16 +261,13 @@ async def chat(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     body.update({k: args[k] for k in CHAT_PASSTHROUGH if k in args})
     body.setdefault("chat_template_kwargs", {"enable_thinking": False})
     try:
-        name = forced_call.named_tool(body)  # a named tool is called, always (runtime/forced_call.py)
+        sent, name = forcing(body)  # a named tool is called, always (runtime/forced_call.py)
     except APIError as exc:
         raise ToolError(exc.message) from None
-    sent = forced_call.forced(body, name) if name is not None else body
     try:
-        data = await svc.proxy.post_json(model, "/v1/chat/completions", sent, "chat/completions")
+        data = await answer(svc, model, sent, name)
     except APIError as exc:
         raise ToolError(f"Chat with {model.public} failed: {exc.message}") from None
-    if name is not None:
-        data = forced_call.as_call(data, name)
     choice = (data.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content = message.get("content") or ""

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.api.errors import APIError
-from lemonade.api.openai.models import shown_checkpoint
 from lemonade.backends.llamacpp import fallback_template
 from lemonade.catalog.catalog import DEFAULT_TAG
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 from lemonade.model_info import CREATED, ModelInfo
 from lemonade.recipes import file_format
 from lemonade.services import Services
+from lemonade.serving.models import shown_checkpoint
 
 log = logging.getLogger("lemonade.ollama")
 

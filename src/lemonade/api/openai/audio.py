@@ -2,9 +2,9 @@
 
 WAV as the spec requires, and mp3, flac, ogg and webm besides (`audio/formats.py` recognises the
 container from the first bytes; the engine decodes and resamples to 16 kHz mono). The engine
-returns segments with timestamps; the response formats (json, verbose_json, text, srt, vtt) are
-made here, so every transcription engine answers alike; the transcription itself and the checks made
-before any model loads are `media/transcription.py`, shared with the other callers.
+returns segments with timestamps; the transcription, the checks made before any model loads and the
+response formats (json, verbose_json, text, srt, vtt, the same for every transcription engine) are
+`serving/transcription.py`, shared with the other callers.
 """
 
 from __future__ import annotations
@@ -18,32 +18,13 @@ from starlette.datastructures import UploadFile
 
 from lemonade.api.errors import APIError
 from lemonade.audio import formats
-from lemonade.media.transcription import check_audio, check_params, transcribe
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import Services
+from lemonade.serving.transcription import check_audio, check_params, shaped, transcribe
 
 router = APIRouter(tags=["openai"])
 MAX_FIELD_BYTES = 1024 * 1024  # the text fields (a prompt); the file part is spooled to disk, bounded by
 # max_request_body_mb (api/middleware.py)
-
-
-def _timestamp(seconds: float, sep: str) -> str:
-    ms = int(round(seconds * 1000))
-    h, rest = divmod(ms, 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s, ms = divmod(rest, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
-
-
-def subtitles(segments: list[dict[str, Any]], fmt: str) -> str:
-    """SRT or WebVTT cues, one per segment."""
-    sep = "," if fmt == "srt" else "."
-    cues = []
-    for i, seg in enumerate(segments, 1):
-        span = f"{_timestamp(seg['start'], sep)} --> {_timestamp(seg['end'], sep)}"
-        text = seg["text"].strip()
-        cues.append(f"{i}\n{span}\n{text}\n" if fmt == "srt" else f"{span}\n{text}\n")
-    return ("WEBVTT\n\n" if fmt == "vtt" else "") + "\n".join(cues)
 
 
 def _field(form: Any, name: str) -> str | None:
@@ -51,19 +32,6 @@ def _field(form: Any, name: str) -> str | None:
     if value is None or isinstance(value, UploadFile):
         return None if value is None else ""
     return str(value)
-
-
-def shaped(result: dict[str, Any], fmt: str) -> tuple[str | dict[str, Any], str]:
-    """An engine's result in one of `media.transcription.RESPONSE_FORMATS`: (JSON object or text, media type)."""
-    text = result.get("text", "")
-    if fmt == "text":
-        return text + "\n", "text/plain"
-    if fmt in ("srt", "vtt"):  # text/plain, as OpenAI's API and Lemonade's server send subtitles
-        return subtitles(result.get("segments", []), fmt), "text/plain"
-    if fmt == "verbose_json":
-        return {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
-                "text": text, "segments": result.get("segments", [])}, "application/json"
-    return {"text": text}, "application/json"
 
 
 @router.post("/audio/transcriptions")

@@ -27,23 +27,13 @@ from lemonade.omni.definitions import OMNI_RECIPE
 from lemonade.runtime import forced_call
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
+from lemonade.serving.chat import CHAT_PATH, ENDPOINT, answer, auto_load, forcing
 
 router = APIRouter(tags=["openai"])
-# Load-level fields an inference body may carry (Lemonade's allow-list): they shape the load the
-# request triggers, are not sent to the engine, and are never saved.
-AUTO_LOAD_FIELDS = ("ctx_size",)
 
-
-async def auto_load(svc: Services, model: ModelInfo, payload: dict[str, Any]) -> None:
-    request = {k: payload.pop(k) for k in AUTO_LOAD_FIELDS if k in payload}
-    await svc.load_for_request(model, request)
 
 def proxy(request: Request) -> Proxy:
     return request.app.state.services.proxy
-
-
-def chat_model(svc: Services, name: str, endpoint: str, images: bool = False) -> ModelInfo:
-    return svc.check_model(svc.resolve(name), "chat", endpoint, images=images)
 
 
 async def relay(request: Request, model: ModelInfo, path: str, body: dict[str, Any], stream: bool,
@@ -78,15 +68,13 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
     legacy_max_tokens(payload)
     thinking_controls(payload)
     await auto_load(svc, model, payload)
-    name = forced_call.named_tool(payload)
+    sent, name = forcing(payload)
     if name is not None:  # a named tool: asked for under a grammar, answered as its call (runtime/forced_call.py)
-        payload = forced_call.forced(payload, name)
         if body.stream:
-            return await proxy(request).stream(model, "/v1/chat/completions", payload, "chat/completions",
+            return await proxy(request).stream(model, CHAT_PATH, sent, ENDPOINT,
                                                transform=forced_call.as_call_stream(name))
-        data = await proxy(request).post_json(model, "/v1/chat/completions", payload, "chat/completions")
-        return JSONResponse(forced_call.as_call(data, name))
-    return await relay(request, model, "/v1/chat/completions", payload, body.stream, "chat/completions")
+        return JSONResponse(await answer(svc, model, sent, name))
+    return await relay(request, model, CHAT_PATH, payload, body.stream, ENDPOINT)
 
 
 @router.post("/completions")

@@ -46,10 +46,10 @@ from lemonade.api.openai.realtime_protocol import (
 from lemonade.audio.formats import wav_header
 from lemonade.audio.vad import SAMPLE_RATE, EnergyVad, VadSettings
 from lemonade.errors import APIError
-from lemonade.media.transcription import check_params, transcribe
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone, Departure, client_gone
 from lemonade.services import Services
+from lemonade.serving.transcription import check_params, transcribe
 from lemonade.util import jsonparse
 
 router = APIRouter(tags=["openai"])

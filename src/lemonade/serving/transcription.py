@@ -1,6 +1,6 @@
 """Speech to text through the router: the transcription behind `/v1/audio/transcriptions`
 (api/openai/audio.py), also run by the realtime API, MCP's `lemonade_transcribe_audio` and the omni
-tool loop's `transcribe_audio`.
+tool loop's `transcribe_audio`, and the response formats the first two answer in.
 
 What is checked before any model loads is here too: the fields a transcription takes (language,
 prompt, temperature) and the audio's container, read from its first bytes (`audio/formats.py`) and
@@ -32,6 +32,39 @@ async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, p
     result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
     svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
     return result
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    h, rest = divmod(ms, 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def subtitles(segments: list[dict[str, Any]], fmt: str) -> str:
+    """SRT or WebVTT cues, one per segment."""
+    sep = "," if fmt == "srt" else "."
+    cues = []
+    for i, seg in enumerate(segments, 1):
+        span = f"{_timestamp(seg['start'], sep)} --> {_timestamp(seg['end'], sep)}"
+        text = seg["text"].strip()
+        cues.append(f"{i}\n{span}\n{text}\n" if fmt == "srt" else f"{span}\n{text}\n")
+    return ("WEBVTT\n\n" if fmt == "vtt" else "") + "\n".join(cues)
+
+
+def shaped(result: dict[str, Any], fmt: str) -> tuple[str | dict[str, Any], str]:
+    """An engine's result in one of `RESPONSE_FORMATS`, the same for every engine: (JSON object or text, media
+    type). MCP's `lemonade_transcribe_audio` returns it as the full OpenAI-shaped response."""
+    text = result.get("text", "")
+    if fmt == "text":
+        return text + "\n", "text/plain"
+    if fmt in ("srt", "vtt"):  # text/plain, as OpenAI's API and Lemonade's server send subtitles
+        return subtitles(result.get("segments", []), fmt), "text/plain"
+    if fmt == "verbose_json":
+        return {"task": "transcribe", "language": result.get("language"), "duration": result.get("duration"),
+                "text": text, "segments": result.get("segments", [])}, "application/json"
+    return {"text": text}, "application/json"
 
 
 def check_params(fmt: str | None, language: str | None, prompt: str | None,
