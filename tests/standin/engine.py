@@ -31,6 +31,7 @@ class Behaviour:
     memory_mb: int = 0
     ctx_size: int = 4096
     slots: int = 4
+    unified: bool = False  # one KV cache shared by the slots (-kvu): what warm swaps restore into is bounded
 
 
 class StandInEngine(LlamaCppEngine):
@@ -81,7 +82,8 @@ class StandInEngine(LlamaCppEngine):
         slot_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "tests.standin.llama_server", "--port", str(port), "--alias", model.public,
                 "--ctx-size", str(ctx), "--parallel", str(b.slots), "--slot-save-path", str(slot_dir),
-                "--load-seconds", str(b.load_seconds), "--memory-mb", str(b.memory_mb)]
+                "--load-seconds", str(b.load_seconds), "--memory-mb", str(b.memory_mb),
+                *(["-kvu"] if b.unified else [])]
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, cwd=ROOT)
         self.launches.append(model.name)
         await server.start(self.ready_timeout)

@@ -121,3 +121,30 @@ def test_warm_swaps_off_saves_nothing_and_a_crash_leftover_is_removed_at_start(t
 
     assert run(scenario) == []
     assert not leftover.exists()
+
+
+def test_a_unified_cache_takes_back_the_newest_conversations_and_leaves_a_slot_free(tmp_path):
+    """Four conversations of about 300 tokens fill four slots sharing a 1,024-cell cache; after a swap, the
+    two used last come back (600 tokens, within the 768 that leave one slot's share free) and the two
+    older ones stay saved: restoring all four would leave a new request no room, and llama-server would
+    clear slots to make it."""
+    async def scenario() -> tuple[list[int], list[dict], int]:
+        async with app_client(tmp_path, models=(A, B)) as (http, services, engine):
+            engine.behave(f"extra.{A}", ctx_size=1024, slots=4, unified=True)
+            talks = [[{"role": "user", "content": words(300, seed) + f" conversation {seed}"}] for seed in range(4)]
+            for talk in talks:  # one after another: conversation 3 is the one used last
+                await chat(http, A, talk)
+            await chat(http, B, [{"role": "user", "content": "hi"}])  # the swap: A's four slots saved
+            saved = states(tmp_path)
+            cached = []
+            for talk in reversed(talks):  # newest first, so an older one's prompt overwrites no restored slot
+                answer = await chat(http, A, talk + [{"role": "assistant", "content": "tok0 tok1"},
+                                                     {"role": "user", "content": "more"}])
+                cached.append(answer["timings"]["cache_n"])
+            return cached, saved, len([s for s in states(tmp_path) if s["model"] == f"extra.{A}"])
+
+    cached, saved, kept = run(scenario)
+    assert len(saved) == 4 and all(290 < s["tokens"] < 320 and s["model"] == f"extra.{A}" for s in saved)
+    assert cached[0] > 290 and cached[1] > 290  # conversations 3 and 2 came back from their slots
+    assert cached[2] < 50 and cached[3] < 50  # 1 and 0 were read again: no room was taken for them
+    assert kept == 4  # the two not restored are still saved for a later load

@@ -448,9 +448,11 @@ class Engine(ABC):
         return False
 
     # ----- warm swaps (docs/warm-swaps.md): what a model had read outlives its process ------------------
-    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str]) -> int:
-        """Before an idle engine stops: save what it holds (per slot, `keys` saying which conversation)
-        so a later load of the same configuration continues from it; the tokens saved. Nothing by default."""
+    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str],
+                        used: dict[int, float] | None = None) -> int:
+        """Before an idle engine stops: save what it holds (per slot, `keys` saying which conversation and
+        `used` when it was last used, wall clock) so a later load of the same configuration continues from
+        it; the tokens saved. Nothing by default."""
         return 0
 
     async def restore_warm(self, launch: Launch, client: EngineHTTP) -> tuple[dict[int, str], int]:

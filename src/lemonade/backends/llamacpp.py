@@ -683,11 +683,12 @@ class LlamaCppEngine(Engine):
     def warm_swaps(self) -> bool:
         return float(self.config.get("kv_store_gb")) > 0
 
-    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str]) -> int:
+    async def save_warm(self, launch: Launch, client: EngineHTTP, keys: dict[int, str],
+                        used: dict[int, float] | None = None) -> int:
         if not self.warm_swaps or not launch.slots:
             return 0
         saved = await with_timeout(save_slots(self.warm_store, launch.server.base_url, client, launch.server.argv,
-                                              keys))
+                                              keys, used))
         return sum(int(s.get("tokens") or 0) for s in saved)
 
     async def restore_warm(self, launch: Launch, client: EngineHTTP) -> tuple[dict[int, str], int]:

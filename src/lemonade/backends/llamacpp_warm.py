@@ -23,12 +23,14 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lemonade.backends.engine import EngineHTTP
+from lemonade.backends.llamacpp_memory import engine_flags
 
 log = logging.getLogger("lemonade.llamacpp")
 
@@ -160,9 +162,10 @@ class WarmStore:
 
 
 async def save_slots(store: WarmStore, base_url: str, client: EngineHTTP, argv: list[str],
-                     keys: dict[int, str]) -> list[dict[str, Any]]:
+                     keys: dict[int, str], used: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """Save every slot holding a prompt (the engine is idle); what was saved. `keys`: per slot, the
-    conversation it holds (runtime/slot_affinity.py: its text), kept with the state so it is routed back."""
+    conversation it holds (runtime/slot_affinity.py: its text), kept with the state so it is routed back;
+    `used`: when each slot was last used (wall clock; now where not known), the order of restoring."""
     folder = slot_folder(argv)
     if folder is None or store.cap_bytes <= 0:
         return []
@@ -187,8 +190,9 @@ async def save_slots(store: WarmStore, base_url: str, client: EngineHTTP, argv: 
         answer = json.loads(content)
         data = folder / (name + ".bin")
         os.replace(partial, data)  # complete: it looks like a state only now
+        now = time.time()
         meta = {"model": folder.name, "fingerprint": fp, "slot": sid, "tokens": answer.get("n_saved", tokens),
-                "bytes": answer.get("n_written"), "saved_at": time.time(), "used_at": time.time(),
+                "bytes": answer.get("n_written"), "saved_at": now, "used_at": (used or {}).get(sid, now),
                 "held": keys.get(sid, "")}
         WarmStore.write_meta(data.with_suffix(".json"), meta)
         saved.append(meta)
@@ -198,23 +202,42 @@ async def save_slots(store: WarmStore, base_url: str, client: EngineHTTP, argv: 
     return saved
 
 
+def restore_budget(argv: list[str]) -> int | None:
+    """Tokens of saved states a unified KV cache takes back at a load: all its cells but one slot's share,
+    so the first new request finds room without llama-server clearing restored slots to make it (every
+    saved conversation lost again). None: each slot has cells of its own, where a restore always fits."""
+    flags = engine_flags(shlex.join(argv[1:]))
+    if not flags.unified or flags.slots < 2:
+        return None
+    ctx = 0
+    for i, token in enumerate(argv[:-1]):
+        if token in ("-c", "--ctx-size") and argv[i + 1].isdigit():
+            ctx = int(argv[i + 1])
+    return ctx - ctx // flags.slots if ctx > 0 else None
+
+
 async def restore_slots(store: WarmStore, base_url: str, client: EngineHTTP, argv: list[str]
                         ) -> tuple[dict[int, str], int]:
-    """Restore the states saved for exactly this layout into their slots; (the conversation each
-    restored slot holds, tokens restored). A state that does not restore is dropped."""
+    """Restore the states saved for exactly this layout into their slots, the most recently used first
+    and, in a unified cache, only as many as leave a slot's share free (`restore_budget`; the others stay
+    saved); (the conversation each restored slot holds, tokens restored). A state that does not restore
+    is dropped."""
     folder = slot_folder(argv)
     if folder is None or store.cap_bytes <= 0:
         return {}, 0
     fp = fingerprint(argv)
+    budget = restore_budget(argv)
     keys: dict[int, str] = {}
     tokens = 0
-    for state in store.states(folder):
+    for state in sorted(store.states(folder), key=lambda s: -float(s.meta.get("used_at") or 0)):
         if state.meta.get("fingerprint") != fp:
             continue
         sid = state.meta.get("slot")
         if not isinstance(sid, int):  # a description written by hand or by another version
             store.forget(state)
             continue
+        if budget is not None and tokens + int(state.meta.get("tokens") or 0) > budget:
+            continue  # kept for a later load: this cache has no room for it beside the newer ones
         status, content = await client.request("POST", base_url, f"/slots/{sid}?action=restore",
                                                 json.dumps({"filename": state.data.name}).encode())
         if status != 200:

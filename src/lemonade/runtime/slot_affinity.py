@@ -105,6 +105,12 @@ class SlotAffinity:
         self.held[slot] = text
         self.last_use[slot] = time.monotonic()
 
+    def used_at(self) -> dict[int, float]:
+        """When each slot that holds a conversation was last used, as wall-clock time (saved with its state,
+        so a later load restores the most recent conversations first)."""
+        shift = time.time() - time.monotonic()
+        return {s: t + shift for s, t in self.last_use.items() if self.held.get(s)}
+
     def restored(self, held: dict[int, str]) -> None:
         """States restored into slots after a reload (llamacpp_warm.py) hold these conversations."""
         self.held.update({s: t for s, t in held.items() if 0 <= s < self.slots})

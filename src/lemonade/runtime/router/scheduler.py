@@ -528,7 +528,8 @@ class Router:
         if self.client is None or not lm.server.alive or lm.remote:
             return
         try:
-            tokens = await lm.engine.save_warm(lm.launch, self.client, dict(lm.affinity.held) if lm.affinity else {})
+            tokens = await lm.engine.save_warm(lm.launch, self.client, dict(lm.affinity.held) if lm.affinity else {},
+                                               lm.affinity.used_at() if lm.affinity else None)
         except Exception as exc:  # saving must never keep a model from leaving
             log.warning("Saving the conversations of %s failed: %s", lm.name, exc)
             return
