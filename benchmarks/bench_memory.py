@@ -4,13 +4,13 @@ Why: a load is admitted only when its estimate fits the memory budget (docs/memo
 estimate below the truth is what lets the kernel kill an engine, and one far above it refuses
 loads that would fit. For each configuration this loads the model through the server (the shipped
 defaults: the engine flags the server adds, --cache-ram and --ctx-checkpoints included), reads the
-estimate from `/v1/health` (`memory_estimate_bytes`), then fills every slot: rounds of long, distinct
-prompts, one per slot at once, so the KV cache is full, idle slots' states go to the prompt cache
-and the sliding-window checkpoints are made; then, where the engine speculates, every slot at once
-generates with n-gram drafts (their logits are the last part of the estimate to be reached);
-meanwhile it samples the engine's resident memory (RSS and PSS, every 50 ms). A chat model is
-loaded with speculation on: the estimate counts its drafts. It prints estimate, peak and error; it
-never asserts.
+estimate from `/v1/health` (`memory_estimate_bytes`), then fills every slot: first, where the engine
+speculates, every slot at once generates with n-gram drafts (the output buffer grows to hold all their
+logits, a part of the estimate prompts alone never reach); then rounds of long, distinct prompts, one
+per slot at once, so the KV cache is full, idle slots' states go to the prompt cache and the
+sliding-window checkpoints are made. Meanwhile it samples the engine's resident memory (RSS and PSS,
+every 50 ms). A chat model is loaded with speculation on: the estimate counts its drafts. It prints
+estimate, peak and error; it never asserts.
 
     .venv/bin/python benchmarks/bench_memory.py [--quick] [--model gemma|minilm] [--config '2048 -np 8']
 
