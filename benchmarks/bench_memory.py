@@ -36,9 +36,9 @@ from typing import Any
 import httpx
 import psutil
 
-from lemonade.backends.llamacpp_context import layer_rows
-from lemonade.backends.llamacpp_memory import MiB as _MiB
-from lemonade.backends.llamacpp_memory import engine_flags
+from lemonade.backends.llamacpp.context import layer_rows
+from lemonade.backends.llamacpp.memory import MiB as _MiB
+from lemonade.backends.llamacpp.memory import engine_flags
 from lemonade.catalog.gguf_meta import gguf_layout
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -203,7 +203,7 @@ def gemma_copies(folder: Path, names: tuple[str, ...]) -> None:
 
 def backend_dir() -> Path:
     """The installed cpu llama.cpp backend: the test cache's, else the user's Lemonade cache's."""
-    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp.install import BackendInstaller
     from lemonade.paths import cache_dir
 
     for cache in (TEST_CACHE, cache_dir()):

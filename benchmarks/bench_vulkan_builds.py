@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("ccache") is None or not (TEST_CACHE / "ccache").is_dir():
         sys.exit(f"needs ccache and the test cache's compiler cache ({TEST_CACHE / 'ccache'}): run .ci/run once")
-    from lemonade.backends.llamacpp_gpu import missing_toolkit
+    from lemonade.backends.llamacpp.gpu import missing_toolkit
     from tests.vulkan_sdk import debian_vulkan_headers
 
     if any("Vulkan headers" in m for m in missing_toolkit("vulkan")) and not os.environ.get("VULKAN_SDK"):

@@ -22,7 +22,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION  # noqa: E402
+from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION  # noqa: E402
 from lemonade.backends.sdcpp_install import SDCPP_VERSION  # noqa: E402
 from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION  # noqa: E402
 

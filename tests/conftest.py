@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def llama_backend() -> Path:
     """The installed cpu backend folder (built once per machine by `lemonade backends install`)."""
-    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp.install import BackendInstaller
 
     installer = BackendInstaller(TEST_CACHE)
     if installer.state("llamacpp", "cpu").state != "installed":

@@ -108,7 +108,7 @@ def llama_cpp_sources() -> Path:
     The same tree the installer builds `llama-server` from, so the converter and the engine agree
     on the GGUF format. On a fresh machine this fetches and extracts the sdist (no build).
     """
-    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp.install import BackendInstaller
 
     return BackendInstaller(TEST_CACHE).ensure_source_dir()
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lemonade.backends.llamacpp import build_argv
-from lemonade.backends.llamacpp_flags import (
+from lemonade.backends.llamacpp.engine import build_argv
+from lemonade.backends.llamacpp.flags import (
     LEGACY_LOAD_MODE,
     SAFE_FLAGS,
     check_llamacpp_args,
@@ -16,7 +16,7 @@ from lemonade.backends.llamacpp_flags import (
     translate_legacy_flags,
     unknown_flags,
 )
-from lemonade.backends.llamacpp_spec import NGRAM_ARGS
+from lemonade.backends.llamacpp.spec import NGRAM_ARGS
 from lemonade.model_info import ModelInfo
 from tests.gguf_factory import write_gguf
 
@@ -213,7 +213,7 @@ def test_allow_list_is_known_to_the_pinned_llama_server(llama_backend):
 
 def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):
     from lemonade.backends.base import BackendStartError
-    from lemonade.backends.llamacpp import refuse_damaged_files
+    from lemonade.backends.llamacpp.engine import refuse_damaged_files
 
     model = ModelInfo(name="user.M", recipe="llamacpp", mode="chat")
     good = write_gguf(tmp_path / "good.gguf", "gemma3", context_length=4096)

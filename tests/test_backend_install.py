@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from lemonade.backends.install import (
+from lemonade.backends.llamacpp.gpu import backend_devices, best_backend
+from lemonade.backends.llamacpp.install import (
     LLAMA_CPP_PYTHON_VERSION,
     PINNED_VERSION,
     BackendInstaller,
     InstallError,
 )
-from lemonade.backends.llamacpp_gpu import backend_devices, best_backend
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
 from lemonade.system.devices import detect_devices
@@ -284,7 +284,7 @@ def test_unreachable_release_and_no_toolchain(tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("LEMONADE_LLAMACPP_RELEASE_BASE_URL", f"http://127.0.0.1:{port}")
-    from lemonade.backends.llamacpp_build import release_asset_name
+    from lemonade.backends.llamacpp.build import release_asset_name
 
     pin(tmp_path, monkeypatch, {f"{PINNED_VERSION}/{release_asset_name()}": "0" * 64})  # pinned: it is tried
     empty = tmp_path / "empty"
@@ -330,7 +330,7 @@ def release_mirror(installed, tmp_path):
     """A local folder laid out like GitHub's release downloads, holding an archive packed the way
     llama.cpp's release workflow packs it (`llama-<tag>/` + binaries), built from our own binary.
     Yields (mirror URL, `<tag>/<asset>` key, the archive's SHA-256)."""
-    from lemonade.backends.llamacpp_build import release_asset_name
+    from lemonade.backends.llamacpp.build import release_asset_name
 
     asset = release_asset_name()
     if asset is None or not asset.endswith(".tar.gz"):
@@ -463,7 +463,7 @@ def test_uninstall_system_is_refused(tmp_path):
 def test_source_build_leaves_amx_out_on_cpus_that_have_it(tmp_path):
     """AMX kernels of the pinned build crashed llama-server on AMX CPUs: they are compiled out there,
     and a CPU without AMX builds as before (flags read from the real /proc/cpuinfo format)."""
-    from lemonade.backends.llamacpp_build import CMAKE_FLAGS, build_flags
+    from lemonade.backends.llamacpp.build import CMAKE_FLAGS, build_flags
     from lemonade.backends.native_build import cpu_cmake_flags
 
     amx = tmp_path / "amx"
@@ -478,8 +478,8 @@ def test_source_build_leaves_amx_out_on_cpus_that_have_it(tmp_path):
 
 
 def test_a_build_made_with_other_flags_must_be_rebuilt(tmp_path):
-    from lemonade.backends.install import BackendInstaller
-    from lemonade.backends.llamacpp_build import LLAMA_CPP_PYTHON_VERSION, LLAMA_CPP_VERSION, build_flags
+    from lemonade.backends.llamacpp.build import LLAMA_CPP_PYTHON_VERSION, LLAMA_CPP_VERSION, build_flags
+    from lemonade.backends.llamacpp.install import BackendInstaller
     from lemonade.util.atomic import atomic_write_json
 
     installer = BackendInstaller(tmp_path)

@@ -30,8 +30,8 @@ import openai
 import pytest
 
 from lemonade.backends.engine import EngineUnavailable
-from lemonade.backends.llamacpp import LlamaCppEngine
-from lemonade.backends.llamacpp_arch import KNOWN
+from lemonade.backends.llamacpp.arch import KNOWN
+from lemonade.backends.llamacpp.engine import LlamaCppEngine
 from lemonade.backends.registry import recipe_modes
 from lemonade.catalog.catalog import Catalog, build_model
 from lemonade.checkpoints.variants import is_exact_file_variant, match_variant, parse_checkpoint

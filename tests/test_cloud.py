@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from lemonade.backends.llamacpp import fallback_template
+from lemonade.backends.llamacpp.engine import fallback_template
 from tests.helpers import GEMMA_NAME, free_port
 
 KEY = "sk-loopback-7c1e0d9a"

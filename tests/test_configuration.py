@@ -413,8 +413,8 @@ def release_mirror(llama_backend, tmp_path) -> Iterator[tuple[str, str]]:
     """A local stand-in for GitHub: the releases API's `latest` answer and a release archive in the
     official layout (`llama-<tag>-bin-ubuntu-x64.tar.gz` holding `build/bin/`). The binaries in it are
     the test cache's build of the pinned llama.cpp, so the tag they report is the pinned one."""
-    from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION as TAG
-    from lemonade.backends.llamacpp_build import release_asset_name
+    from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION as TAG
+    from lemonade.backends.llamacpp.build import release_asset_name
 
     root = tmp_path / "mirror"
     (root / TAG).mkdir(parents=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lemonade.backends.llamacpp_context import (
+from lemonade.backends.llamacpp.context import (
     CTX_ALIGN,
     FALLBACK_CTX,
     MIN_AUTO_CTX,
@@ -83,7 +83,7 @@ def _model(tmp_path: Path, trained: int = 131072) -> tuple[Path, dict[str, list[
 
 
 def _need(files: dict[str, list[Path]], args: str = "-np 1"):
-    from lemonade.backends.llamacpp_memory import memory_need
+    from lemonade.backends.llamacpp.memory import memory_need
 
     return memory_need(files, {"ctx_size": -1, "llamacpp_args": args}, "cpu", 64 * GiB)
 

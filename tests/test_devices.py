@@ -1,4 +1,4 @@
-"""Device detection (system/devices.py) and which llama.cpp backends follow from it (llamacpp_gpu.py).
+"""Device detection (system/devices.py) and which llama.cpp backends follow from it (backends/llamacpp/gpu.py).
 
 The parsers read recorded outputs of real machines (tests/fixtures/devices/README.md names each
 source); sysfs trees are laid out with the values those same machines reported. Then the real
@@ -16,9 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lemonade.backends.install import BackendInstaller
-from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
-from lemonade.backends.llamacpp_gpu import (
+from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION
+from lemonade.backends.llamacpp.gpu import (
     backend_devices,
     best_backend,
     release_assets,
@@ -26,6 +25,7 @@ from lemonade.backends.llamacpp_gpu import (
     uses_gpu,
     vulkan_visible_devices,
 )
+from lemonade.backends.llamacpp.install import BackendInstaller
 from lemonade.system.devices import (
     CpuFacts,
     DeviceReport,

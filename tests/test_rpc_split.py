@@ -6,7 +6,7 @@ so no worker could receive the model's weights alone. The server (the main host)
 too, capped so that its memory budget falls short of what Gemma needs loaded locally even at its
 smallest context, yet holds the main host's share of a split load (the input and output layers, the
 logits, llama-server's own): a local load is refused (507), and the load over the three workers is
-served, with the layers placed by the memory estimate (`llamacpp_split.py`) from the free memory each
+served, with the layers placed by the memory estimate (`backends/llamacpp/split.py`) from the free memory each
 `lemonade worker` reports. Its answers at temperature 0 are the same tokens as those of an uncapped
 server holding the whole model. A set of workers that cannot hold the model together is refused
 before anything starts, naming what each would hold, what it has and how much it is short.
@@ -89,7 +89,7 @@ def answer_all(url: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def main_host(module_servers, gemma_dir: Path, capped_hosts: list[Host]):
     """The server in a cgroup whose cap leaves a budget between Gemma's split share and its local need."""
-    from lemonade.backends.llamacpp_memory import memory_need, split_need
+    from lemonade.backends.llamacpp.memory import memory_need, split_need
     from lemonade.system.memory import RESERVE_FRACTION, RESERVE_MIN_BYTES
 
     files = {"main": [gguf_path(gemma_dir)]}

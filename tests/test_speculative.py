@@ -19,7 +19,7 @@ import openai
 import pytest
 import websockets.sync.client as ws_client
 
-from lemonade.backends.llamacpp_spec import NGRAM_ARGS
+from lemonade.backends.llamacpp.spec import NGRAM_ARGS
 from tests.helpers import GEMMA_ID, GEMMA_NAME, run_cli
 from tests.hub import fixtures as fx
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from lemonade.backends.llamacpp_gpu import backend_devices
+from lemonade.backends.llamacpp.gpu import backend_devices
 from lemonade.system.devices import detect_devices
 
 GPU = any(backend_devices(b, detect_devices()) for b in ("cuda", "rocm"))

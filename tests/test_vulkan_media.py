@@ -31,7 +31,7 @@ import openai
 import pytest
 from PIL import Image
 
-from lemonade.backends.llamacpp_gpu import backend_devices
+from lemonade.backends.llamacpp.gpu import backend_devices
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.backends.sdcpp_install import release_asset_name as sd_asset
 from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION

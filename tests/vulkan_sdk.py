@@ -68,7 +68,7 @@ def ensure_vulkan_backend(cache: Path, recipe: str = "llamacpp") -> Path:
     from the pinned sources when the release archive is unreachable; nothing to do when it is
     installed already); its folder. Raises AssertionError naming what is missing when no Vulkan
     device or toolkit is here."""
-    from lemonade.backends.llamacpp_gpu import backend_devices, missing_toolkit
+    from lemonade.backends.llamacpp.gpu import backend_devices, missing_toolkit
     from lemonade.backends.registry import Engines
     from lemonade.config import Config
     from lemonade.system.devices import detect_devices

@@ -63,9 +63,9 @@ DEFAULTS: dict[str, Any] = {
     # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over, or "auto" for
     # the workers heard announcing themselves on the LAN (`lemonade worker --broadcast`; docs/scale-out.md)
     # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
-    # your own build (backends/llamacpp_bins.py)
+    # your own build (backends/llamacpp/bins.py)
     # device: llama.cpp device names every model is offloaded to (`Vulkan0`, `CUDA0,CUDA1`); "" = llama-server's choice
-    # speculation: speculative decoding, auto (on while it makes a model faster), on or off (backends/llamacpp_spec.py)
+    # speculation: speculative decoding, auto (on while it makes a model faster), on or off (backends/llamacpp/spec.py)
     "llamacpp": {"backend": "auto", "args": "", "device": "", "prefer_system": False, "rpc_workers": [],
                  "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
                  "speculation": "auto"},

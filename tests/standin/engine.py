@@ -17,8 +17,8 @@ from typing import Any
 
 from lemonade.backends.base import WrappedServer
 from lemonade.backends.engine import BackendState, Launch, Progress
-from lemonade.backends.llamacpp import LlamaCppEngine
-from lemonade.backends.llamacpp_spec import speculation_args
+from lemonade.backends.llamacpp.engine import LlamaCppEngine
+from lemonade.backends.llamacpp.spec import speculation_args
 from lemonade.config import Config
 from lemonade.model_info import ModelInfo
 
@@ -65,7 +65,7 @@ class StandInEngine(LlamaCppEngine):
         return None
 
     def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
-        from lemonade.backends.llamacpp_flags import check_llamacpp_args
+        from lemonade.backends.llamacpp.flags import check_llamacpp_args
 
         return check_llamacpp_args(text, trusted=trusted)  # no binary to ask which flags it knows
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lemonade.backends.engine import MemoryNeed
-from lemonade.backends.llamacpp_memory import engine_flags, memory_need, prompt_cache_mib
+from lemonade.backends.llamacpp.memory import engine_flags, memory_need, prompt_cache_mib
 from lemonade.system import memory
 from lemonade.system.memory import CgroupMemory, MemoryBudget
 from tests.gguf_factory import write_gguf

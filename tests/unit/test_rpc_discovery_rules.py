@@ -1,5 +1,5 @@
 """What llama.cpp RPC workers announce and how a server reads it (beacon.py's worker beacons,
-llamacpp_worker.py, `rpc_workers: "auto"`), on datagrams over loopback: no engine.
+backends/llamacpp/worker.py, `rpc_workers: "auto"`), on datagrams over loopback: no engine.
 
 The end-to-end proof is tests/test_rpc_discovery.py (real workers in network namespaces, a real server
 and `lemonade scan`).
@@ -14,8 +14,8 @@ from collections import namedtuple
 import pytest
 
 from lemonade import beacon
-from lemonade.backends import llamacpp_worker
-from lemonade.backends.llamacpp_rpc import check_option
+from lemonade.backends.llamacpp import worker as llamacpp_worker
+from lemonade.backends.llamacpp.rpc import check_option
 from lemonade.beacon import (
     STATUS_QUERY,
     WorkerBeacon,

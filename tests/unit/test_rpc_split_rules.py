@@ -1,5 +1,5 @@
-"""Where a model's layers go over llama.cpp RPC workers (llamacpp_split.py, llamacpp_rpc.decide) and
-what each host holds (llamacpp_memory.split_need), on figures and tiny GGUFs: no engine.
+"""Where a model's layers go over llama.cpp RPC workers (backends/llamacpp/split.py, llamacpp.rpc.decide) and
+what each host holds (llamacpp.memory.split_need), on figures and tiny GGUFs: no engine.
 
 The end-to-end proof is tests/test_rpc_split.py (the real llama-server and rpc-servers in memory-capped
 network namespaces); these check the rules in milliseconds.
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lemonade.backends.engine import MemoryNeed
-from lemonade.backends.llamacpp_memory import LayerCost, SplitNeed, memory_need, split_need
-from lemonade.backends.llamacpp_rpc import decide, user_places_layers
-from lemonade.backends.llamacpp_split import OUTPUT_ON_HOST, Device, largest_context, place, split_args
+from lemonade.backends.llamacpp.memory import LayerCost, SplitNeed, memory_need, split_need
+from lemonade.backends.llamacpp.rpc import decide, user_places_layers
+from lemonade.backends.llamacpp.split import OUTPUT_ON_HOST, Device, largest_context, place, split_args
 from lemonade.errors import APIError
 from tests.gguf_factory import write_gguf
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lemonade.backends.engine import Speculation
-from lemonade.backends.llamacpp_spec import NGRAM_ARGS
+from lemonade.backends.llamacpp.spec import NGRAM_ARGS
 from lemonade.errors import APIError
 from lemonade.runtime import speculation as rules
 from lemonade.runtime import speculation_switch

@@ -1,7 +1,7 @@
 """What every `<engine>.<backend>_bin` setting shares (guide-configuration-README.md, "Backend binary
 selection"): `latest` resolved once per process, with the newest release installed before as the
 offline fallback, and the answer of a `latest` that cannot be resolved. What a tag or a folder means
-for an engine is its own module's: llamacpp_bins.py (llama.cpp), native_bins.py (whisper.cpp and
+for an engine is its own module's: backends/llamacpp/bins.py (llama.cpp), native_bins.py (whisper.cpp and
 stable-diffusion.cpp).
 """
 
@@ -179,7 +179,7 @@ class Unresolved:
         return InstallError(f"{self.key}=latest: {self.reason}. Pin a tag, or use the version Lemonade ships: "
                             f"lemonade config set {self.key}=builtin", code="download_failed")
 
-    # llama.cpp's installer queries (llamacpp_bins.py)
+    # llama.cpp's installer queries (backends/llamacpp/bins.py)
     def llama_server_path(self, backend: str) -> Path | None:
         return None
 

@@ -151,7 +151,7 @@ class MemoryNeed:
     parts: Mapping[str, int] = field(default_factory=dict)
     fallback: MemoryNeed | None = None
     # What part of the load the figures are, for messages: "" for the whole model; a share when the
-    # rest sits elsewhere (a load split over RPC workers: this host's share, llamacpp_memory.split_need).
+    # rest sits elsewhere (a load split over RPC workers: this host's share, llamacpp.memory.split_need).
     share: str = ""
     ALIGN: ClassVar[int] = 256  # llama.cpp sizes its KV cache in steps of 256 cells
 

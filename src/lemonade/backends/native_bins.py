@@ -1,5 +1,5 @@
 """`whispercpp.cpu_bin` and `sdcpp.cpu_bin`: which whisper.cpp or stable-diffusion.cpp a native engine
-runs (guide-configuration-README.md, "Backend binary selection"), as llamacpp_bins.py does for llama.cpp.
+runs (guide-configuration-README.md, "Backend binary selection"), as backends/llamacpp/bins.py does for llama.cpp.
 
 - `"builtin"` (or `""`): the pinned version, installed by the engine's `NativeInstall` (a release
   archive where upstream publishes one, else a source build of the pinned sources);

@@ -6,7 +6,7 @@ Why a mixin: whisper.cpp and stable-diffusion.cpp answer these questions the sam
 but for the product's name and build time; each engine keeps only what differs (`product`,
 `build_minutes`, `unsupported_message` for the backends it lists but this build does not install).
 
-The Vulkan backend follows llama.cpp's (llamacpp_gpu.py, the same ggml): usable where a Vulkan GPU
+The Vulkan backend follows llama.cpp's (backends/llamacpp/gpu.py, the same ggml): usable where a Vulkan GPU
 is (`auto`, the default backend, picks it there), `unsupported` elsewhere until installed with
 `force`; on a machine whose only Vulkan device is a software renderer (Mesa's lavapipe) it runs
 there, named in `GGML_VK_VISIBLE_DEVICES` because ggml skips such devices otherwise, and the model's
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lemonade.backends.bin_select import BinChoice, LatestTag, Unresolved, latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress, install_action
-from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message, uses_gpu, vulkan_visible_devices
+from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message, uses_gpu, vulkan_visible_devices
 from lemonade.backends.native_bins import OwnNativeBuild
 from lemonade.backends.native_install import NativeInstall
 from lemonade.system.devices import detect_devices
@@ -130,7 +130,7 @@ class NativeBackends:
 
     # ----- which backend a load uses -------------------------------------------------------------------
     def default_backend(self) -> str:
-        """`vulkan` where a Vulkan GPU is (llamacpp_gpu.backend_devices, which leaves software renderers
+        """`vulkan` where a Vulkan GPU is (llamacpp.gpu.backend_devices, which leaves software renderers
         out), else `cpu`: what `auto`, the default of `<section>.backend`, means."""
         return "vulkan" if backend_devices("vulkan", detect_devices()) else "cpu"
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import InstallError
-from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, missing_toolkit
-from lemonade.backends.llamacpp_gpu import cmake_flags as gpu_cmake_flags
+from lemonade.backends.llamacpp.gpu import GPU_BACKENDS, missing_toolkit
+from lemonade.backends.llamacpp.gpu import cmake_flags as gpu_cmake_flags
 from lemonade.backends.native_build import (
     BuildLog,
     Progress,
@@ -122,7 +122,7 @@ class NativeInstall:
 
     def build_flags(self, backend: str = "cpu") -> list[str]:
         """Every CMake flag a source build of `backend` on this machine uses (recorded in install.json). A
-        GPU backend adds ggml's switch for it, the one llama.cpp's build uses (llamacpp_gpu.cmake_flags):
+        GPU backend adds ggml's switch for it, the one llama.cpp's build uses (llamacpp.gpu.cmake_flags):
         the three engines build the same ggml backends."""
         gpu = gpu_cmake_flags(backend) if backend in GPU_BACKENDS else ()
         return [*self.cmake_flags, *cpu_cmake_flags(), *gpu]

@@ -17,7 +17,7 @@ from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper import FasterWhisperEngine
 from lemonade.backends.kokoro import KokoroEngine
-from lemonade.backends.llamacpp import LlamaCppEngine
+from lemonade.backends.llamacpp.engine import LlamaCppEngine
 from lemonade.backends.onnxruntime import OnnxRuntimeEngine
 from lemonade.backends.peer import PeerEngine
 from lemonade.backends.piper import PiperEngine

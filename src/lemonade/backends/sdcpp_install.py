@@ -16,7 +16,7 @@ both through `native_build.py` / `native_install.py` like llama.cpp and whisper.
 
 The `vulkan` backend is the same: upstream's Vulkan archive (`...-x86_64-vulkan.zip`,
 `...-bin-win-vulkan-x64.zip`, the names upstream Lemonade installs), else the sources built with
-`-DGGML_VULKAN=ON` (llamacpp_gpu.py says what that needs). sd.cpp picks its ggml device at run time,
+`-DGGML_VULKAN=ON` (backends/llamacpp/gpu.py says what that needs). sd.cpp picks its ggml device at run time,
 so its own sources compile the same for both backends and the Vulkan build takes them from ccache.
 
 Environment knobs, as whisper.cpp's: `LEMONADE_SDCPP_SDIST=<path>` (a local sdist; skips the

@@ -1,6 +1,6 @@
 """The vLLM engine: `vllm serve` per loaded model, for GPU machines and multi-GPU / multi-node serving.
 
-Where llama.cpp's RPC workers (`llamacpp_rpc.py`) stop being enough — many concurrent users, models
+Where llama.cpp's RPC workers (`backends/llamacpp/rpc.py`) stop being enough — many concurrent users, models
 that need tensor parallelism over several GPUs, or a Ray cluster spanning nodes — vLLM takes over
 (docs/scale-out.md). Lemonade runs it like any engine: one `vllm serve <model folder>` process per
 loaded model on a private loopback port, health on `/health`, our OpenAI routes forwarded to its
@@ -33,7 +33,7 @@ from lemonade.backends.engine import (
     check_flags,
     install_action,
 )
-from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message
+from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message
 from lemonade.backends.venv_install import VenvBackend
 from lemonade.system.devices import detect_devices
 

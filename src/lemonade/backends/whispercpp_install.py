@@ -12,7 +12,7 @@ llama.cpp:
 - a static CMake build of the sdist's sources, target `whisper-server` (3 to 8 minutes on 2
   shared cores; `CMAKE_<LANG>_COMPILER_LAUNCHER=ccache` from the environment makes a rebuild quick).
 
-The `vulkan` backend is the same sources built with `-DGGML_VULKAN=ON` (llamacpp_gpu.py says what the
+The `vulkan` backend is the same sources built with `-DGGML_VULKAN=ON` (backends/llamacpp/gpu.py says what the
 build needs: glslc, the Vulkan headers and loader, SPIRV-Headers). ggml-org publishes no Vulkan
 archive of whisper.cpp; upstream Lemonade takes its Vulkan builds from its own build repository,
 lemonade-sdk/whisper.cpp-rocm (`whisper-<tag>-linux-vulkan-x86_64.tar.gz`,

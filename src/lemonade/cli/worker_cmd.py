@@ -7,7 +7,7 @@ group gets SIGTERM, then SIGKILL after a grace period). The worker protocol has 
 bind it to a private network address only (docs/scale-out.md).
 
 Over UDP on the same port it answers a server's status query with its devices and the memory it can
-give (backends/llamacpp_worker.py), which the server's split of a model's layers is made from; with
+give (backends/llamacpp/worker.py), which the server's split of a model's layers is made from; with
 `--broadcast` it also announces itself with discovery beacons, for servers whose `rpc_workers` is
 "auto" and for `lemonade scan`.
 """
@@ -32,7 +32,7 @@ from lemonade.cli.progress import ProgressView
 from lemonade.util.process_group import signal_group
 
 if TYPE_CHECKING:
-    from lemonade.backends.llamacpp_worker import WorkerStatus
+    from lemonade.backends.llamacpp.worker import WorkerStatus
 
 DEVICES_TIMEOUT = 5.0  # seconds to wait, once it listens, for its device list to be read
 READY_TIMEOUT = 60.0  # seconds for the worker to listen (it enumerates its devices first)
@@ -69,7 +69,7 @@ def _pump(proc: subprocess.Popen[str], devices: list[str], listed: threading.Eve
     `listed` is set once that list has ended (or the output has): the worker listens as soon as it
     has printed it, and we may see the port open before this thread has read those lines."""
     assert proc.stdout is not None
-    from lemonade.backends.llamacpp_worker import parse_device
+    from lemonade.backends.llamacpp.worker import parse_device
 
     in_devices = False
     for line in proc.stdout:
@@ -120,8 +120,8 @@ def worker(
     """Serve this host's CPU/GPUs to a Lemonade server as a llama.cpp RPC worker (until Ctrl-C)."""
     from lemonade.backends.base import _die_with_parent as die_with_parent
     from lemonade.backends.engine import InstallError
-    from lemonade.backends.llamacpp_rpc import worker_argv, worker_binary
-    from lemonade.backends.llamacpp_worker import Announcer, WorkerStatus
+    from lemonade.backends.llamacpp.rpc import worker_argv, worker_binary
+    from lemonade.backends.llamacpp.worker import Announcer, WorkerStatus
     from lemonade.beacon import beacon_port
     from lemonade.llamacpp_settings import split_worker
     from lemonade.paths import cache_dir

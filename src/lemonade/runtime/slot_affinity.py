@@ -14,7 +14,7 @@ unused longest, as llama-server would choose.
 A new conversation put in an empty slot would read a prefix another slot already holds (the system
 prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
 the longest such prefix, and the proxy copies that slot's state into the new one first (llama-server's
-slot save and restore, llamacpp_warm.copy_slot), so only what follows is read.
+slot save and restore, llamacpp.warm.copy_slot), so only what follows is read.
 
 What a request gives the engine is told by its text: one line per message (or the prompt), serialised
 the same way every time, so a conversation's next turn begins with exactly the text of its last one.
@@ -112,5 +112,5 @@ class SlotAffinity:
         return {s: t + shift for s, t in self.last_use.items() if self.held.get(s)}
 
     def restored(self, held: dict[int, str]) -> None:
-        """States restored into slots after a reload (llamacpp_warm.py) hold these conversations."""
+        """States restored into slots after a reload (backends/llamacpp/warm.py) hold these conversations."""
         self.held.update({s: t for s, t in held.items() if 0 <= s < self.slots})

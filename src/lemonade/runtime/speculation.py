@@ -1,6 +1,6 @@
 """Speculative decoding switched on by what it earns: the per-model controller (pure rules, no I/O).
 
-A model whose `speculation` option is `auto` starts with speculation on (backends/llamacpp_spec.py
+A model whose `speculation` option is `auto` starts with speculation on (backends/llamacpp/spec.py
 picks the kind). Every answer llama-server gives reports its own figures (`timings`: tokens
 generated and the milliseconds they took, tokens drafted and accepted); `observe()` reads them:
 

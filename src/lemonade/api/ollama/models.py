@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.api.errors import APIError
-from lemonade.backends.llamacpp import fallback_template
+from lemonade.backends.llamacpp.engine import fallback_template
 from lemonade.catalog.catalog import DEFAULT_TAG
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 from lemonade.model_info import CREATED, ModelInfo

@@ -5,8 +5,8 @@ repeating layers in proportion to `--tensor-split` (by default to each device's 
 an rpc-server's CPU device reports as all of its machine's RAM, cgroup caps notwithstanding), keeps
 the input layer on the main host's CPU, and puts the output layer on the device of the last layer,
 where a model whose output reuses its token embeddings (Gemma's 170 MiB of them, say) gets a second
-copy. So Lemonade decides instead, from the shares `llamacpp_memory.split_need` works out and the
-free memory each worker reports (`lemonade worker`, llamacpp_worker.py):
+copy. So Lemonade decides instead, from the shares `llamacpp.memory.split_need` works out and the
+free memory each worker reports (`lemonade worker`, backends/llamacpp/worker.py):
 
 - the output layer stays on the main host with the input layer (`--override-tensor ...=CPU`): a tied
   output then costs nothing more, and no device sends the logits (a MiB per token with a 262k
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lemonade.backends.engine import MemoryNeed
-from lemonade.backends.llamacpp_memory import SplitNeed
+from lemonade.backends.llamacpp.memory import SplitNeed
 
 # The output layer's tensors (and the token embeddings a tied output reuses) kept on the main host's CPU;
 # anchored, so `blk.N.attn_output.weight` stays with its layer.

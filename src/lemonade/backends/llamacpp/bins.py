@@ -24,9 +24,9 @@ from typing import Any
 
 from lemonade.backends.bin_select import latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress
-from lemonade.backends.install import PINNED_BACKENDS, BackendInstaller, _assets
-from lemonade.backends.llamacpp_build import RPC_SERVER, BuildLog, emit, probe_version, staged_version
-from lemonade.backends.llamacpp_gpu import backend_devices, unsupported_message
+from lemonade.backends.llamacpp.build import RPC_SERVER, BuildLog, emit, probe_version, staged_version
+from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message
+from lemonade.backends.llamacpp.install import PINNED_BACKENDS, BackendInstaller, _assets
 from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.install")

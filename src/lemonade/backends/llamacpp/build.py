@@ -52,7 +52,7 @@ ENV_RELEASE_BASE_URL = "LEMONADE_LLAMACPP_RELEASE_BASE_URL"  # mirror of the Git
 ENV_NO_RELEASE = "LEMONADE_LLAMACPP_NO_RELEASE"  # "1": never try the release archive
 
 # Targets we build and copy. llama-gguf-split is small and handy for tests (sharded models);
-# ggml-rpc-server is the worker of llama.cpp's distributed engine (`lemonade worker`, llamacpp_rpc.py).
+# ggml-rpc-server is the worker of llama.cpp's distributed engine (`lemonade worker`, backends/llamacpp/rpc.py).
 RPC_SERVER = "ggml-rpc-server"  # upstream's target; older releases named the program `rpc-server`
 BUILD_TARGETS = ("llama-server", "llama-gguf-split", RPC_SERVER)
 
@@ -79,8 +79,8 @@ CMAKE_FLAGS = (
 def build_flags(backend: str = "cpu") -> list[str]:
     """Every CMake flag a source build of `backend` on this machine uses; recorded in install.json, so
     a build made with other flags (an older Lemonade's, e.g. with AMX kernels, or for another GPU)
-    is rebuilt rather than trusted. GPU backends add their switch (llamacpp_gpu.cmake_flags)."""
-    from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, cmake_flags
+    is rebuilt rather than trusted. GPU backends add their switch (llamacpp.gpu.cmake_flags)."""
+    from lemonade.backends.llamacpp.gpu import GPU_BACKENDS, cmake_flags
     from lemonade.system.devices import detect_devices
 
     gpu = cmake_flags(backend, detect_devices()) if backend in GPU_BACKENDS else ()

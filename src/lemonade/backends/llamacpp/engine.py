@@ -34,17 +34,16 @@ from lemonade.backends.engine import (
     Progress,
     install_action,
 )
-from lemonade.backends.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
-from lemonade.backends.llamacpp_arch import refusal
-from lemonade.backends.llamacpp_bins import BIN_BACKENDS, OwnBuild, TaggedInstaller, resolve_latest
-from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
-from lemonade.backends.llamacpp_context import (
+from lemonade.backends.llamacpp.arch import refusal
+from lemonade.backends.llamacpp.bins import BIN_BACKENDS, OwnBuild, TaggedInstaller, resolve_latest
+from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION
+from lemonade.backends.llamacpp.context import (
     ContextChoice,
     auto_context,
     explicit_context,
     served_context,
 )
-from lemonade.backends.llamacpp_flags import (
+from lemonade.backends.llamacpp.flags import (
     EngineArgsError,
     check_llamacpp_args,
     installed_flags,
@@ -52,8 +51,9 @@ from lemonade.backends.llamacpp_flags import (
     translate_legacy_flags,
     unknown_flags,
 )
-from lemonade.backends.llamacpp_gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
-from lemonade.backends.llamacpp_memory import (
+from lemonade.backends.llamacpp.gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
+from lemonade.backends.llamacpp.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
+from lemonade.backends.llamacpp.memory import (
     CHECKPOINTS,
     memory_need,
     prompt_cache_mib,
@@ -61,7 +61,7 @@ from lemonade.backends.llamacpp_memory import (
     split_need,
     swa_full_chosen,
 )
-from lemonade.backends.llamacpp_rpc import (
+from lemonade.backends.llamacpp.rpc import (
     HEALTH_TIMEOUT,
     check_option,
     decide,
@@ -76,9 +76,9 @@ from lemonade.backends.llamacpp_rpc import (
     user_places_layers,
     worker_devices,
 )
-from lemonade.backends.llamacpp_spec import speculation_args
-from lemonade.backends.llamacpp_split import Placement, split_args
-from lemonade.backends.llamacpp_warm import WarmStore, copy_slot, restore_slots, save_slots, with_timeout
+from lemonade.backends.llamacpp.spec import speculation_args
+from lemonade.backends.llamacpp.split import Placement, split_args
+from lemonade.backends.llamacpp.warm import WarmStore, copy_slot, restore_slots, save_slots, with_timeout
 from lemonade.beacon import WorkerDirectory
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
@@ -125,7 +125,7 @@ def choose_context(options: dict[str, Any], files: dict[str, list[Path]] | None,
     """The context to ask llama-server for: `ctx_size` as given; for -1 the one the router sized to the
     memory budget with the other loaded models counted (`resolved_ctx_size`, set for the launch), or,
     for a model not being loaded, the largest that fits what the budget leaves free now, up to its
-    trained length (llamacpp_context.py)."""
+    trained length (backends/llamacpp/context.py)."""
     ctx = options.get("ctx_size", -1)
     if isinstance(ctx, int) and ctx > 0:
         return explicit_context(ctx)
@@ -234,8 +234,8 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     """`slot_dir`: where `/v1/slots` save/restore keep KV caches (a folder of ours per model;
     llama-server refuses file names with a path in them). `ctx_size`: the context chosen for this
     load (`choose_context`), else the options' own. `speculate`: the controller's verdict for a model
-    whose `speculation` is `auto` (llamacpp_spec.py). `placement`: where the layers go over the RPC
-    workers (llamacpp_split.py; the workers are `resolved_rpc_workers`, or the `rpc_workers` list)."""
+    whose `speculation` is `auto` (backends/llamacpp/spec.py). `placement`: where the layers go over the RPC
+    workers (backends/llamacpp/split.py; the workers are `resolved_rpc_workers`, or the `rpc_workers` list)."""
     main = files["main"][0]
     ctx = ctx_size if ctx_size is not None else choose_context(options, files, backend, model.mode).ctx_size
     argv = [str(binary), "-m", str(main), "--host", "127.0.0.1", "--port", str(port),
@@ -276,12 +276,12 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
 
 def growth_args(main: Path, llamacpp_args: str, ctx: int, warm: bool = False, swa_full: bool = False) -> list[str]:
     """Bounds on what llama-server grows to while it serves, which its memory estimate counts
-    (llamacpp_memory.py): the host prompt cache sized to the KV cache (llama-server's default is 8 GiB)
-    and a few context checkpoints per slot (32 by default). With warm swaps (llamacpp_warm.py) idle
+    (backends/llamacpp/memory.py): the host prompt cache sized to the KV cache (llama-server's default is 8 GiB)
+    and a few context checkpoints per slot (32 by default). With warm swaps (backends/llamacpp/warm.py) idle
     slots keep their conversations in the KV cache (llama-server moves them to the prompt cache and
     clears them at every new request by default, so at unload there would be little left to save; it
     still clears one when it needs the room), and a sliding-window model may get its full window cache
-    (`swa_full`: llamacpp_memory.swa_full_chosen). A user's own flags come after and win."""
+    (`swa_full`: llamacpp.memory.swa_full_chosen). A user's own flags come after and win."""
     cache = prompt_cache_mib(main, llamacpp_args, ctx, read_budget().cap_bytes, swa_full)
     argv = ["--cache-ram", str(cache), "--ctx-checkpoints", str(CHECKPOINTS)]
     if warm:
@@ -345,9 +345,9 @@ class LlamaCppEngine(Engine):
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
         "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
         # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
-        # ones heard announcing themselves (llamacpp_rpc.py)
+        # ones heard announcing themselves (backends/llamacpp/rpc.py)
         "rpc_workers": Option((list, str), "llamacpp.rpc_workers", check=check_option),
-        # Speculative decoding (llamacpp_spec.py): auto, on or off
+        # Speculative decoding (backends/llamacpp/spec.py): auto, on or off
         "speculation": Option(str, "llamacpp.speculation", check=_check_speculation),
     }
     args_option = "llamacpp_args"
@@ -372,7 +372,7 @@ class LlamaCppEngine(Engine):
                                lambda tag: TaggedInstaller(self.cache_dir, tag))
         self.warm_store.clean_partials()  # states a crash cut short are never restored
 
-    # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (llamacpp_bins.py) ---------------
+    # ----- which llama.cpp a backend runs: llamacpp.<backend>_bin (backends/llamacpp/bins.py) ---------------
     def installer_for(self, backend: str, installing: bool = False) -> Any:
         """The installer (or the user's own build) `llamacpp.<backend>_bin` selects for `backend`: the one
         that runs, or with `installing`, the one an install applies (`latest`'s newer release)."""
@@ -586,7 +586,7 @@ class LlamaCppEngine(Engine):
         return resolve_workers(options.get("rpc_workers"), self.workers_heard)
 
     def _decides_split(self, backend: str, options: dict[str, Any]) -> bool:
-        """Whether Lemonade places the layers (llamacpp_split.py): for a main host that computes on its CPU,
+        """Whether Lemonade places the layers (backends/llamacpp/split.py): for a main host that computes on its CPU,
         unless the user's own flags or devices place them."""
         return backend in ("cpu", "system") and not options.get("llamacpp_device") \
             and not user_places_layers(str(options.get("llamacpp_args") or ""))
@@ -614,7 +614,7 @@ class LlamaCppEngine(Engine):
 
     def memory_need(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any], backend: str,
                     cap_bytes: int | None = None) -> MemoryNeed | None:
-        """From the GGUF header (llamacpp_memory.py), for the backends whose memory is host RAM; a GPU's
+        """From the GGUF header (backends/llamacpp/memory.py), for the backends whose memory is host RAM; a GPU's
         memory is not accounted (None), as before. Spread over RPC workers, this host's share only, once
         the workers are known to answer and to hold their shares (else 503 naming the missing ones, 507
         naming each one's shortfall)."""
@@ -674,7 +674,7 @@ class LlamaCppEngine(Engine):
         backend = self.requested_backend(options)
         return choose_context(options, files, backend).ctx_size
 
-    # ----- warm swaps (llamacpp_warm.py, docs/warm-swaps.md) -------------------------------------------
+    # ----- warm swaps (backends/llamacpp/warm.py, docs/warm-swaps.md) -------------------------------------------
     @property
     def warm_store(self) -> WarmStore:
         return WarmStore(self.cache_dir / "slots", int(float(self.config.get("kv_store_gb")) * 1e9))

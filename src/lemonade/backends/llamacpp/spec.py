@@ -41,7 +41,7 @@ SPEC_TYPE_FLAG = "--spec-type"
 # tokens accepted), ngram-mod and shorter n-grams by measurement (docs/performance.md).
 # At most 16 drafted tokens (b11312's default is 48): llama-server keeps the logits of every drafted token
 # of every slot (a MiB each with Gemma 3's 262k vocabulary, so 392 MiB for 8 slots at 48), which the
-# memory estimate counts (llamacpp_memory.py)
+# memory estimate counts (backends/llamacpp/memory.py)
 NGRAM_DRAFT_MAX = 16
 NGRAM_ARGS = [SPEC_TYPE_FLAG, "ngram-map-k", "--spec-ngram-map-k-size-m", str(NGRAM_DRAFT_MAX)]
 DRAFT_N_MAX = 3  # ... and a draft model (--spec-draft-n-max, b11312's default)

@@ -14,7 +14,7 @@ tests/test_catalog_entries.py checks it against those sources when they are on d
 
 from __future__ import annotations
 
-from lemonade.backends.llamacpp_build import LLAMA_CPP_VERSION
+from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION
 
 KNOWN = frozenset("""
     llama llama4 deci falcon grok gpt2 gptj gptneox mpt baichuan starcoder refact bert modern-bert

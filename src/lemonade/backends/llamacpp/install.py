@@ -17,7 +17,7 @@ install.json, build log) are `native_install.py`'s, shared with whisper.cpp. The
 An install is built in a temp sibling folder (`.cpu.tmp-*`) and renamed into place at the end, so
 a failed or interrupted install never leaves something that looks installed.
 
-Two ways to get the pinned llama.cpp (see `llamacpp_build`): the official GitHub release archive
+Two ways to get the pinned llama.cpp (see `llamacpp/build.py`): the official GitHub release archive
 (tried first, with a short connect timeout, and used only when its SHA-256 matches the one pinned in
 `release_digests.py` or, for an asset without a pin, the one GitHub publishes for it: one that does not
 match is refused and nothing is installed) and a source
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.engine import BackendState
-from lemonade.backends.llamacpp_build import (
+from lemonade.backends.llamacpp.build import (
     ENV_NO_RELEASE,
     ENV_SDIST,
     LLAMA_CPP_COMMIT,
@@ -63,7 +63,7 @@ from lemonade.backends.llamacpp_build import (
     release_url,
     staged_version,
 )
-from lemonade.backends.llamacpp_gpu import (
+from lemonade.backends.llamacpp.gpu import (
     GPU_BACKENDS,
     backend_devices,
     missing_toolkit,
@@ -248,10 +248,10 @@ class BackendInstaller(NativeInstall):
                 "from source when that is unreachable (about 10 minutes on 2 cores; longer for GPU backends)")
 
     def default_backend(self) -> str:
-        """The best backend for this machine's devices (llamacpp_gpu.best_backend: CUDA, ROCm, Vulkan
+        """The best backend for this machine's devices (llamacpp.gpu.best_backend: CUDA, ROCm, Vulkan
         or Metal where there is such a GPU); else `cpu`, unless only a system llama-server is ready
         (then no build is needed to serve)."""
-        from lemonade.backends.llamacpp_gpu import best_backend
+        from lemonade.backends.llamacpp.gpu import best_backend
 
         gpu = best_backend(detect_devices())
         if gpu is not None:

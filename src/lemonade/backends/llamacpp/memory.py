@@ -10,7 +10,7 @@ measurements this module was checked against):
   sliding-window layers `n_swa x (slots if unified else 1) + n_ubatch` cells (per stream when the
   cache is not unified), at the `--cache-type-k/-v` element sizes;
 - **output buffer**: the logits of one token per slot, and of the tokens each slot drafts when it
-  speculates (llama-server checks them in one batch: `n_outputs_max`, llamacpp_spec.py);
+  speculates (llama-server checks them in one batch: `n_outputs_max`, backends/llamacpp/spec.py);
 - **compute buffer**: the intermediate tensors of the worst-case micro-batch, plus the attention
   masks, which grow with the context;
 - **what grows while it serves**: the host-memory prompt cache (`--cache-ram`, 8 GiB by default in
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.engine import MemoryNeed
-from lemonade.backends.llamacpp_context import (
+from lemonade.backends.llamacpp.context import (
     CACHE_TYPE_BYTES,
     FALLBACK_CTX,
     MIN_AUTO_CTX,
@@ -41,11 +41,11 @@ from lemonade.backends.llamacpp_context import (
     kv_rows_by_layer,
     layer_rows,
 )
-from lemonade.backends.llamacpp_spec import draft_tokens_max
+from lemonade.backends.llamacpp.spec import draft_tokens_max
 from lemonade.catalog.gguf_meta import GGUFError, GGUFLayout, gguf_layout
 
 MiB = 1 << 20
-# Set by us at every launch unless the user's flags set them (backends/llamacpp.py): the prompt cache
+# Set by us at every launch unless the user's flags set them (backends/llamacpp/engine.py): the prompt cache
 # holds as much as the KV cache itself, within PROMPT_CACHE_SHARE of the budget's cap; each slot keeps
 # at most CHECKPOINTS context checkpoints (sliding-window and recurrent models only).
 PROMPT_CACHE_SHARE = 0.10
@@ -382,7 +382,7 @@ def _recurrent_state(meta: dict[str, Any], arch: str) -> int:
     return int(recurrent_layers * 4 * (d_inner * d_state + (d_conv - 1) * (d_inner + 2 * d_state)))
 
 
-# ----- a model spread over llama.cpp RPC workers (llamacpp_split.py places the layers) ------------------------
+# ----- a model spread over llama.cpp RPC workers (backends/llamacpp/split.py places the layers) -----------------------
 # Measured on llama-server b11312 with Gemma 3 270M over three ggml-rpc-servers (docs/scale-out.md): a device
 # holding layers gets a compute buffer as a local CPU would (16.5 MiB at a 512-token micro-batch; the rule
 # above gives 23) plus the attention masks of its layers (2 bytes per micro-batch token per cell), and the
@@ -390,7 +390,7 @@ def _recurrent_state(meta: dict[str, Any], arch: str) -> int:
 # An rpc-server receives each tensor whole into a message buffer before copying it into place, so it
 # holds its largest tensor twice for a moment; RPC_DEVICE_BYTES is its own growth while it serves.
 RPC_DEVICE_BYTES = 8 * MiB
-OUTPUT_LAYER = ("token_embd.", "output.", "output_norm.")  # kept on the main host (llamacpp_split.py)
+OUTPUT_LAYER = ("token_embd.", "output.", "output_norm.")  # kept on the main host (backends/llamacpp/split.py)
 
 
 @dataclass(frozen=True)
@@ -432,7 +432,7 @@ class SplitNeed:
 def split_need(files: dict[str, list[Path]], options: dict[str, Any], backend: str = "cpu",
                cap_bytes: int | None = None, mode: str = "chat") -> SplitNeed | None:
     """The per-host shares of a load whose repeating layers go to RPC devices and whose input and output
-    layers stay on this host (what llamacpp_split.split_args tells llama-server), or None when it cannot
+    layers stay on this host (what llamacpp.split.split_args tells llama-server), or None when it cannot
     be told: no readable GGUF, a model with recurrent state, no per-layer tensors. Local loads keep
     `memory_need`."""
     mains = _layouts(files.get("main") or [])

@@ -120,7 +120,7 @@ def kv_rows_by_layer(meta: dict[str, Any], k_bytes: float = 2.0, v_bytes: float 
                      ) -> list[tuple[float, bool]] | None:
     """For each layer, (bytes per KV cell, whether it is a sliding-window layer): where llama.cpp puts a
     layer's cache is where the layer is (one host's share of a model split over RPC workers,
-    llamacpp_memory.split_need). A recurrent layer of a hybrid model has none (0). None when the
+    llamacpp.memory.split_need). A recurrent layer of a hybrid model has none (0). None when the
     metadata does not say enough."""
     arch = str(meta.get("general.architecture", ""))
     layers = meta.get(f"{arch}.block_count")
@@ -177,7 +177,7 @@ def _gib(value: float) -> str:
 
 def auto_context(need: MemoryNeed | None, free: int | None) -> ContextChoice:
     """`ctx_size: -1`: the largest context whose whole estimate (weights, KV cache, buffers and what
-    grows while serving, llamacpp_memory.py) fits `free` bytes, up to the trained length, in steps of
+    grows while serving, backends/llamacpp/memory.py) fits `free` bytes, up to the trained length, in steps of
     256 tokens."""
     if need is None or not need.ctx:
         return ContextChoice(FALLBACK_CTX, f"automatic: {FALLBACK_CTX} tokens (the model's metadata does not say "

@@ -11,8 +11,8 @@ their free memory (docs/scale-out.md). This module is everything Lemonade knows 
 - reachability: a TCP connect with a short timeout, before a load (an unreachable worker would make
   `llama-server` fail or hang while loading) and for `/v1/health` and `/v1/system-info`;
 - what each worker can hold: the status a `lemonade worker` answers over UDP on its RPC port
-  (llamacpp_worker.py: its devices and their free memory), from which `decide` decides where the layers
-  go (llamacpp_split.py) and refuses, before anything starts, workers that cannot hold the model;
+  (backends/llamacpp/worker.py: its devices and their free memory), from which `decide` decides where the layers
+  go (backends/llamacpp/split.py) and refuses, before anything starts, workers that cannot hold the model;
 - `rpc_workers: "auto"`: the workers heard announcing themselves (beacon.WorkerDirectory);
 - the worker side: the `ggml-rpc-server` command line `lemonade worker` runs.
 
@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lemonade.backends.llamacpp_memory import SplitNeed
-from lemonade.backends.llamacpp_split import Device, Placement, largest_context, place, split_refusal
+from lemonade.backends.llamacpp.memory import SplitNeed
+from lemonade.backends.llamacpp.split import Device, Placement, largest_context, place, split_refusal
 from lemonade.beacon import INTERVAL_S, MAX_DATAGRAM, STATUS_QUERY, WorkerBeacon, WorkerDirectory, decode_worker
 from lemonade.errors import APIError
 from lemonade.llamacpp_settings import AUTO_WORKERS, WorkerSpecError, split_worker, worker_setting
@@ -248,7 +248,7 @@ def worker_binary(cache_dir: Path, backend: str | None = None, progress: Any = N
     RPC protocol version). `backend`: a llama.cpp backend (default: the best for this machine's
     devices). Raises InstallError with what to do."""
     from lemonade.backends.engine import InstallError
-    from lemonade.backends.install import BackendInstaller
+    from lemonade.backends.llamacpp.install import BackendInstaller
 
     installer = BackendInstaller(cache_dir)
     chosen = backend or installer.default_backend()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.engine import EngineHTTP
-from lemonade.backends.llamacpp_memory import engine_flags
+from lemonade.backends.llamacpp.memory import engine_flags
 
 log = logging.getLogger("lemonade.llamacpp")
 
