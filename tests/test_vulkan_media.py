@@ -34,8 +34,8 @@ from PIL import Image
 from lemonade.backends.llamacpp.gpu import backend_devices
 from lemonade.backends.sdcpp_install import SDCPP_VERSION
 from lemonade.backends.sdcpp_install import release_asset_name as sd_asset
-from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
-from lemonade.backends.whispercpp_install import release_asset_name as whisper_asset
+from lemonade.backends.whispercpp.install import WHISPER_CPP_VERSION
+from lemonade.backends.whispercpp.install import release_asset_name as whisper_asset
 from lemonade.system.devices import detect_devices
 from tests.ggml_whisper import FILE_NAME, tiny_random_whisper_ggml
 from tests.helpers import TEST_CACHE, Server, engine_lines_since, loaded, served_folder
@@ -331,7 +331,7 @@ def test_vulkan_builds_and_archives():
     """A vulkan source build is the cpu build plus ggml's Vulkan switch (recorded in install.json, so a
     build with other flags is rebuilt); the archives are those upstream Lemonade installs."""
     from lemonade.backends.sdcpp_install import SDCPP_COMMIT, SdCppInstall
-    from lemonade.backends.whispercpp_install import WhisperCppInstall
+    from lemonade.backends.whispercpp.install import WhisperCppInstall
 
     for installer in (WhisperCppInstall(TEST_CACHE), SdCppInstall(TEST_CACHE)):
         assert installer.build_flags("vulkan") == [*installer.build_flags("cpu"), "-DGGML_VULKAN=ON"]

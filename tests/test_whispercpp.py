@@ -24,9 +24,9 @@ import openai
 import psutil
 import pytest
 
-from lemonade.backends.whispercpp import LANGUAGES, transcription_fields, transcription_result
-from lemonade.backends.whispercpp_flags import check_whispercpp_args
-from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
+from lemonade.backends.whispercpp.engine import LANGUAGES, transcription_fields, transcription_result
+from lemonade.backends.whispercpp.flags import check_whispercpp_args
+from lemonade.backends.whispercpp.install import WHISPER_CPP_VERSION
 from lemonade.errors import APIError
 from lemonade.system.devices import detect_devices
 from tests.ggml_whisper import FILE_NAME, tiny_random_whisper_ggml

@@ -24,7 +24,7 @@ from lemonade.backends.image_engine import ImageEngine
 from lemonade.backends.peer_auth import HEADER
 from lemonade.backends.peers import CONNECT_SECONDS, RECIPE, Peers, label
 from lemonade.backends.speech_engine import ENCODED_FORMATS, SpeechService
-from lemonade.backends.whispercpp import multipart_frame
+from lemonade.backends.whispercpp.engine import multipart_frame
 
 if TYPE_CHECKING:
     from lemonade.config import Config

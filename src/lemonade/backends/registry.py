@@ -23,7 +23,7 @@ from lemonade.backends.peer import PeerEngine
 from lemonade.backends.piper import PiperEngine
 from lemonade.backends.sdcpp import SdCppEngine
 from lemonade.backends.vllm import VllmEngine
-from lemonade.backends.whispercpp import WhisperCppEngine
+from lemonade.backends.whispercpp.engine import WhisperCppEngine
 from lemonade.recipes import RECIPES, recipe_modes
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ parser's list before a process starts.
 from __future__ import annotations
 
 from lemonade.backends.engine import check_native_args
-from lemonade.backends.whispercpp_install import WHISPER_CPP_VERSION
+from lemonade.backends.whispercpp.install import WHISPER_CPP_VERSION
 
 # Lemonade sets these itself (lemonade.md: -m, --model, --port; we also bind the host and rely on
 # the inference path).

@@ -1,8 +1,8 @@
 """The whisper.cpp engine: `whisper-server` per loaded model, for the `whispercpp` recipe (`Whisper-*`).
 
-Installation is `whispercpp_install.py` (release archive where upstream publishes one, else a
+Installation is `backends/whispercpp/install.py` (release archive where upstream publishes one, else a
 static build of the pinned whisper.cpp that the `pywhispercpp` sdist vendors), flags are
-`whispercpp_flags.py`. This module describes the engine and speaks whisper-server's language:
+`backends/whispercpp/flags.py`. This module describes the engine and speaks whisper-server's language:
 our transcription request (audio bytes, fields in the query string) becomes a multipart POST to
 its `/inference` with `response_format=verbose_json`, and its answer becomes the engine-neutral
 `{"text", "language", "duration", "segments": [{"id", "start", "end", "text", ...}]}` that
@@ -28,8 +28,8 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.native_engine import NativeBackends
-from lemonade.backends.whispercpp_flags import check_whispercpp_args
-from lemonade.backends.whispercpp_install import EXE, WHISPER_CPP_VERSION, WhisperCppInstall
+from lemonade.backends.whispercpp.flags import check_whispercpp_args
+from lemonade.backends.whispercpp.install import EXE, WHISPER_CPP_VERSION, WhisperCppInstall
 from lemonade.errors import APIError
 
 if TYPE_CHECKING:
