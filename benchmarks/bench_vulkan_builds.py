@@ -52,7 +52,7 @@ def ccache_counts(env: dict[str, str]) -> dict[str, int]:
 
 def build(recipe: str, scratch: Path, ccache_dir: Path) -> dict[str, float | int | str]:
     """One vulkan source build of `recipe` into `scratch` (in this process: its children are timed)."""
-    from lemonade.backends.sdcpp_install import SdCppInstall
+    from lemonade.backends.sdcpp.install import SdCppInstall
     from lemonade.backends.whispercpp.install import WhisperCppInstall
 
     (scratch / "backends" / recipe).mkdir(parents=True)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from lemonade.backends.llamacpp.build import LLAMA_CPP_VERSION  # noqa: E402
-from lemonade.backends.sdcpp_install import SDCPP_VERSION  # noqa: E402
+from lemonade.backends.sdcpp.install import SDCPP_VERSION  # noqa: E402
 from lemonade.backends.whispercpp.install import WHISPER_CPP_VERSION  # noqa: E402
 
 RELEASES = (("ggml-org/llama.cpp", LLAMA_CPP_VERSION), ("ggml-org/whisper.cpp", WHISPER_CPP_VERSION),

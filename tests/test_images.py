@@ -40,9 +40,9 @@ import psutil
 import pytest
 from PIL import Image
 
-from lemonade.backends.sdcpp import checkpoint_args, edit_body, extra_args, generation_settings, sampler_args
-from lemonade.backends.sdcpp_flags import check_sdcpp_args
-from lemonade.backends.sdcpp_install import SDCPP_VERSION
+from lemonade.backends.sdcpp.engine import checkpoint_args, edit_body, extra_args, generation_settings, sampler_args
+from lemonade.backends.sdcpp.flags import check_sdcpp_args
+from lemonade.backends.sdcpp.install import SDCPP_VERSION
 from lemonade.model_info import ModelInfo
 from tests.helpers import GEMMA_NAME, run_cli, served_folder, wait_for
 from tests.helpers import loaded as loaded_by_name
@@ -437,7 +437,7 @@ def test_release_archive_install(sdcpp_backend, tmp_path, monkeypatch):
     CI packs it (`zip -j` of the binaries: no Unix modes kept), made from our own build."""
     import zipfile
 
-    from lemonade.backends.sdcpp_install import SdCppInstall, release_asset_name
+    from lemonade.backends.sdcpp.install import SdCppInstall, release_asset_name
 
     asset = release_asset_name()
     if asset is None:
@@ -469,7 +469,7 @@ def sd_releases(tmp_path, sdcpp_backend) -> Iterator[tuple[str, Path]]:
     answers (`latest`, and each tag's asset digests). Yields (its URL, the file `latest` is read from)."""
     import zipfile
 
-    from lemonade.backends.sdcpp_install import release_asset_name, tag_commit
+    from lemonade.backends.sdcpp.install import release_asset_name, tag_commit
 
     if release_asset_name() is None:
         pytest.skip("upstream publishes no CPU archive for this platform")

@@ -32,8 +32,8 @@ import pytest
 from PIL import Image
 
 from lemonade.backends.llamacpp.gpu import backend_devices
-from lemonade.backends.sdcpp_install import SDCPP_VERSION
-from lemonade.backends.sdcpp_install import release_asset_name as sd_asset
+from lemonade.backends.sdcpp.install import SDCPP_VERSION
+from lemonade.backends.sdcpp.install import release_asset_name as sd_asset
 from lemonade.backends.whispercpp.install import WHISPER_CPP_VERSION
 from lemonade.backends.whispercpp.install import release_asset_name as whisper_asset
 from lemonade.system.devices import detect_devices
@@ -330,7 +330,7 @@ def test_install_with_force_uninstall_and_vulkan_bin(make_server, hub_server, vu
 def test_vulkan_builds_and_archives():
     """A vulkan source build is the cpu build plus ggml's Vulkan switch (recorded in install.json, so a
     build with other flags is rebuilt); the archives are those upstream Lemonade installs."""
-    from lemonade.backends.sdcpp_install import SDCPP_COMMIT, SdCppInstall
+    from lemonade.backends.sdcpp.install import SDCPP_COMMIT, SdCppInstall
     from lemonade.backends.whispercpp.install import WhisperCppInstall
 
     for installer in (WhisperCppInstall(TEST_CACHE), SdCppInstall(TEST_CACHE)):

@@ -1,6 +1,7 @@
 """Installing a native engine backend (a server binary) into the cache dir, atomically.
 
-Shared by whisper.cpp (`backends/whispercpp/install.py`) and stable-diffusion.cpp (`sdcpp_install.py`). The layout under
+Shared by whisper.cpp (`backends/whispercpp/install.py`) and stable-diffusion.cpp
+(`backends/sdcpp/install.py`). The layout under
 `<cache>/backends/<recipe>/`:
 
     <backend>/               the installed backend (appears only when complete)

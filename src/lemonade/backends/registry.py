@@ -21,7 +21,7 @@ from lemonade.backends.llamacpp.engine import LlamaCppEngine
 from lemonade.backends.onnxruntime import OnnxRuntimeEngine
 from lemonade.backends.peer import PeerEngine
 from lemonade.backends.piper import PiperEngine
-from lemonade.backends.sdcpp import SdCppEngine
+from lemonade.backends.sdcpp.engine import SdCppEngine
 from lemonade.backends.vllm import VllmEngine
 from lemonade.backends.whispercpp.engine import WhisperCppEngine
 from lemonade.recipes import RECIPES, recipe_modes

@@ -1,6 +1,6 @@
 """The stable-diffusion.cpp engine, for the `sd-cpp` recipe (SD-Turbo, SDXL, Flux, Real-ESRGAN).
 
-Installation is `sdcpp_install.py` (release archive where upstream publishes one, else a static
+Installation is `backends/sdcpp/install.py` (release archive where upstream publishes one, else a static
 build of the pinned stable-diffusion.cpp that the `stable-diffusion-cpp-python` sdist vendors).
 
 How a model runs, and why:
@@ -12,7 +12,7 @@ How a model runs, and why:
   way its parser reads them: a `<sd_cpp_extra_args>{json}</sd_cpp_extra_args>` suffix of the prompt.
   The load options `steps`, `cfg_scale`, `width`, `height` become its defaults (`--steps`,
   `--cfg-scale`, `-W`, `-H`); `sampling_method` and `flow_shift` its sampler defaults; `sdcpp_args`
-  adds sd-server flags (sdcpp_flags.py says which), `sd-cpp_backend` picks the backend, as
+  adds sd-server flags (backends/sdcpp/flags.py says which), `sd-cpp_backend` picks the backend, as
   Lemonade's sd-cpp recipe options do. An entry's `image_defaults` is the layer under them.
 - A running generation cannot be interrupted inside sd-server (its job API cancels queued jobs
   only; a generating one answers 409, and the library has no abort hook). So when the client of a
@@ -48,8 +48,8 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.backends.native_engine import NativeBackends
-from lemonade.backends.sdcpp_flags import check_sdcpp_args
-from lemonade.backends.sdcpp_install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
+from lemonade.backends.sdcpp.flags import check_sdcpp_args
+from lemonade.backends.sdcpp.install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.util.process_group import signal_group

@@ -16,7 +16,7 @@ refuses an unknown flag and exits, so every flag is checked against that list be
 from __future__ import annotations
 
 from lemonade.backends.engine import check_native_args
-from lemonade.backends.sdcpp_install import SDCPP_VERSION
+from lemonade.backends.sdcpp.install import SDCPP_VERSION
 
 FORBIDDEN_FLAGS = {
     "-m": "the model file (-m)", "--model": "the model file (-m)", "--diffusion-model": "the model files",
