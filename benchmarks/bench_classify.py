@@ -27,8 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from lemonade.backends.onnx_contract import read_contract  # noqa: E402
-from lemonade.backends.onnxruntime import WORKER  # noqa: E402
+from lemonade.backends.onnxruntime.contract import read_contract  # noqa: E402
+from lemonade.backends.onnxruntime.engine import WORKER  # noqa: E402
 from lemonade.backends.registry import Engines  # noqa: E402
 from lemonade.config import Config  # noqa: E402
 from tests.classifier_models import HELD_OUT_TOPICS, classifier_models  # noqa: E402

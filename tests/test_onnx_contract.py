@@ -1,4 +1,4 @@
-"""The ONNX classifier contract (backends/onnx_contract.py), table-driven: folder files -> contract or refusal.
+"""The ONNX classifier contract (backends/onnxruntime/contract.py), table-driven: folder files -> contract or refusal.
 
 Pure file reading, no engine: what `/v1/classify` will do with a model folder is decided here, in the
 server, before a worker starts (architecture allow-list, manifest overrides, softmax vs. sigmoid).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lemonade.backends.onnx_contract import Contract, ContractError, model_folder, read_contract
+from lemonade.backends.onnxruntime.contract import Contract, ContractError, model_folder, read_contract
 
 SEQ = {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
        "id2label": {"0": "neg", "1": "pos"}, "max_position_embeddings": 512}

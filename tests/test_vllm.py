@@ -61,7 +61,7 @@ def test_catalog_vllm_entries_bring_their_parser_and_mtp(tmp_path):
     under what a user saves; the `mtp` label adds the MTP speculative config unless the user sets one."""
     from pathlib import Path
 
-    from lemonade.backends.vllm import MTP_ARGS, build_argv
+    from lemonade.backends.vllm.engine import MTP_ARGS, build_argv
     from lemonade.config import Config
     from lemonade.observability.logs import LogBuffer
     from lemonade.services import Services

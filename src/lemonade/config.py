@@ -73,7 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "whispercpp": {"backend": "auto", "args": "", "cpu_bin": "builtin", "vulkan_bin": "builtin"},
     # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
     "kokoro": {"cpu_bin": "builtin"},
-    "vllm": {"backend": "auto", "args": ""},  # backends/vllm.py: `vllm serve` on GPU machines
+    "vllm": {"backend": "auto", "args": ""},  # backends/vllm/engine.py: `vllm serve` on GPU machines
     "sdcpp": {"backend": "auto", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
               "cpu_bin": "builtin", "vulkan_bin": "builtin"},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.

@@ -118,7 +118,7 @@ def test_an_embedding_model_keeps_no_kv_cache(tmp_path):
 
 
 def test_a_rule_on_file_sizes_for_engines_without_a_finer_estimate(tmp_path):
-    from lemonade.backends.piper import PiperEngine
+    from lemonade.backends.piper.engine import PiperEngine
     from lemonade.config import Config
 
     voice = tmp_path / "voice.onnx"

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.cloud import CloudEngine
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
-from lemonade.backends.fasterwhisper import FasterWhisperEngine
-from lemonade.backends.kokoro import KokoroEngine
+from lemonade.backends.fasterwhisper.engine import FasterWhisperEngine
+from lemonade.backends.kokoro.engine import KokoroEngine
 from lemonade.backends.llamacpp.engine import LlamaCppEngine
-from lemonade.backends.onnxruntime import OnnxRuntimeEngine
+from lemonade.backends.onnxruntime.engine import OnnxRuntimeEngine
 from lemonade.backends.peer import PeerEngine
-from lemonade.backends.piper import PiperEngine
+from lemonade.backends.piper.engine import PiperEngine
 from lemonade.backends.sdcpp.engine import SdCppEngine
-from lemonade.backends.vllm import VllmEngine
+from lemonade.backends.vllm.engine import VllmEngine
 from lemonade.backends.whispercpp.engine import WhisperCppEngine
 from lemonade.recipes import RECIPES, recipe_modes
 

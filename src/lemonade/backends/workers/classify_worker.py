@@ -4,7 +4,7 @@ Run by the onnxruntime engine with the engine's private venv (onnxruntime, token
     python classify_worker.py --model DIR --contract JSON --port N [--threads T]
 
 The server has read the folder's config.json / manifest.json into the contract (task, labels,
-softmax or sigmoid, token aggregation, token budget: backends/onnx_contract.py); this worker only
+softmax or sigmoid, token aggregation, token budget: backends/onnxruntime/contract.py); this worker only
 runs it. `POST /classify {"texts": [...], "top_k": N|null}` answers `{"results": [{"labels":
 {label: score}}, ...]}`, one per text, labels highest first.
 
@@ -166,7 +166,8 @@ def main() -> None:
     global MODEL
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
-    parser.add_argument("--contract", required=True, help="the output contract as JSON (onnx_contract.py)")
+    parser.add_argument("--contract", required=True,
+                        help="the output contract as JSON (backends/onnxruntime/contract.py)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """Speech worker: one text-to-speech voice model behind a tiny HTTP server.
 
-Run by a TTS engine (backends/piper.py, backends/kokoro.py) with that engine's private venv:
+Run by a TTS engine (backends/piper/engine.py, backends/kokoro/engine.py) with that engine's private venv:
     python speech_worker.py --engine piper|kokoro --model FILE [--config FILE] [--voices PATH]
                             --port N [--threads T]
 

@@ -5,7 +5,7 @@ binary; here the backend is ONNX Runtime and Hugging Face `tokenizers` (pinned) 
 (`venv_install.py`), and a loaded model is `workers/classify_worker.py` run with that venv's Python.
 A model is a stock `optimum-cli export onnx` folder: `model.onnx` + `tokenizer.json` + `config.json`
 (+ an optional `manifest.json`). The folder is checked here, in the server, before any process
-starts (`onnx_contract.py`): an architecture outside the supported encoder families, or a contract
+starts (`backends/onnxruntime/contract.py`): an architecture outside the supported encoder families, or a contract
 that cannot be read, refuses the load with a 400 that says why.
 """
 
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import EngineUnavailable, Launch, Option
-from lemonade.backends.onnx_contract import ContractError, model_folder, read_contract
+from lemonade.backends.onnxruntime.contract import ContractError, model_folder, read_contract
 from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
     from lemonade.model_info import ModelInfo
 
 ONNXRUNTIME_VERSION = "1.32.0"
-WORKER = Path(__file__).parent / "workers" / "classify_worker.py"
+WORKER = Path(__file__).parent.parent / "workers" / "classify_worker.py"
 
 
 def _check_threads(value: int) -> str | None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from lemonade.model_info import ModelInfo
 
 FASTER_WHISPER_VERSION = "1.2.1"
-WORKER = Path(__file__).parent / "workers" / "whisper_worker.py"
+WORKER = Path(__file__).parent.parent / "workers" / "whisper_worker.py"
 COMPUTE_TYPES = ("int8", "int8_float32", "float32", "default")
 
 
