@@ -32,7 +32,7 @@ CHAT = [{"role": "user", "content": "Name three colors."}]
 
 def test_discovery_names_and_kinds():
     """How a provider's `GET /models` items become catalog entries (pure; no server)."""
-    from lemonade.backends.cloud_providers import model_from_listing, public_id
+    from lemonade.backends.cloud.providers import model_from_listing, public_id
 
     assert public_id("fireworks", "accounts/fireworks/models/kimi-k2p5") == "fireworks.kimi-k2p5"
     assert public_id("together", "together/llama-3") == "together.llama-3"
@@ -50,7 +50,7 @@ def test_discovery_names_and_kinds():
 
 def test_listed_prices_per_million_tokens():
     """Providers' `pricing` as USD per 1M tokens; 0, missing or unreadable prices are not shown (pure)."""
-    from lemonade.backends.cloud_providers import listed_prices
+    from lemonade.backends.cloud.providers import listed_prices
 
     assert listed_prices({"pricing": {"prompt": "0.000003", "completion": "0.000015"}}) == {
         "cost_input_per_million": pytest.approx(3.0), "cost_output_per_million": pytest.approx(15.0)}

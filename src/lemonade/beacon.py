@@ -416,7 +416,7 @@ def discover_local(timeout: float = INTERVAL_S + 0.5) -> Beacon | None:
 
 class BeaconListener:
     """The servers a running server hears, in the background (config `peers: "auto"`,
-    backends/peers.py): the latest beacon of each server URL and when it came. Only server beacons
+    backends/peer/peers.py): the latest beacon of each server URL and when it came. Only server beacons
     (`service` "lemonade") sent from the address their URL names count: a beacon cannot send the
     server's challenges to another host."""
 

@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "disable_model_filtering": False,  # list models bigger than this machine's memory too (catalog/fit.py)
     "enable_dgpu_gtt": False,  # count a discrete AMD GPU's GTT (shared system memory) when filtering by size
     "broadcast": True,  # UDP discovery beacons (beacon.py), so apps and `lemonade scan` find this server
-    # Other servers of the LAN to forward requests to (backends/peers.py, docs/scale-out.md): base URLs, or
+    # Other servers of the LAN to forward requests to (backends/peer/peers.py, docs/scale-out.md): base URLs, or
     # "auto" for the servers heard by the discovery beacons; every member needs the same LEMONADE_PEER_KEY
     "peers": [],
     "extra_models_dir": "",
@@ -227,7 +227,7 @@ def _engine_setting_check(key: str) -> Callable[[str, str], str | None] | None:
 
 
 def _cloud_providers(value: Any) -> list[dict[str, Any]]:
-    """`[{"name", "base_url", ...}]`: the persisted half of each provider (backends/cloud_providers.py
+    """`[{"name", "base_url", ...}]`: the persisted half of each provider (backends/cloud/providers.py
     checks the fields themselves when a provider is installed)."""
     if not isinstance(value, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
                                               and isinstance(p.get("base_url"), str) for p in value):

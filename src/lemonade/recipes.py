@@ -36,7 +36,7 @@ RECIPES: dict[str, Recipe] = {
     "sd-cpp": Recipe(("image",)),
     "onnxruntime": Recipe(("classification",)),
     "cloud": Recipe(("chat", "embeddings")),
-    # another Lemonade server of the LAN (backends/peer.py): whatever it serves
+    # another Lemonade server of the LAN (backends/peer/engine.py): whatever it serves
     "peer": Recipe(("chat", "embeddings", "reranking", "transcription", "tts", "image", "classification")),
     "vllm": Recipe(("chat",)),
     # not shipped by this build

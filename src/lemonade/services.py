@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 
 from lemonade.autotune.tuner import AutoTune
-from lemonade.backends.cloud import CloudEngine
-from lemonade.backends.cloud_providers import CloudProviders
+from lemonade.backends.cloud.engine import CloudEngine
+from lemonade.backends.cloud.providers import CloudProviders
 from lemonade.backends.engine import Engine, EngineUnavailable
 from lemonade.backends.native_build import stop_builds
-from lemonade.backends.peer import FAILOVER_CODES, LOCAL_ONLY_ENDPOINTS, PeerEngine
-from lemonade.backends.peers import Peers
+from lemonade.backends.peer.engine import FAILOVER_CODES, LOCAL_ONLY_ENDPOINTS, PeerEngine
+from lemonade.backends.peer.peers import Peers
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
@@ -102,10 +102,10 @@ class Services:
             engine.speculation_wanted = self.speculation.wanted
         self.proxy = Proxy(self.router, self.remote_http, self.engine_client, self.options, self.stats, self.metrics,
                            self.speculation)
-        # Cloud providers (backends/cloud_providers.py): their discovered models join the catalog.
+        # Cloud providers (backends/cloud/providers.py): their discovered models join the catalog.
         self.cloud: CloudProviders = self.engines.get(CloudEngine.recipe).providers  # type: ignore[union-attr]
         self.cloud.publish = self.catalog.set_remote
-        # The other servers of the LAN (backends/peers.py): requests for models they serve may go there.
+        # The other servers of the LAN (backends/peer/peers.py): requests for models they serve may go there.
         self.peers: Peers = self.engines.get(PeerEngine.recipe).peers  # type: ignore[union-attr]
         self.peers.on_down = self._unbind_peer
         self.proxy.instead = self._instead
@@ -242,7 +242,7 @@ class Services:
         one peer as `<id>@<host:port>`."""
         return self.peers.named(name) or self._on_peer(name, here=False)
 
-    # ----- peers (backends/peers.py): where a request goes when this server does not serve it ------
+    # ----- peers (backends/peer/peers.py): where a request goes when this server does not serve it ------
     def _on_peer(self, name: str, here: bool) -> ModelInfo | None:
         """The peer's model that serves a request for `name` (`here`: this server has it too, not
         loaded), or None: this server serves it. A request a peer forwarded here stays here."""
@@ -263,7 +263,7 @@ class Services:
         return self._on_peer(model.public, here=True) or model
 
     def _instead(self, model: ModelInfo, path: str, error: EngineError) -> tuple[ModelInfo, str] | None:
-        """After a peer failed a request before answering (backends/peer.py `FAILOVER_CODES`; it is
+        """After a peer failed a request before answering (backends/peer/engine.py `FAILOVER_CODES`; it is
         marked down): the next peer with the model, else this server's own model at its engine's path
         for the same endpoint, else None (the error stands)."""
         if model.recipe != PeerEngine.recipe or error.code not in FAILOVER_CODES:
@@ -278,7 +278,7 @@ class Services:
     def _local_path(self, model: ModelInfo, peer_path: str) -> str | None:
         """The path of `model`'s engine for the endpoint a peer was asked at `peer_path` (its query
         kept); None where this server's engine takes another request for it (pictures: the engine
-        makes their body, backends/peer.py)."""
+        makes their body, backends/peer/engine.py)."""
         engine = self.engines.get(model.recipe)
         base, _, query = peer_path.partition("?")
         endpoint = PeerEngine.endpoint_of(base)
@@ -360,7 +360,7 @@ class Services:
         """May `model` serve this request? The one check every API family uses: not a collection, the
         right deployment mode, images only for vision models, an engine this server has. Returns the
         model that serves it: `model`, or the same model on a peer of the LAN that has it loaded while
-        this server has not (backends/peers.py)."""
+        this server has not (backends/peer/peers.py)."""
         if model.recipe == ROUTER_RECIPE:
             raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
                            "/completions and /responses requests to one of its members; call one of those "

@@ -1,5 +1,5 @@
-"""The rules of peers: the key's challenge (backends/peer_auth.py), where a request goes
-(backends/peers.py `targets`) and the `peers` setting (config.py). Pure functions and a clock
+"""The rules of peers: the key's challenge (backends/peer/auth.py), where a request goes
+(backends/peer/peers.py `targets`) and the `peers` setting (config.py). Pure functions and a clock
 passed in: no server, no network. That real servers in network namespaces forward, fail over and
 refuse a server without the key is proven end to end in tests/test_peers.py."""
 
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from lemonade.backends import peer_auth
-from lemonade.backends.peer_auth import PeerGate, proof, session_token
-from lemonade.backends.peers import Peer, targets
+from lemonade.backends.peer import auth as peer_auth
+from lemonade.backends.peer.auth import PeerGate, proof, session_token
+from lemonade.backends.peer.peers import Peer, targets
 from lemonade.config import Config, ConfigError
 
 KEY = "a-shared-key-of-the-lan-0123456789"

@@ -3,7 +3,7 @@
 In order: the Host/Origin policy (403; an allowed page's preflight gets its 204 and its responses
 their CORS headers, a 401 included; every answer says `Vary: Origin`), the API key (401; a request
 another server of the LAN forwarded carries a peer session instead, `X-Lemonade-Peer`, which must be
-one this server opened, backends/peer_auth.py, and marks the request `from_peer`), then for
+one this server opened, backends/peer/auth.py, and marks the request `from_peer`), then for
 HTTP: an inference request's span while tracing is on (observability/spans.py), metrics (status and
 time, to the end of the response body), the body size limit (413), JSON as the default content type,
 and for POSTs the disconnect watch that sets the request's `client_gone`.
@@ -61,7 +61,7 @@ class RequestGuard:
                  body_limit: BodySizeLimit, observe: Callable[[str, str, int, float], None],
                  telemetry: Telemetry | None = None, peer_admits: Callable[[str], bool] = lambda token: False) -> None:
         self.app = app
-        self.peer_admits = peer_admits  # a peer session this server opened (backends/peer_auth.py PeerGate)
+        self.peer_admits = peer_admits  # a peer session this server opened (backends/peer/auth.py PeerGate)
         self.telemetry = telemetry  # traces only while its `enabled` flag is up (one check per request)
         self.policy = policy
         self.api_key = api_key or None

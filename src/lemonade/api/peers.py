@@ -1,6 +1,6 @@
 """`/peers/*`: what another server of the LAN asks this one before it forwards requests here.
 
-The handshake (backends/peer_auth.py) proves `LEMONADE_PEER_KEY` in both directions without sending
+The handshake (backends/peer/auth.py) proves `LEMONADE_PEER_KEY` in both directions without sending
 it; the API key does not guard these routes (api/middleware.py), the key does. A server without a
 usable key answers 403 to all of them, so a peer knows at once that it takes no forwarded requests.
 
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lemonade.api.errors import APIError
-from lemonade.backends.peer_auth import HEADER, KEY_ENV, SESSION_SECONDS, address_text
+from lemonade.backends.peer.auth import HEADER, KEY_ENV, SESSION_SECONDS, address_text
 from lemonade.services import Services
 from lemonade.serving.models import model_object
 

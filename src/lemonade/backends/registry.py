@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.cloud import CloudEngine
+from lemonade.backends.cloud.engine import CloudEngine
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
 from lemonade.backends.fasterwhisper.engine import FasterWhisperEngine
 from lemonade.backends.kokoro.engine import KokoroEngine
 from lemonade.backends.llamacpp.engine import LlamaCppEngine
 from lemonade.backends.onnxruntime.engine import OnnxRuntimeEngine
-from lemonade.backends.peer import PeerEngine
+from lemonade.backends.peer.engine import PeerEngine
 from lemonade.backends.piper.engine import PiperEngine
 from lemonade.backends.sdcpp.engine import SdCppEngine
 from lemonade.backends.vllm.engine import VllmEngine

@@ -221,7 +221,7 @@ class Catalog:
         self._extra_hidden: dict[str, str] = {}  # old or folder names of extra models -> canonical id
         self._aliases: dict[str, str] = {}
         # Models served elsewhere (cloud providers), by source: "<provider>.<model>" names of their own,
-        # published and withdrawn by their engine (backends/cloud.py), never written here.
+        # published and withdrawn by their engine (backends/cloud/engine.py), never written here.
         self._remote: dict[str, dict[str, ModelInfo]] = {}
         self._load_user()
         self._load_aliases()

@@ -2,7 +2,7 @@
 router, docs/routing.md "Cost").
 
 Reporting only: the figures never change which candidate a policy picks. They come from the model's
-definition: the per-million-token prices a cloud provider's listing gave (backends/cloud_providers.py)
+definition: the per-million-token prices a cloud provider's listing gave (backends/cloud/providers.py)
 or that an author wrote on a model entry, plus the hand-written `cost_tier` and `latency_ms_hint`.
 A value that is not what the field takes (a negative price, an unknown tier) is left out rather than
 shown, so a hand-edited `user_models.json` cannot make a decision fail.

@@ -7,7 +7,7 @@ multidicts, stream readers, timers), and a few microseconds on every relayed tok
 machine where every millisecond of ours is taken from the engine. This one writes the request in
 one piece and takes the answer from the parser's callbacks. It does only what our engines need:
 a bytes body; an answer read whole, or relayed chunk by chunk. A remote engine on plain HTTP (a
-peer server of the LAN, backends/peer.py) takes the same path, with its own headers and connect
+peer server of the LAN, backends/peer/engine.py) takes the same path, with its own headers and connect
 timeout: forwarding is held to 2 ms a request (docs/performance.md, "Peers"). Uploads streamed from
 files and TLS engines (cloud providers) stay on aiohttp (`runtime/remote_http.py`).
 

@@ -11,7 +11,7 @@
   a classifier, an embedder) for a `collection.router` request, so the router keeps that model in
   the routing-helper pool instead of a user-facing slot (runtime/router/scheduler.py, "Residency classes").
 - `from_peer`: True for a request another server of the LAN forwarded here (api/guard.py checked its
-  session): it is served by this server, never forwarded again (backends/peers.py).
+  session): it is served by this server, never forwarded again (backends/peer/peers.py).
 """
 
 from __future__ import annotations

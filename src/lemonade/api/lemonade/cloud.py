@@ -1,7 +1,7 @@
 """Cloud providers over HTTP: `/v1/install` and `/v1/uninstall` with `backend: "cloud"` (dispatched
 here by `backends.py`), `POST /v1/cloud/auth` and `DELETE /v1/cloud/auth/{provider}`.
 
-The registry and discovery are `backends/cloud_providers.py`; this module only reads bodies and
+The registry and discovery are `backends/cloud/providers.py`; this module only reads bodies and
 shapes answers. A key given here stays in memory; no answer ever carries it.
 """
 
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
-from lemonade.backends.cloud_providers import (
+from lemonade.backends.cloud.providers import (
     DEFAULT_HEADER,
     DEFAULT_PREFIX,
     CloudProviders,

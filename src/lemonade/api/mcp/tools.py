@@ -162,7 +162,7 @@ TOOL_NAMES = {tool["name"] for tool in TOOLS}
 # ----- helpers -------------------------------------------------------------------------------------
 
 def find_model(svc: Services, name: str) -> ModelInfo:
-    """A model of this server, or one only a peer of the LAN serves (backends/peers.py)."""
+    """A model of this server, or one only a peer of the LAN serves (backends/peer/peers.py)."""
     model = svc.catalog.find(name) or svc.elsewhere(name)
     if model is None:
         raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")

@@ -1,6 +1,6 @@
 """`GET /v1/models` and `GET /v1/models/{id}`: the catalog as OpenAI model objects plus Lemonade fields.
 
-With peers (backends/peers.py), the models this server does not have but a peer of the LAN serves
+With peers (backends/peer/peers.py), the models this server does not have but a peer of the LAN serves
 are listed too, as that peer lists them, with `peer` saying where they live."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from lemonade.api.privacy import paths_shown
-from lemonade.backends.peers import RECIPE as PEER_RECIPE
-from lemonade.backends.peers import Peer
+from lemonade.backends.peer.peers import RECIPE as PEER_RECIPE
+from lemonade.backends.peer.peers import Peer
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import options_for
 from lemonade.services import Services

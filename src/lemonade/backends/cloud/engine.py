@@ -6,7 +6,7 @@ local model. Each request leaves through `outbound`: the provider's URL for our 
 model named as the provider knows it, the key in the provider's header (read at send time, so a
 key given or cleared later applies at once). Refusals and silence come back as our errors, naming
 the provider (`upstream_error`, `unreachable`); the key is in no message, log line or listing.
-Providers and their models: `cloud_providers.py`.
+Providers and their models: `backends/cloud/providers.py`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.cloud_providers import RECIPE, CloudProviders, Provider
+from lemonade.backends.cloud.providers import RECIPE, CloudProviders, Provider
 from lemonade.backends.engine import BackendState, Engine, EngineUnavailable, InstallError, Launch, Progress
 from lemonade.errors import APIError
 

@@ -3,14 +3,14 @@
 Opt-in: config `peers` names them (a list of base URLs, or "auto" for the servers heard by the
 discovery beacons, beacon.py) and every member holds the same `LEMONADE_PEER_KEY`. Every
 `POLL_SECONDS` each peer is asked for its models (`GET /peers/models`, with a session opened by
-the challenge of peer_auth.py; the key itself is never sent), so the server knows which models each
+the challenge of backends/peer/auth.py; the key itself is never sent), so the server knows which models each
 one has and which it has loaded. A peer that does not answer, or answers without proving the key,
 is skipped until it does.
 
 The choice of where a request goes is `targets` (pure): a model this server has loaded stays here;
 one it has but has not loaded goes to a peer that has it loaded, if any; one it does not have goes
 to a peer that has it, loaded ones first. A peer's model is bound in the router like a cloud model
-(backends/peer.py: no process, no slot) under `<model id>@<host:port>`, built here (`bound`).
+(backends/peer/engine.py: no process, no slot) under `<model id>@<host:port>`, built here (`bound`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from lemonade.backends.peer_auth import (
+from lemonade.backends.peer.auth import (
     HEADER,
     KEY_ENV,
     SESSION_SECONDS,
@@ -68,7 +68,7 @@ def label(url: str) -> str:
 
 
 async def addresses(url: str) -> set[str]:
-    """The `ip:port` a connection to `url` may reach (its host resolved), as peer_auth.py writes them."""
+    """The `ip:port` a connection to `url` may reach (its host resolved), as backends/peer/auth.py writes them."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
@@ -172,7 +172,7 @@ class Peers:
 
     def bound(self, peer: Peer, name: str) -> ModelInfo:
         """The model `name` of `peer` as this server's router holds it: a model of the peer engine
-        (backends/peer.py) named `<name>@<host:port>`, with the mode and labels the peer lists."""
+        (backends/peer/engine.py) named `<name>@<host:port>`, with the mode and labels the peer lists."""
         listing = peer.models.get(name, {})
         key = (peer.url, name)
         model = self._bound.get(key)
@@ -312,7 +312,7 @@ class Peers:
             self._set(peer, "down", f"did not answer ({why})")
 
     async def _open_session(self, peer: Peer, http: httpx.AsyncClient) -> None:
-        """The challenge of peer_auth.py, the client's half: the peer proves the key first; only then
+        """The challenge of backends/peer/auth.py, the client's half: the peer proves the key first; only then
         do we prove it in turn. Nothing but nonces and proofs is sent."""
         assert self._key is not None
         client_nonce = new_nonce()

@@ -1,9 +1,9 @@
-"""The peer engine: a model served by another Lemonade server of the LAN (backends/peers.py).
+"""The peer engine: a model served by another Lemonade server of the LAN (backends/peer/peers.py).
 
 A remote engine, as the cloud engine is: "loading" a peer's model binds it to that peer
 (`PeerConnection`), starts no process, takes no slot and evicts nothing; every request leaves
 through `outbound` for the peer's own public API (the same path, the model named as the peer knows
-it, the session token of peer_auth.py in the `X-Lemonade-Peer` header), so chat, completions,
+it, the session token of backends/peer/auth.py in the `X-Lemonade-Peer` header), so chat, completions,
 responses, embeddings, rerank, tokenize, transcription, speech and pictures all go the way they
 would go to that server directly, streams included, and every API family (OpenAI, Ollama,
 Anthropic, MCP) reaches it through the same router and proxy as a local engine. A peer that does
@@ -21,8 +21,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from lemonade.backends.engine import BackendState, EngineUnavailable, InstallError, Launch, Progress
 from lemonade.backends.image_engine import ImageEngine
-from lemonade.backends.peer_auth import HEADER
-from lemonade.backends.peers import CONNECT_SECONDS, RECIPE, Peers, label
+from lemonade.backends.peer.auth import HEADER
+from lemonade.backends.peer.peers import CONNECT_SECONDS, RECIPE, Peers, label
 from lemonade.backends.speech_engine import ENCODED_FORMATS, SpeechService
 from lemonade.backends.whispercpp.engine import multipart_frame
 
