@@ -9,6 +9,8 @@ names the router in a signature knows the router). Two checks:
   own package or from a package listed before it. An engine does not know the router that drives
   it (what it needs is passed in), the catalog does not ask the engines which modes a recipe serves
   (recipes.py tells both), and the API is above the omni tool loop and the media code it shares.
+  One layer is not a package: what an engine declares as data (`backends/<engine>/descriptor.py`,
+  the settings its checks use) sits below config, which derives the engine's settings from it.
 
 A third check is inside `api/`: an API family (`api/<family>/`) borrows no logic from another
 family's modules. What two entry points both do (choose and load a model, a model object, a
@@ -21,6 +23,7 @@ No server runs here: the source files are parsed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -29,7 +32,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # `__init__` (its version).
 LAYERS = (
     "lemonade",
-    "errors", "paths", "util", "audio", "system", "routing", "recipes", "route_table", "llamacpp_settings",
+    "errors", "paths", "util", "audio", "system", "routing", "recipes", "route_table", "descriptors",
     "config", "legacy_state",
     "observability", "beacon",
     "labels", "model_info", "checkpoints",
@@ -128,7 +131,16 @@ def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return found
 
 
+# What an engine declares as data: the descriptor type (backends/descriptor.py), the registry of
+# descriptors (backends/descriptors.py), each engine folder's descriptor.py and the settings module its
+# checks come from. They sit below config, which derives every engine's settings from them, while the
+# rest of the engine's folder sits in `backends`.
+DESCRIPTOR_MODULES = re.compile(r"lemonade\.backends\.(descriptor|descriptors|\w+\.(descriptor|settings))")
+
+
 def layer(module: str) -> str:
+    if DESCRIPTOR_MODULES.fullmatch(module):
+        return "descriptors"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

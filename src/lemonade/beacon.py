@@ -131,7 +131,7 @@ def _device(item: Any) -> dict[str, Any] | None:
 
 def decode_worker(data: bytes, sender: str) -> WorkerBeacon | None:
     """A worker's beacon, or None for anything else (a server's beacon included)."""
-    from lemonade.llamacpp_settings import WorkerSpecError, split_worker
+    from lemonade.backends.llamacpp.settings import WorkerSpecError, split_worker
 
     try:
         obj = json.loads(data.decode("utf-8"))
@@ -397,7 +397,7 @@ class WorkerDirectory:
 
 
 def _announces_itself(beacon: WorkerBeacon) -> bool:
-    from lemonade.llamacpp_settings import split_worker
+    from lemonade.backends.llamacpp.settings import split_worker
 
     host, _ = split_worker(beacon.endpoint)
     if not _is_ip(host) or host != beacon.sender:

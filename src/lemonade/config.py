@@ -161,7 +161,7 @@ def validate_value(key: str, value: Any) -> Any:
     if key == "peers":
         return _peers(value)
     if key == "llamacpp.rpc_workers":
-        from lemonade.llamacpp_settings import WorkerSpecError, worker_setting
+        from lemonade.backends.llamacpp.settings import WorkerSpecError, worker_setting
 
         try:
             return worker_setting(value, key)
@@ -215,9 +215,9 @@ def validate_value(key: str, value: Any) -> Any:
 
 
 def _engine_setting_check(key: str) -> Callable[[str, str], str | None] | None:
-    """The check of an engine's string setting that needs more than its type (llamacpp_settings.py):
+    """The check of an engine's string setting that needs more than its type (backends/llamacpp/settings.py):
     `*_bin` values, llama.cpp device names; None for other keys."""
-    from lemonade.llamacpp_settings import check_bin_value, check_device
+    from lemonade.backends.llamacpp.settings import check_bin_value, check_device
 
     if key == "llamacpp.device":
         return check_device
@@ -310,7 +310,7 @@ def _check_range(key: str, value: Any) -> None:
     if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
         raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
     if key == "llamacpp.speculation":
-        from lemonade.llamacpp_settings import SPECULATION_MODES
+        from lemonade.backends.llamacpp.settings import SPECULATION_MODES
         if value not in SPECULATION_MODES:
             raise ConfigError(f"Config key 'llamacpp.speculation' must be one of {', '.join(SPECULATION_MODES)}, "
                               f"got '{value}'")

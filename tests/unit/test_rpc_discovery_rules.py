@@ -16,6 +16,7 @@ import pytest
 from lemonade import beacon
 from lemonade.backends.llamacpp import worker as llamacpp_worker
 from lemonade.backends.llamacpp.rpc import check_option
+from lemonade.backends.llamacpp.settings import WorkerSpecError, worker_setting
 from lemonade.beacon import (
     STATUS_QUERY,
     WorkerBeacon,
@@ -27,7 +28,6 @@ from lemonade.beacon import (
 )
 from lemonade.cli.load_options import FLAGS, _value
 from lemonade.config import Config, parse_cli_value
-from lemonade.llamacpp_settings import WorkerSpecError, worker_setting
 
 MiB = 1 << 20
 CPU = {"name": "CPU", "description": "AMD EPYC", "total_bytes": 4096 * MiB, "free_bytes": 1024 * MiB}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import BackendState, InstallError, Progress
-from lemonade.llamacpp_settings import TAG_RE, bin_kind
+from lemonade.backends.llamacpp.settings import TAG_RE, bin_kind
 
 if TYPE_CHECKING:
     from lemonade.config import Config

@@ -121,9 +121,9 @@ def worker(
     from lemonade.backends.base import _die_with_parent as die_with_parent
     from lemonade.backends.engine import InstallError
     from lemonade.backends.llamacpp.rpc import worker_argv, worker_binary
+    from lemonade.backends.llamacpp.settings import split_worker
     from lemonade.backends.llamacpp.worker import Announcer, WorkerStatus
     from lemonade.beacon import beacon_port
-    from lemonade.llamacpp_settings import split_worker
     from lemonade.paths import cache_dir
 
     if not 1 <= port <= 65535:

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lemonade.backends.llamacpp.settings import SPECULATION_MODES
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import SPECULATION_MODES
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.router import LoadedModel, Router
 from lemonade.runtime.router.state import Options

@@ -11,7 +11,7 @@ binary selection").
 - an absolute path: a folder you built yourself. Used as it is: never downloaded into, never
   removed, reported with the version it prints.
 
-Which kind a value is, and whether it is well formed, is llamacpp_settings.py's (config validation
+Which kind a value is, and whether it is well formed, is backends/llamacpp/settings.py's (config validation
 checks values with it).
 """
 

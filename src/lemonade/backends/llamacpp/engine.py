@@ -76,6 +76,13 @@ from lemonade.backends.llamacpp.rpc import (
     user_places_layers,
     worker_devices,
 )
+from lemonade.backends.llamacpp.settings import (
+    AUTO_WORKERS,
+    SPECULATION_MODES,
+    check_device,
+    worker_list,
+    worker_setting,
+)
 from lemonade.backends.llamacpp.spec import speculation_args
 from lemonade.backends.llamacpp.split import Placement, split_args
 from lemonade.backends.llamacpp.warm import WarmStore, copy_slot, restore_slots, save_slots, with_timeout
@@ -83,7 +90,6 @@ from lemonade.beacon import WorkerDirectory
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import MAX_CTX_SIZE
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import AUTO_WORKERS, SPECULATION_MODES, check_device, worker_list, worker_setting
 from lemonade.system.devices import detect_devices, gpu_usage
 from lemonade.system.memory import read_budget
 from lemonade.util.process_group import signal_group

@@ -6,7 +6,7 @@ TCP, and the main host's `llama-server --rpc host:port,...` places layers on the
 their free memory (docs/scale-out.md). This module is everything Lemonade knows about that:
 
 - the worker list, from the server-wide `llamacpp.rpc_workers` or a model's `rpc_workers` option,
-  checked entry by entry (`host:port`, `[v6addr]:port`; llamacpp_settings.py, which config
+  checked entry by entry (`host:port`, `[v6addr]:port`; backends/llamacpp/settings.py, which config
   validation uses too) so a bad one is refused with a 400 naming it;
 - reachability: a TCP connect with a short timeout, before a load (an unreachable worker would make
   `llama-server` fail or hang while loading) and for `/v1/health` and `/v1/system-info`;
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.llamacpp.memory import SplitNeed
+from lemonade.backends.llamacpp.settings import AUTO_WORKERS, WorkerSpecError, split_worker, worker_setting
 from lemonade.backends.llamacpp.split import Device, Placement, largest_context, place, split_refusal
 from lemonade.beacon import INTERVAL_S, MAX_DATAGRAM, STATUS_QUERY, WorkerBeacon, WorkerDirectory, decode_worker
 from lemonade.errors import APIError
-from lemonade.llamacpp_settings import AUTO_WORKERS, WorkerSpecError, split_worker, worker_setting
 
 PROBE_TIMEOUT = 2.0  # seconds for the check before a load
 HEALTH_TIMEOUT = 0.5  # seconds for health and system-info, which must stay quick
