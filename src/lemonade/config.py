@@ -23,11 +23,12 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from lemonade.backends.descriptors import BY_SECTION
 from lemonade.route_table import PREFIXES
 from lemonade.util.atomic import atomic_write_json, read_json
 
@@ -60,22 +61,9 @@ DEFAULTS: dict[str, Any] = {
     "models_dir": "",
     "auto_check_model_updates": True,
     "default_model_source": "huggingface",
-    # rpc_workers: host:port of llama.cpp RPC workers (`lemonade worker`) models are spread over, or "auto" for
-    # the workers heard announcing themselves on the LAN (`lemonade worker --broadcast`; docs/scale-out.md)
-    # *_bin: which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of
-    # your own build (backends/llamacpp/bins.py)
-    # device: llama.cpp device names every model is offloaded to (`Vulkan0`, `CUDA0,CUDA1`); "" = llama-server's choice
-    # speculation: speculative decoding, auto (on while it makes a model faster), on or off (backends/llamacpp/spec.py)
-    "llamacpp": {"backend": "auto", "args": "", "device": "", "prefer_system": False, "rpc_workers": [],
-                 "cpu_bin": "builtin", "vulkan_bin": "builtin", "rocm_bin": "builtin", "cuda_bin": "builtin",
-                 "speculation": "auto"},
-    # backend "auto": vulkan on a Vulkan GPU, else cpu (backends/native_engine.py); *_bin: backends/native_bins.py
-    "whispercpp": {"backend": "auto", "args": "", "cpu_bin": "builtin", "vulkan_bin": "builtin"},
-    # Kokoro runs on kokoro-onnx in a private venv here, not on upstream's binary: only "builtin" applies
-    "kokoro": {"cpu_bin": "builtin"},
-    "vllm": {"backend": "auto", "args": ""},  # backends/vllm/engine.py: `vllm serve` on GPU machines
-    "sdcpp": {"backend": "auto", "args": "", "steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512,
-              "cpu_bin": "builtin", "vulkan_bin": "builtin"},
+    # Each engine's section ("llamacpp", "whispercpp", "kokoro", "sdcpp", "vllm"), from its descriptor
+    # (backends/<engine>/descriptor.py): `backend`, `args`, its own keys, `<backend>_bin`, `<backend>_args`.
+    **{section: descriptor.config_defaults() for section, descriptor in BY_SECTION.items()},
     # Cloud OpenAI-compatible providers (guide-configuration-cloud.md): name, base_url, auth header; never keys.
     "cloud_providers": [],
     # Inference spans over OTLP (observability/telemetry.py); off by default. session.headers: request
@@ -92,19 +80,13 @@ DEFAULTS: dict[str, Any] = {
 
 # `<section>.<backend>_args`: an engine's server-wide flags for one of its backends, used instead of
 # `<section>.args` when not empty (guide-configuration-README.md, "Backend Configuration"; the options
-# layer picks them for the backend a load runs on, runtime/options.py). Every backend each engine
-# lists, and every such key of Lemonade's example config.json, so a migrated file keeps them all.
-BACKEND_ARGS = {"llamacpp": ("cpu", "system", "vulkan", "rocm", "cuda", "metal"),
-                "whispercpp": ("cpu", "vulkan", "npu"), "sdcpp": ("cpu", "vulkan", "rocm", "cuda"),
-                "vllm": ("rocm", "cuda")}
-for _section, _backends in BACKEND_ARGS.items():
-    DEFAULTS[_section].update({f"{backend}_args": "" for backend in _backends})
-
-BIN_SECTIONS = ("llamacpp", "whispercpp", "sdcpp")  # engines whose `<backend>_bin` selects a build
+# layer picks them for the backend a load runs on, runtime/options.py): every backend each engine lists.
+BACKEND_ARGS = {section: d.backends for section, d in BY_SECTION.items() if d.args_key}
+BIN_SECTIONS = tuple(section for section, d in BY_SECTION.items()  # engines whose `<backend>_bin` selects a build
+                     if d.bins and d.bin_rule is not None and d.bin_rule.example_tag)
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal", "none")
 MODEL_SOURCES = ("huggingface", "modelscope")
 MAX_CTX_SIZE = 1 << 24  # 16M tokens: above any model's trained length; larger values could only fail at load
-LLAMACPP_BACKENDS = ("cpu", "system", "vulkan", "rocm", "metal", "cuda", "auto")  # auto: the best for the devices
 
 
 class ConfigError(ValueError):
@@ -160,12 +142,13 @@ def validate_value(key: str, value: Any) -> Any:
         return _cloud_providers(value)
     if key == "peers":
         return _peers(value)
-    if key == "llamacpp.rpc_workers":
-        from lemonade.backends.llamacpp.settings import WorkerSpecError, worker_setting
-
+    engine, _, engine_key = key.partition(".")
+    descriptor = BY_SECTION.get(engine)
+    setting = descriptor.setting(engine_key) if descriptor else None
+    if setting is not None and setting.normalize is not None:
         try:
-            return worker_setting(value, key)
-        except WorkerSpecError as exc:
+            return setting.normalize(value, key)
+        except ValueError as exc:
             raise ConfigError(f"Config key {exc}") from None
     if key == "telemetry.otlp.headers":
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
@@ -185,19 +168,6 @@ def validate_value(key: str, value: Any) -> Any:
         return _validate_type_map(key, value)
     if key == "websocket_port":
         return _websocket_port(value)
-    if key == "kokoro.cpu_bin":
-        if value not in ("", "builtin"):
-            raise ConfigError(f"Config key '{key}' can only be \"builtin\": Kokoro runs on kokoro-onnx in a private "
-                              f"Python environment in this Lemonade, not on a binary of yours; got {json.dumps(value)}")
-        return value
-    check = _engine_setting_check(key)
-    if check is not None:
-        if not isinstance(value, str):
-            raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
-        problem = check(key, value)
-        if problem:
-            raise ConfigError(f"Config key {problem}")
-        return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"Config key '{key}' must be true or false, got {json.dumps(value)}")
@@ -210,20 +180,11 @@ def validate_value(key: str, value: Any) -> Any:
         value = float(value)
     elif isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"Config key '{key}' must be a string, got {json.dumps(value)}")
+    problem = descriptor.problem(engine_key, value) if descriptor else None
+    if problem:
+        raise ConfigError(f"Config key {problem}")
     _check_range(key, value)
     return value
-
-
-def _engine_setting_check(key: str) -> Callable[[str, str], str | None] | None:
-    """The check of an engine's string setting that needs more than its type (backends/llamacpp/settings.py):
-    `*_bin` values, llama.cpp device names; None for other keys."""
-    from lemonade.backends.llamacpp.settings import check_bin_value, check_device
-
-    if key == "llamacpp.device":
-        return check_device
-    if key.endswith("_bin") and key.split(".", 1)[0] in BIN_SECTIONS:
-        return check_bin_value
-    return None
 
 
 def _cloud_providers(value: Any) -> list[dict[str, Any]]:
@@ -305,19 +266,6 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key 'log_level' must be one of {', '.join(LOG_LEVELS)}, got '{value}'")
     if key == "default_model_source" and value not in MODEL_SOURCES:
         raise ConfigError(f"Config key 'default_model_source' must be one of {', '.join(MODEL_SOURCES)}")
-    if key == "vllm.backend" and value not in ("auto", "cuda", "rocm"):
-        raise ConfigError(f"Config key 'vllm.backend' must be one of auto, cuda, rocm, got '{value}'")
-    if key == "llamacpp.backend" and value not in LLAMACPP_BACKENDS:
-        raise ConfigError(f"Config key 'llamacpp.backend' must be one of {', '.join(LLAMACPP_BACKENDS)}")
-    if key == "llamacpp.speculation":
-        from lemonade.backends.llamacpp.settings import SPECULATION_MODES
-        if value not in SPECULATION_MODES:
-            raise ConfigError(f"Config key 'llamacpp.speculation' must be one of {', '.join(SPECULATION_MODES)}, "
-                              f"got '{value}'")
-    if key in ("whispercpp.backend", "sdcpp.backend"):
-        known = ("auto", *BACKEND_ARGS[key.split(".")[0]])
-        if value not in known:
-            raise ConfigError(f"Config key '{key}' must be one of {', '.join(known)}, got '{value}'")
     if key == "telemetry.otlp.protocol" and value not in OTLP_PROTOCOLS:
         raise ConfigError(f"Config key '{key}' must be one of {', '.join(OTLP_PROTOCOLS)}, got '{value}'")
     if key in ("telemetry.max_queue_capacity", "telemetry.otlp.send_batch_size", "telemetry.otlp.batch_timeout_s",
@@ -327,8 +275,6 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"Config key '{key}' must be 0 or more, got {value}")
     if key == "telemetry.otlp.endpoint" and not value.startswith(("http://", "https://")):
         raise ConfigError(f"Config key '{key}' must be an http:// or https:// URL, got '{value}'")
-    if key.startswith("sdcpp.") and not isinstance(value, str) and value <= 0:  # steps, cfg_scale, width, height
-        raise ConfigError(f"Config key '{key}' must be positive, got {value}")
 
 
 def validate_tree(updates: dict[str, Any]) -> dict[str, Any]:
@@ -382,9 +328,13 @@ def parse_cli_value(key: str, raw: str) -> Any:
     if key not in _DEFAULT_LEAVES:
         validate_value(key, raw)  # raises the unknown-key error
     default = _DEFAULT_LEAVES[key]
-    if key == "llamacpp.rpc_workers" and not raw.strip().startswith("["):
-        # `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`, or `auto` (the workers heard on the LAN)
-        return raw.strip() if raw.strip().lower() == "auto" else raw.split(",")
+    engine, _, engine_key = key.partition(".")
+    setting = BY_SECTION[engine].setting(engine_key) if engine in BY_SECTION else None
+    if setting is not None and setting.from_text is not None:
+        try:  # e.g. `LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`, or `auto`
+            return setting.from_text(raw)
+        except ValueError:
+            raise ConfigError(f"Config key '{key}' takes JSON, e.g. {json.dumps(default)}; got '{raw}'") from None
     if key == "peers" and not raw.strip().startswith("["):  # `LEMONADE_PEERS=auto`, or a comma list of URLs
         return "auto" if raw.strip() == "auto" else [u.strip() for u in raw.split(",") if u.strip()]
     if isinstance(default, (list, dict)) and key != "max_loaded_models":

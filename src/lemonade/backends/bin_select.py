@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemonade.backends.descriptor import TAG_RE, bin_kind
 from lemonade.backends.engine import BackendState, InstallError, Progress
-from lemonade.backends.llamacpp.settings import TAG_RE, bin_kind
 
 if TYPE_CHECKING:
     from lemonade.config import Config

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from lemonade.backends.descriptors import BY_RECIPE
 from lemonade.recipes import RECIPES
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ class Engine(ABC):
     modes: ClassVar[tuple[str, ...]]
     label_modes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     file_format: ClassVar[str | None] = None
-    backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists
+    backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists (from the descriptor)
     options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
     args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
     backend_option: ClassVar[str | None] = None  # the option naming the backend to use
@@ -307,6 +308,9 @@ class Engine(ABC):
         recipe = RECIPES.get(cls.__dict__.get("recipe", ""))
         if recipe is not None:
             cls.modes, cls.label_modes, cls.file_format = recipe.modes, recipe.label_modes, recipe.file_format
+        descriptor = BY_RECIPE.get(cls.__dict__.get("recipe", ""))
+        if descriptor is not None:  # its folder's descriptor.py, the one place they are written
+            cls.backends = descriptor.backends
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 class PythonEngine(Engine):
     """An engine of pinned PyPI packages in a private venv, run by a worker of ours per model."""
 
-    backends = ("cpu",)
     packages: ClassVar[tuple[str, ...]]  # pinned requirements, the engine's own first (its version)
     probe: ClassVar[str]  # a statement that must run in the new venv (e.g. an import)
 

@@ -55,7 +55,6 @@ class CloudConnection:
 
 class CloudEngine(Engine):
     recipe = RECIPE
-    backends = ("cloud",)
     remote = True
     process = "cloud"
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",

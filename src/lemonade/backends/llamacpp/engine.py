@@ -43,6 +43,7 @@ from lemonade.backends.llamacpp.context import (
     explicit_context,
     served_context,
 )
+from lemonade.backends.llamacpp.descriptor import DESCRIPTOR
 from lemonade.backends.llamacpp.flags import (
     EngineArgsError,
     check_llamacpp_args,
@@ -52,7 +53,7 @@ from lemonade.backends.llamacpp.flags import (
     unknown_flags,
 )
 from lemonade.backends.llamacpp.gpu import GPU_BACKENDS, uses_gpu, vulkan_visible_devices
-from lemonade.backends.llamacpp.install import LLAMACPP_ALL_BACKENDS, BackendInstaller
+from lemonade.backends.llamacpp.install import BackendInstaller
 from lemonade.backends.llamacpp.memory import (
     CHECKPOINTS,
     memory_need,
@@ -78,8 +79,6 @@ from lemonade.backends.llamacpp.rpc import (
 )
 from lemonade.backends.llamacpp.settings import (
     AUTO_WORKERS,
-    SPECULATION_MODES,
-    check_device,
     worker_list,
     worker_setting,
 )
@@ -314,25 +313,6 @@ def _check_ctx(value: int) -> str | None:
     return None
 
 
-def _check_backend(value: str) -> str | None:
-    if value != "auto" and value not in LLAMACPP_ALL_BACKENDS:
-        return (f"Option 'llamacpp_backend' must be one of {', '.join(LLAMACPP_ALL_BACKENDS)} or auto (the best "
-                f"this machine has), got '{value}'")
-    return None
-
-
-def _check_device(value: str) -> str | None:
-    problem = check_device("llamacpp_device", value)
-    return f"Option {problem}" if problem else None
-
-
-def _check_speculation(value: str) -> str | None:
-    if value not in SPECULATION_MODES:
-        return (f"Option 'speculation' must be auto (on while it makes this model faster), on or off; "
-                f"got '{value}'")
-    return None
-
-
 def _check_args(value: str) -> str | None:
     try:
         check_llamacpp_args(value)
@@ -344,17 +324,16 @@ def _check_args(value: str) -> str | None:
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
     release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
-    backends = LLAMACPP_ALL_BACKENDS
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
-        "llamacpp_backend": Option(str, "llamacpp.backend", check=_check_backend),
+        "llamacpp_backend": Option(str, "llamacpp.backend", check=DESCRIPTOR.option_check("llamacpp_backend")),
         "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
-        "llamacpp_device": Option(str, "llamacpp.device", check=_check_device),  # server-wide: llamacpp.device
+        "llamacpp_device": Option(str, "llamacpp.device", check=DESCRIPTOR.option_check("llamacpp_device", "device")),
         # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
         # ones heard announcing themselves (backends/llamacpp/rpc.py)
         "rpc_workers": Option((list, str), "llamacpp.rpc_workers", check=check_option),
         # Speculative decoding (backends/llamacpp/spec.py): auto, on or off
-        "speculation": Option(str, "llamacpp.speculation", check=_check_speculation),
+        "speculation": Option(str, "llamacpp.speculation", check=DESCRIPTOR.option_check("speculation", "speculation")),
     }
     args_option = "llamacpp_args"
     backend_option = "llamacpp_backend"

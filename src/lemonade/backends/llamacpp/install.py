@@ -63,6 +63,7 @@ from lemonade.backends.llamacpp.build import (
     release_url,
     staged_version,
 )
+from lemonade.backends.llamacpp.descriptor import DESCRIPTOR
 from lemonade.backends.llamacpp.gpu import (
     GPU_BACKENDS,
     backend_devices,
@@ -74,7 +75,6 @@ from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_t
 from lemonade.system.devices import detect_devices
 
 __all__ = [
-    "LLAMACPP_BACKENDS",
     "LLAMACPP_ALL_BACKENDS",
     "PINNED_VERSION",
     "LLAMA_CPP_PYTHON_VERSION",
@@ -87,8 +87,7 @@ log = logging.getLogger("lemonade.install")
 
 PINNED_VERSION = LLAMA_CPP_VERSION
 PINNED_BACKENDS = ("cpu", *GPU_BACKENDS)  # the ones Lemonade installs (release archive or source build)
-LLAMACPP_BACKENDS = (*PINNED_BACKENDS, "system")
-LLAMACPP_ALL_BACKENDS = ("cpu", "system", "vulkan", "rocm", "cuda", "metal")  # what system-info lists
+LLAMACPP_ALL_BACKENDS = DESCRIPTOR.backends  # what system-info lists: the pinned ones and "system"
 
 _EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 

@@ -1,21 +1,20 @@
-"""What the llama.cpp settings accept: RPC worker lists (or "auto"), `*_bin` values, device names, speculation modes.
+"""What the llama.cpp settings accept: RPC worker lists (or "auto"), device names, speculation modes.
 
-Config validation (config.py) checks `llamacpp.rpc_workers`, `llamacpp.<backend>_bin`, `llamacpp.device`
-and `llamacpp.speculation` with these, and the llama.cpp engine (backends/llamacpp*.py) reads the values
-with the same functions; they live below both, so the config layer needs no engine to check a value.
+llama.cpp's descriptor (descriptor.py beside this) checks `llamacpp.rpc_workers`, `llamacpp.device` and
+`llamacpp.speculation` with these, for config validation, and the engine reads the values with the
+same functions; they sit below config (tests/test_layers.py), so config needs no engine to check a value.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
+import json
 import re
 from typing import Any
 
 DEFAULT_PORT = 50052  # upstream's default for ggml-rpc-server
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a llama.cpp release tag ("b8664")
 _DEVICE_RE = re.compile(r"(none|[A-Za-z][A-Za-z_-]*\d*)(,[A-Za-z][A-Za-z_-]*\d*)*")
 
 
@@ -92,28 +91,10 @@ def worker_list(value: Any, what: str = "rpc_workers") -> list[str]:
     return out
 
 
-def bin_kind(value: str) -> str:
-    """"builtin", "latest", "path" or "tag"."""
-    if value in ("", "builtin"):
-        return "builtin"
-    if value == "latest":
-        return "latest"
-    return "path" if os.path.isabs(value) else "tag"
-
-
-# A release tag of each engine with `*_bin` settings, and its server binary, for messages.
-_BIN_EXAMPLES = {"llamacpp": ("b8664", "llama-server"), "whispercpp": ("v1.8.4", "whisper-server"),
-                 "sdcpp": ("master-820-de298c2", "sd-server")}
-
-
-def check_bin_value(key: str, value: str) -> str | None:
-    """Why a `*_bin` value cannot be used, or None (config validation)."""
-    kind = bin_kind(value)
-    tag, server = _BIN_EXAMPLES.get(key.split(".", 1)[0], _BIN_EXAMPLES["llamacpp"])
-    if kind == "path" and not os.path.isdir(value):
-        return (f"'{key}' path does not exist: {value}. Use \"builtin\", \"latest\", a version tag (e.g. "
-                f"\"{tag}\"), or a folder holding your own {server} build.")
-    if kind == "tag" and not TAG_RE.match(value):
-        return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"{tag}\", or an absolute path; "
-                f"got {value!r}")
-    return None
+def worker_text(raw: str) -> Any:
+    """An `rpc_workers` value as an env var or a flag gives it: JSON, `auto`, or a comma list
+    (`LEMONADE_LLAMACPP_RPC_WORKERS=10.0.0.2:50052,10.0.0.3:50052`)."""
+    text = raw.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return text if text.lower() == AUTO_WORKERS else raw.split(",")

@@ -73,7 +73,6 @@ class PeerEngine(ImageEngine, SpeechService):
     containers) the peer checks itself and its refusal reaches the client as it said it."""
 
     recipe = RECIPE
-    backends = ("peer",)
     remote = True
     process = "peer"
     connect_timeout = CONNECT_SECONDS

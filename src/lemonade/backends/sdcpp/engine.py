@@ -48,6 +48,7 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
 from lemonade.backends.native_engine import NativeBackends
+from lemonade.backends.sdcpp.descriptor import DESCRIPTOR
 from lemonade.backends.sdcpp.flags import check_sdcpp_args
 from lemonade.backends.sdcpp.install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
 from lemonade.errors import APIError
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lemonade.sd-cpp")
 
-BACKENDS = ("cpu", "vulkan", "rocm")  # as upstream Lemonade lists them; this build installs cpu and vulkan
 GENERATIONS_PATH = "/v1/images/generations"
 EDITS_PATH = "/v1/images/edits"
 UPSCALE_LABEL = "upscaling"
@@ -85,11 +85,6 @@ def _check_side(name: str) -> Any:
 
 def _check_cfg(v: float) -> str | None:
     return None if v >= 0 else f"Option 'cfg_scale' must be 0 or more, got {v}"
-
-
-def _check_backend(value: str) -> str | None:
-    return None if value in (*BACKENDS, "auto") else \
-        f"Option 'sd-cpp_backend' must be one of auto, {', '.join(BACKENDS)}, got '{value}'"
 
 
 def _check_args(value: str) -> str | None:
@@ -221,7 +216,6 @@ class SdCppEngine(NativeBackends, ImageEngine):
     memory_per_weight_byte = 1.5
     recipe = "sd-cpp"
     release_page = f"https://github.com/leejet/stable-diffusion.cpp/releases/tag/{SDCPP_VERSION}"
-    backends = BACKENDS
     options = {
         "steps": Option(int, "sdcpp.steps", check=_check_steps),
         "cfg_scale": Option((int, float), "sdcpp.cfg_scale", check=_check_cfg),
@@ -229,7 +223,7 @@ class SdCppEngine(NativeBackends, ImageEngine):
         "height": Option(int, "sdcpp.height", check=_check_side("height")),
         "sampling_method": Option(str, None),
         "flow_shift": Option((int, float), None, check=_check_flow_shift),
-        "sd-cpp_backend": Option(str, "sdcpp.backend", check=_check_backend),
+        "sd-cpp_backend": Option(str, "sdcpp.backend", check=DESCRIPTOR.option_check("sd-cpp_backend")),
         "sdcpp_args": Option(str, "sdcpp.args", check=_check_args),
     }
     args_option = "sdcpp_args"

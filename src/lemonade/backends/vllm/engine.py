@@ -35,6 +35,7 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message
 from lemonade.backends.venv_install import VenvBackend
+from lemonade.backends.vllm.descriptor import DESCRIPTOR
 from lemonade.system.devices import detect_devices
 
 if TYPE_CHECKING:
@@ -106,10 +107,9 @@ class VllmEngine(Engine):
     recipe = "vllm"
     # GPU memory: not accounted by the host-memory budget (docs/memory.md), so no estimate
     memory_per_weight_byte = 0.0
-    backends = ("rocm", "cuda")
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
-        "vllm_backend": Option(str, "vllm.backend"),
+        "vllm_backend": Option(str, "vllm.backend", check=DESCRIPTOR.option_check("vllm_backend")),
         "vllm_args": Option(str, "vllm.args", check=_check_args),
     }
     args_option = "vllm_args"

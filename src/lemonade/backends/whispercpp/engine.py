@@ -28,6 +28,7 @@ from lemonade.backends.engine import (
     install_action,
 )
 from lemonade.backends.native_engine import NativeBackends
+from lemonade.backends.whispercpp.descriptor import DESCRIPTOR
 from lemonade.backends.whispercpp.flags import check_whispercpp_args
 from lemonade.backends.whispercpp.install import EXE, WHISPER_CPP_VERSION, WhisperCppInstall
 from lemonade.errors import APIError
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from lemonade.config import Config
     from lemonade.model_info import ModelInfo
 
-BACKENDS = ("cpu", "vulkan", "npu")  # as upstream Lemonade lists them; this build installs cpu and vulkan
 INFERENCE_PATH = "/inference"
 GGML_MAGIC = b"lmgg"  # 0x67676d6c, little-endian: the first 4 bytes of a whisper.cpp model file
 
@@ -57,11 +57,6 @@ ln=lingala ha=hausa ba=bashkir jw=javanese su=sundanese yue=cantonese
 """
 LANGUAGES: dict[str, str] = dict(pair.split("=") for pair in _LANGUAGE_TABLE.split())
 LANGUAGE_CODES = {name.replace("_", " "): code for code, name in LANGUAGES.items()}
-
-
-def _check_backend(value: str) -> str | None:
-    return None if value in (*BACKENDS, "auto") else \
-        f"Option 'whispercpp_backend' must be one of auto, {', '.join(BACKENDS)}, got '{value}'"
 
 
 def _check_args(value: str) -> str | None:
@@ -149,9 +144,8 @@ class WhisperCppEngine(NativeBackends, Engine):
     memory_per_weight_byte = 1.0
     recipe = "whispercpp"
     release_page = f"https://github.com/ggml-org/whisper.cpp/releases/tag/{WHISPER_CPP_VERSION}"
-    backends = BACKENDS
     options = {
-        "whispercpp_backend": Option(str, "whispercpp.backend", check=_check_backend),
+        "whispercpp_backend": Option(str, "whispercpp.backend", check=DESCRIPTOR.option_check("whispercpp_backend")),
         "whispercpp_args": Option(str, "whispercpp.args", check=_check_args),
     }
     args_option = "whispercpp_args"

@@ -1,0 +1,168 @@
+"""What an engine says about itself as data: its backends and its config section, key by key.
+
+Each engine folder has a `descriptor.py` with one `Descriptor` (backends/descriptors.py lists them).
+The config defaults of its section (config.py), the checks of its keys, the `lemonade serve` flags
+(cli/main.py), the `<recipe>_backend` option check and the engine's `backends` are all derived from
+it, as Lemonade's C++ server derives them from its `BackendDescriptor`, so they cannot drift apart.
+A descriptor module imports nothing above config (tests/test_layers.py): config reads it without
+importing any engine.
+
+`*_bin` values (which build of a native engine a backend runs) are checked here too: every engine
+with `<backend>_bin` keys takes the same kinds of value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a release tag ("b8664")
+AUTO = "auto"  # a backend key's default: the best backend for this machine's devices
+
+
+def bin_kind(value: str) -> str:
+    """"builtin", "latest", "path" or "tag"."""
+    if value in ("", "builtin"):
+        return "builtin"
+    if value == "latest":
+        return "latest"
+    return "path" if os.path.isabs(value) else "tag"
+
+
+# A check of a string setting: (the dotted key, its value) -> why it cannot be used, or None.
+Check = Callable[[str, str], "str | None"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of an engine's config section besides its backend, args and `*_bin` keys."""
+
+    key: str
+    default: Any  # its type is the type a value must have (floats accept ints)
+    help: str
+    flag: str | None = None  # the `lemonade serve` flag that sets it, without dashes
+    choices: tuple[str, ...] = ()  # the values it takes, when a list says it
+    check: Check | None = None  # a string that needs more than its type (e.g. device names)
+    positive: bool = False  # a number that must be above 0
+    # A value of more than one form (a list, or "auto"): (value, dotted key) -> the value kept; raises
+    # ValueError naming what is wrong. `from_text` reads it from an env var's or a flag's text.
+    normalize: Callable[[Any, str], Any] | None = None
+    from_text: Callable[[str], Any] | None = None
+
+
+@dataclass(frozen=True)
+class BinRule:
+    """What an engine's `<backend>_bin` keys take, and the words their refusals use."""
+
+    example_tag: str | None  # a release tag of the engine ("b8664"); None: only "builtin"
+    server: str  # the server binary a folder of the user's own build holds ("llama-server")
+    only_builtin: str = ""  # why only "builtin" applies, when it does
+
+    def problem(self, key: str, value: str) -> str | None:
+        """Why `value` cannot be used for `key`, or None (config validation)."""
+        if self.example_tag is None:
+            return None if value in ("", "builtin") else \
+                f"'{key}' can only be \"builtin\": {self.only_builtin}; got {json.dumps(value)}"
+        kind = bin_kind(value)
+        if kind == "path" and not os.path.isdir(value):
+            return (f"'{key}' path does not exist: {value}. Use \"builtin\", \"latest\", a version tag (e.g. "
+                    f"\"{self.example_tag}\"), or a folder holding your own {self.server} build.")
+        if kind == "tag" and not TAG_RE.match(value):
+            return (f"'{key}' must be \"builtin\", \"latest\", a release tag such as \"{self.example_tag}\", or an "
+                    f"absolute path; got {value!r}")
+        return None
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One recipe's engine, as data."""
+
+    recipe: str  # as models name it (recipes.py)
+    engine_class: str  # the class in the folder's engine.py
+    title: str  # how help texts name it ("llama.cpp")
+    backends: tuple[str, ...]  # every backend it lists (system-info), in that order
+    section: str | None = None  # its config section ("llamacpp", "sdcpp"), if it has one
+    # With a section: a `backend` key (auto or one of `backends`), an `args` key and a `<backend>_args`
+    # key per backend (guide-configuration-README.md "Backend Configuration").
+    backend_key: bool = False
+    args_key: bool = False
+    backend_flag: str | None = None  # the `lemonade serve` flag setting `<section>.backend`
+    args_flag: str | None = None  # the `lemonade serve` flag setting `<section>.args`
+    args_help: str = ""  # what `<section>.args` holds
+    settings: tuple[Setting, ...] = ()  # its other keys, in the order config shows them
+    bins: tuple[str, ...] = ()  # backends with a `<backend>_bin` key
+    bin_rule: BinRule | None = None
+
+    @property
+    def backend_choices(self) -> tuple[str, ...]:
+        """What `<section>.backend` and the `<recipe>_backend` option take."""
+        return (AUTO, *self.backends)
+
+    def backend_problem(self, what: str, value: Any) -> str | None:
+        """Why `value` is no backend of this engine (for `what`: a config key or an option), or None."""
+        if value in self.backend_choices:
+            return None
+        return f"'{what}' must be one of {', '.join(self.backend_choices)}, got '{value}'"
+
+    def backend_help(self) -> str:
+        return f"{self.title} backend: {', '.join(self.backend_choices)} (auto: the best this machine has)"
+
+    def config_defaults(self) -> dict[str, Any]:
+        """Its config section with every key at its default."""
+        out: dict[str, Any] = {}
+        if self.backend_key:
+            out["backend"] = AUTO
+        if self.args_key:
+            out["args"] = ""
+        out.update({s.key: s.default for s in self.settings})
+        out.update({f"{backend}_bin": "builtin" for backend in self.bins})
+        if self.args_key:
+            out.update({f"{backend}_args": "" for backend in self.backends})
+        return out
+
+    def setting(self, key: str) -> Setting | None:
+        return next((s for s in self.settings if s.key == key), None)
+
+    def problem(self, key: str, value: Any, what: str | None = None) -> str | None:
+        """Why `value` cannot be the value of `key` (a key of its section, without the section), beyond
+        its type, or None. Messages start with `what` in quotes (by default the dotted key; config adds
+        "Config key ", a load option's check "Option ")."""
+        dotted = what or f"{self.section}.{key}"
+        if key == "backend" and self.backend_key:
+            return self.backend_problem(dotted, value)
+        if key.endswith("_bin") and self.bin_rule is not None:
+            return self.bin_rule.problem(dotted, value)
+        setting = self.setting(key)
+        if setting is None:
+            return None
+        if setting.choices and value not in setting.choices:
+            return f"'{dotted}' must be one of {', '.join(setting.choices)}, got '{value}'"
+        if setting.check is not None and isinstance(value, str):
+            return setting.check(dotted, value)
+        if setting.positive and not isinstance(value, (str, bool)) and value <= 0:
+            return f"'{dotted}' must be positive, got {value}"
+        return None
+
+    def option_check(self, option: str, key: str = "backend") -> Callable[[Any], str | None]:
+        """The check of the load option `option` that takes what `<section>.<key>` takes (the
+        `<recipe>_backend` option: `backend`)."""
+
+        def check(value: Any) -> str | None:
+            problem = self.problem(key, value, option)
+            return f"Option {problem}" if problem else None
+
+        return check
+
+    def serve_flags(self) -> dict[str, tuple[str, str]]:
+        """`lemonade serve` flag (without dashes) -> (the key of its section it sets, its help)."""
+        out: dict[str, tuple[str, str]] = {}
+        if self.backend_flag:
+            out[self.backend_flag] = ("backend", self.backend_help())
+        if self.args_flag:
+            out[self.args_flag] = ("args", self.args_help)
+        out.update({s.flag: (s.key, s.help) for s in self.settings if s.flag})
+        return out

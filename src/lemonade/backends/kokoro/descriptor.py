@@ -1,0 +1,14 @@
+"""Kokoro (kokoro-onnx in a private venv), as data: the one place its backends and config keys are written."""
+
+from lemonade.backends.descriptor import BinRule, Descriptor
+
+DESCRIPTOR = Descriptor(
+    recipe="kokoro",
+    engine_class="KokoroEngine",
+    title="Kokoro",
+    backends=("cpu",),
+    section="kokoro",
+    bins=("cpu",),  # upstream's key, kept so a migrated config.json keeps it
+    bin_rule=BinRule(None, "kokoro", only_builtin="Kokoro runs on kokoro-onnx in a private Python environment in "
+                     "this Lemonade, not on a binary of yours"),
+)

@@ -1,0 +1,31 @@
+"""llama.cpp (`llama-server`), as data: the one place its backends and config keys are written."""
+
+from lemonade.backends.descriptor import BinRule, Descriptor, Setting
+from lemonade.backends.llamacpp.settings import SPECULATION_MODES, check_device, worker_setting, worker_text
+
+DESCRIPTOR = Descriptor(
+    recipe="llamacpp",
+    engine_class="LlamaCppEngine",
+    title="llama.cpp",
+    backends=("cpu", "system", "vulkan", "rocm", "cuda", "metal"),  # system: the llama-server found on PATH
+    section="llamacpp",
+    backend_key=True,
+    args_key=True,
+    backend_flag="llamacpp",
+    args_flag="llamacpp-args",
+    args_help="Extra arguments for every llama-server",
+    settings=(
+        Setting("device", "", "llama.cpp device names every model is offloaded to (Vulkan0, CUDA0,CUDA1); "
+                "empty: llama-server's choice", check=check_device),
+        Setting("prefer_system", False, "Use the llama-server found on PATH when the backend is auto"),
+        Setting("rpc_workers", [], "host:port of llama.cpp RPC workers (lemonade worker) models are spread over, "
+                "or auto for the workers heard announcing themselves on the LAN (docs/scale-out.md)",
+                normalize=worker_setting, from_text=worker_text),
+        Setting("speculation", "auto", "Speculative decoding: auto (on while it makes a model faster), on or off "
+                "(backends/llamacpp/spec.py)", choices=SPECULATION_MODES),
+    ),
+    # which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of your own
+    # build (backends/llamacpp/bins.py)
+    bins=("cpu", "vulkan", "rocm", "cuda"),
+    bin_rule=BinRule("b8664", "llama-server"),
+)

@@ -1,0 +1,24 @@
+"""stable-diffusion.cpp (`sd-server`, `sd-cli`), as data: the one place its backends and config keys are written."""
+
+from lemonade.backends.descriptor import BinRule, Descriptor, Setting
+
+DESCRIPTOR = Descriptor(
+    recipe="sd-cpp",
+    engine_class="SdCppEngine",
+    title="stable-diffusion.cpp",
+    # as upstream Lemonade lists them; this build installs cpu and vulkan (auto: vulkan on a Vulkan GPU,
+    # else cpu, backends/native_engine.py)
+    backends=("cpu", "vulkan", "rocm", "cuda"),
+    section="sdcpp",
+    backend_key=True,
+    args_key=True,
+    args_help="Extra arguments for every sd-server",
+    settings=(  # an image model's defaults (lemonade.md's load option defaults)
+        Setting("steps", 20, "Default inference steps of an image model", positive=True),
+        Setting("cfg_scale", 7.0, "Default guidance scale of an image model", positive=True),
+        Setting("width", 512, "Default image width in pixels", positive=True),
+        Setting("height", 512, "Default image height in pixels", positive=True),
+    ),
+    bins=("cpu", "vulkan"),  # backends/native_bins.py
+    bin_rule=BinRule("master-820-de298c2", "sd-server"),
+)
