@@ -2,9 +2,10 @@
 
 One table, `FLAGS`: each command-line flag, the `/v1/load` option it sets, and the help panel it
 is listed under. `with_load_options` adds them all to a command, so `load` and `run` can never
-offer different sets. The table is kept here rather than read from the engine descriptions, so
+offer different sets. The table is kept here rather than read from the engine classes, so
 `lemonade --help` does not import every engine; a test checks that every option an engine takes
-has its flag.
+has its flag. The backend flags' help (the backends each takes) is the engine descriptors'
+(backends/<engine>/descriptor.py), which import no engine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
+
+from lemonade.backends.descriptors import BY_SECTION
 
 GENERAL = "General Options"
 LLAMACPP = "Llama.cpp Backend Options"
@@ -53,8 +56,8 @@ FLAGS: tuple[Flag, ...] = (
          "memory is freed (weights stay)", GENERAL, "SECONDS"),
     Flag(("--evict-weight-factor",), "evict_weight_factor", float, "How strongly this model resists eviction "
          "(higher stays longer)", GENERAL, "FACTOR"),
-    Flag(("--llamacpp", "--llamacpp-backend"), "llamacpp_backend", str, "LlamaCpp backend to use: auto, cpu, "
-         "vulkan, rocm, cuda, metal, system (default: auto-detected)", LLAMACPP, "BACKEND"),
+    Flag(("--llamacpp", "--llamacpp-backend"), "llamacpp_backend", str, BY_SECTION["llamacpp"].backend_help(),
+         LLAMACPP, "BACKEND"),
     Flag(("--llamacpp-device",), "llamacpp_device", str, "Comma-separated list of accelerator devices to use "
          "(e.g. Vulkan0)", LLAMACPP, "DEVICES"),
     Flag(("--llamacpp-args",), "llamacpp_args", str, "Custom arguments to pass to llama-server, e.g. "
@@ -64,16 +67,16 @@ FLAGS: tuple[Flag, ...] = (
          LLAMACPP, "WORKERS"),
     Flag(("--speculation",), "speculation", str, "Speculative decoding: auto (on while it makes the model faster; "
          "the default), on or off", LLAMACPP, "MODE"),
-    Flag(("--whispercpp",), "whispercpp_backend", str, "WhisperCpp backend to use: auto (vulkan on a Vulkan GPU, "
-         "else cpu), cpu, vulkan", WHISPERCPP, "BACKEND"),
+    Flag(("--whispercpp",), "whispercpp_backend", str, BY_SECTION["whispercpp"].backend_help(), WHISPERCPP,
+         "BACKEND"),
     Flag(("--whispercpp-args",), "whispercpp_args", str, "Custom arguments to pass to whisper-server",
          WHISPERCPP, "ARGS"),
     Flag(("--fasterwhisper-compute-type",), "fasterwhisper_compute_type", str, "int8 (default), int8_float32, "
          "float32 or default", FASTERWHISPER, "TYPE"),
     Flag(("--fasterwhisper-threads",), "fasterwhisper_threads", int, "CPU threads (0: one per core)",
          FASTERWHISPER, "N"),
-    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, "SD.cpp backend to use: auto (vulkan on a Vulkan "
-         "GPU, else cpu), cpu, vulkan", SDCPP, "BACKEND"),
+    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, BY_SECTION["sdcpp"].backend_help(), SDCPP,
+         "BACKEND"),
     Flag(("--sdcpp-args",), "sdcpp_args", str, "Custom arguments to pass to sd-server, e.g. \"--vae-tiling "
          "--diffusion-fa\" (must not conflict with the ones Lemonade sets)", SDCPP, "ARGS"),
     Flag(("--steps",), "steps", int, "Default inference steps of an image model", SDCPP, "N"),
@@ -83,7 +86,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--sampling-method",), "sampling_method", str, "Default sampling method of an image model (e.g. euler)",
          SDCPP, "METHOD"),
     Flag(("--flow-shift",), "flow_shift", float, "Default flow shift of a flow image model", SDCPP, "SHIFT"),
-    Flag(("--vllm",), "vllm_backend", str, "vLLM backend to use: auto, cuda, rocm", VLLM, "BACKEND"),
+    Flag(("--vllm",), "vllm_backend", str, BY_SECTION["vllm"].backend_help(), VLLM, "BACKEND"),
     Flag(("--vllm-args",), "vllm_args", str, "Custom arguments to pass to vllm serve", VLLM, "ARGS"),
     Flag(("--onnxruntime-threads",), "onnxruntime_threads", int, "ONNX Runtime threads of a classifier "
          "(0: one per core)", ONNX, "N"),

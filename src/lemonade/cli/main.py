@@ -9,6 +9,7 @@ import sys
 import typer
 from typer.models import CommandInfo, TyperInfo
 
+from lemonade.cli.engine_flags import with_engine_flags
 from lemonade.cli.help_format import plain_help
 from lemonade.cli.parsing import LemonadeGroup, skip_coercing_absent_values
 
@@ -66,6 +67,7 @@ def _root(ctx: typer.Context,
 
 
 @app.command()
+@with_engine_flags
 def serve(
     host: str | None = typer.Option(None, help="Address to listen on (env LEMONADE_HOST)"),
     port: int | None = typer.Option(None, help="Port to listen on (env LEMONADE_PORT)"),
@@ -76,16 +78,16 @@ def serve(
     max_loaded_models: int | None = typer.Option(None, help="Models of each type kept loaded; -1 = unlimited"),
     extra_models_dir: str | None = typer.Option(None, help="Folder scanned for your own .gguf files"),
     offline: bool | None = typer.Option(None, "--offline/--online", help="Never touch the network"),
-    llamacpp: str | None = typer.Option(None, help="llama.cpp backend: cpu or system"),
-    llamacpp_args: str | None = typer.Option(None, help="Extra arguments for every llama-server"),
     open_app: bool = typer.Option(False, "--open", help="Open the web app in your browser once the server is up"),
     auto_tune: bool | None = typer.Option(None, "--auto-tune/--no-auto-tune",
                                           help="Apply this machine's auto-tune profile at load (default: on)"),
     broadcast: bool | None = typer.Option(None, "--broadcast/--no-broadcast",
                                           help="Send UDP discovery beacons so apps and `lemonade scan` find this "
                                                "server (default: the broadcast setting, on)"),
+    engines: dict | None = None,
 ) -> None:
     """Start the server (foreground). Ctrl-C stops it and every engine it started."""
+    # The engine flags (`--llamacpp`, `--llamacpp-args`) come from the engine descriptors: cli/engine_flags.py
     from lemonade.cli.target import TARGET
     from lemonade.server import serve as run
 
@@ -99,8 +101,7 @@ def serve(
                        ("broadcast", broadcast)):
         if value is not None:
             overrides[key] = value
-    if llamacpp is not None or llamacpp_args is not None:
-        overrides["llamacpp"] = {k: v for k, v in (("backend", llamacpp), ("args", llamacpp_args)) if v is not None}
+    overrides.update(engines or {})
     if overrides:
         from lemonade.config import ConfigError, validate_tree
 
