@@ -1,39 +1,30 @@
 """Every recipe this server knows, each with its engine description.
 
-`ENGINE_CLASSES` are the engines this build ships. `UNAVAILABLE` lists the other recipes of
-Lemonade's catalog so that their models are listed and refused truthfully (backend names as
-upstream, the options they take; the modes they would serve are in recipes.py). Adding an engine =
-one `backends/<engine>.py`, one line in `ENGINE_CLASSES` (its recipe leaves `UNAVAILABLE`), and its
-recipe's entry in recipes.py.
+`ENGINE_CLASSES` are the engines this build ships: the class of each folder backends/descriptors.py
+names. `UNAVAILABLE` lists the other recipes of Lemonade's catalog so that their models are listed
+and refused truthfully (backend names as upstream, the options they take; the modes they would
+serve are in recipes.py). Adding an engine: docs/architecture.md, "Adding an engine".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.cloud.engine import CloudEngine
+from lemonade.backends.descriptors import DESCRIPTORS
 from lemonade.backends.engine import Engine, Option, UnavailableEngine
-from lemonade.backends.fasterwhisper.engine import FasterWhisperEngine
-from lemonade.backends.kokoro.engine import KokoroEngine
-from lemonade.backends.llamacpp.engine import LlamaCppEngine
-from lemonade.backends.onnxruntime.engine import OnnxRuntimeEngine
-from lemonade.backends.peer.engine import PeerEngine
-from lemonade.backends.piper.engine import PiperEngine
-from lemonade.backends.sdcpp.engine import SdCppEngine
-from lemonade.backends.vllm.engine import VllmEngine
-from lemonade.backends.whispercpp.engine import WhisperCppEngine
 from lemonade.recipes import RECIPES, recipe_modes
 
 if TYPE_CHECKING:
     from lemonade.config import Config
 
-ENGINE_CLASSES: tuple[type[Engine], ...] = (
-    LlamaCppEngine, FasterWhisperEngine, WhisperCppEngine, KokoroEngine, PiperEngine, SdCppEngine, OnnxRuntimeEngine,
-    CloudEngine, PeerEngine,
-    VllmEngine,  # `vllm serve` on CUDA/ROCm GPUs; refuses clearly elsewhere (docs/scale-out.md)
-)
+# Each engine folder's class (`backends/<name>/engine.py`, the class its descriptor names), in the
+# order of backends/descriptors.py `ENGINES`.
+ENGINE_CLASSES: tuple[type[Engine], ...] = tuple(
+    getattr(import_module(f"lemonade.backends.{name}.engine"), descriptor.engine_class)
+    for name, descriptor in DESCRIPTORS.items())
 
 
 _CTX = {"ctx_size": Option(int, "ctx_size")}

@@ -1,0 +1,128 @@
+"""Every engine is a folder of backends/ whose descriptor is the one place its settings are written.
+
+For each engine backends/descriptors.py names: the folder holds `descriptor.py` and `engine.py`, the
+engine class is the one the registry serves, and what config, the engine class, `lemonade serve`
+and `lemonade load` say about its backends and keys is what the descriptor derives. Config reads the
+descriptors without importing any engine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from lemonade import config
+from lemonade.backends.descriptor import AUTO, Descriptor
+from lemonade.backends.descriptors import BY_SECTION, DESCRIPTORS, ENGINES
+from lemonade.backends.registry import ENGINE_CLASSES
+from lemonade.cli import load_options
+from lemonade.cli.engine_flags import engine_flags, with_engine_flags
+from lemonade.cli.main import serve
+from lemonade.recipes import RECIPES
+
+BACKENDS_DIR = Path(config.__file__).parent / "backends"
+NOT_A_BACKEND = "no-such-backend"
+
+
+def test_each_engine_folder_is_registered_once_and_each_registered_name_is_a_folder():
+    folders = sorted(p.parent.name for p in BACKENDS_DIR.glob("*/descriptor.py"))
+    assert folders == sorted(ENGINES) and len(set(ENGINES)) == len(ENGINES)
+    for name in ENGINES:
+        assert (BACKENDS_DIR / name / "engine.py").is_file()
+        # config imports the descriptor, and with it the folder's package: it must import nothing
+        assert "import" not in (BACKENDS_DIR / name / "__init__.py").read_text()
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_the_registry_serves_the_class_the_descriptor_names_with_its_backends(name):
+    descriptor = DESCRIPTORS[name]
+    engine = next(cls for cls in ENGINE_CLASSES if cls.__module__ == f"lemonade.backends.{name}.engine")
+    assert engine.__name__ == descriptor.engine_class
+    assert engine.recipe == descriptor.recipe and descriptor.recipe in RECIPES
+    assert engine.backends == descriptor.backends
+
+
+def _engine(descriptor: Descriptor) -> type:
+    return next(cls for cls in ENGINE_CLASSES if cls.recipe == descriptor.recipe)
+
+
+@pytest.mark.parametrize("section", list(BY_SECTION))
+def test_config_defaults_and_checks_are_the_descriptors(section):
+    descriptor = BY_SECTION[section]
+    assert config.DEFAULTS[section] == descriptor.config_defaults()
+    assert config.BACKEND_ARGS.get(section) == (descriptor.backends if descriptor.args_key else None)
+    # every key of the engine's options that the server-wide layer reads is a key of its section
+    engine = _engine(descriptor)
+    keys = {opt.config_key for opt in engine.options.values() if opt.config_key and "." in opt.config_key}
+    assert keys <= {f"{section}.{key}" for key in descriptor.config_defaults()}
+    if descriptor.backend_key:
+        backend = engine.options[engine.backend_option]
+        assert backend.config_key == f"{section}.backend"
+        for value in descriptor.backend_choices:
+            assert config.validate_value(f"{section}.backend", value) == value and backend.check(value) is None
+        with pytest.raises(config.ConfigError) as refused:
+            config.validate_value(f"{section}.backend", NOT_A_BACKEND)
+        expected = descriptor.backend_problem(f"{section}.backend", NOT_A_BACKEND)
+        assert str(refused.value) == f"Config key {expected}"
+        option_refusal = descriptor.backend_problem(engine.backend_option, NOT_A_BACKEND)
+        assert backend.check(NOT_A_BACKEND) == f"Option {option_refusal}"
+    for setting in descriptor.settings:
+        for value in setting.choices:
+            assert config.validate_value(f"{section}.{setting.key}", value) == value
+
+
+def test_bin_sections_are_the_engines_whose_bin_keys_select_a_build():
+    assert set(config.BIN_SECTIONS) == {s for s, d in BY_SECTION.items() if d.bins and d.bin_rule
+                                        and d.bin_rule.example_tag}
+    for section, descriptor in BY_SECTION.items():
+        for backend in descriptor.bins:
+            assert config.validate_value(f"{section}.{backend}_bin", "builtin") == "builtin"
+            with pytest.raises(config.ConfigError, match=f"'{section}.{backend}_bin'"):
+                config.validate_value(f"{section}.{backend}_bin", "/no/such/folder")
+
+
+def test_serve_has_exactly_the_engine_flags_the_descriptors_name_with_their_help():
+    command = typer.main.get_command(_app_with(serve))
+    ours = {p.opts[0].removeprefix("--"): p.help for p in command.params if p.opts[0].startswith("--")
+            and p.opts[0].removeprefix("--").split("-")[0] in BY_SECTION}
+    assert ours == {f.flag: f.help for f in engine_flags()}
+    assert ours["llamacpp"] == BY_SECTION["llamacpp"].backend_help()  # lists every value config takes
+
+
+def test_an_engine_flag_sets_its_key_of_the_engines_section():
+    seen = {}
+
+    def probe(engines: dict | None = None) -> None:
+        seen.update(engines or {})
+
+    result = CliRunner().invoke(_app_with(with_engine_flags(probe)), ["--llamacpp", "vulkan", "--llamacpp-args",
+                                                                      "-t 2"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"llamacpp": {"backend": "vulkan", "args": "-t 2"}}
+
+
+def test_load_flags_name_the_backends_the_descriptor_lists():
+    helps = {f.key: f.help for f in load_options.FLAGS}
+    for descriptor in BY_SECTION.values():
+        engine = _engine(descriptor)
+        if descriptor.backend_key:
+            assert helps[engine.backend_option] == descriptor.backend_help()
+            assert all(b in helps[engine.backend_option] for b in (AUTO, *descriptor.backends))
+
+
+def test_config_imports_no_engine():
+    probe = ("import sys, lemonade.config\n"
+             "print([m for m in sys.modules if m.startswith('lemonade.backends.') and m.endswith('.engine')])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _app_with(command) -> typer.Typer:
+    app = typer.Typer()
+    app.command()(command)
+    return app
