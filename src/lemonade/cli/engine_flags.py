@@ -7,7 +7,6 @@ help text, so the flags take what the config key takes and say what it says.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from lemonade.backends.descriptors import BY_SECTION
+from lemonade.cli.load_options import with_options
 
 PANEL = "Engine Options"
 
@@ -47,25 +47,16 @@ def with_engine_flags(func: Callable[..., Any]) -> Callable[..., Any]:
     """`func` gains every engine flag; it receives those given as `engines`, a partial config tree
     (`{"llamacpp": {"backend": "cpu"}}`)."""
     flags = engine_flags()
-    sig = inspect.signature(func, eval_str=True)
-    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != "engines"]
     added = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None,
                                annotation=Annotated[f.type | None, typer.Option(
                                    f"--{f.flag}", help=f.help, rich_help_panel=PANEL, show_default=False)])
              for f in flags]
 
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        engines: dict[str, dict[str, Any]] = {}
+    def engines(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        tree: dict[str, dict[str, Any]] = {}
         for f in flags:
-            value = kwargs.pop(f.param, None)
-            if value is not None:
-                engines.setdefault(f.section, {})[f.key] = value
-        return func(**kwargs, engines=engines)
+            if given[f.param] is not None:
+                tree.setdefault(f.section, {})[f.key] = given[f.param]
+        return tree
 
-    params = [*own, *added]
-    # typer reads the signature and the annotations: both are the new ones, already evaluated
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    del wrapper.__wrapped__
-    return wrapper
+    return with_options(func, "engines", added, engines)

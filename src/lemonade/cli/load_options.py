@@ -107,23 +107,32 @@ def _value(flag: Flag, value: Any) -> Any:
 
 def with_load_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """`func` gains every flag of `FLAGS`; it receives those given as `options` (a /v1/load dict)."""
-    sig = inspect.signature(func, eval_str=True)
-    own = [p for p in sig.parameters.values() if p.name != "options"]
     added = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None,
                                annotation=Annotated[f.type | None, typer.Option(
                                    *f.decls, help=f.help, rich_help_panel=f.panel, metavar=f.metavar,
                                    show_default=False)])
              for f in FLAGS]
-    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+
+    def options(given: dict[str, Any]) -> dict[str, Any]:
+        return {f.key: _value(f, given[f.param]) for f in FLAGS if given[f.param] is not None}
+
+    return with_options(func, "options", added, options)
+
+
+def with_options(func: Callable[..., Any], into: str, added: list[inspect.Parameter],
+                 collect: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """`func` gains the keyword parameters `added` (typer options); `collect` turns their values (None
+    where not given) into what `func` receives as its parameter `into`."""
+    sig = inspect.signature(func, eval_str=True)
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != into]
+    names = [p.name for p in added]
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
-        options = {f.key: _value(f, kwargs.pop(f.param)) for f in FLAGS if kwargs.get(f.param) is not None}
-        for f in FLAGS:
-            kwargs.pop(f.param, None)
-        return func(**kwargs, options=options)
+        given = {name: kwargs.pop(name, None) for name in names}
+        return func(**kwargs, **{into: collect(given)})
 
-    params = [*keyword, *added]
+    params = [*own, *added]
     # typer reads the signature and the annotations: both are the new ones, already evaluated
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
