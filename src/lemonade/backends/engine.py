@@ -421,7 +421,7 @@ class Engine(ABC):
     async def exit_cause(self, launch: Launch) -> str | None:
         """Why an engine process that ended on its own did, when something outside it says so (llama.cpp:
         an RPC worker it was spread over is gone), for the error its clients get and `crashed_models`;
-        None when nothing does. Quick: its callers wait for it (llamacpp.py bounds its probes)."""
+        None when nothing does. Quick: its callers wait for it (llamacpp/engine.py bounds its probes)."""
         return None
 
     def context_length(self, options: dict[str, Any], files: dict[str, list[Path]] | None) -> int | None:

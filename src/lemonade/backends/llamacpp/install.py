@@ -1,6 +1,6 @@
 """The llama.cpp engine's installer, and its backends' states reported truthfully.
 
-`llamacpp.py` describes the engine; the install mechanics (lock, temp folder, atomic swap,
+`engine.py` beside it describes the engine; the install mechanics (lock, temp folder, atomic swap,
 install.json, build log) are `native_install.py`'s, shared with whisper.cpp. The layout under
 `<cache>/backends/llamacpp/`:
 
