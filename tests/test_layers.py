@@ -32,7 +32,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # `__init__` (its version).
 LAYERS = (
     "lemonade",
-    "errors", "paths", "util", "audio", "system", "routing", "recipes", "route_table", "descriptors",
+    "errors", "paths", "util", "audio", "system", "routing", "descriptors", "recipes", "route_table",
     "config", "legacy_state",
     "observability", "beacon",
     "labels", "model_info", "checkpoints",

@@ -3,16 +3,18 @@
 Which deployment modes a recipe serves, which modes it serves only with another label, and which
 weight file format it loads are the catalog's vocabulary: the label rules (labels.py), the catalog
 (a bare `.gguf` in the extra models dir is a llama.cpp model) and the CLI read them here without
-importing any engine. Each engine class (backends/) gets its `modes`, `label_modes` and
-`file_format` from its recipe's entry (`Engine.__init_subclass__`), so this table is the one place
-they are written. Recipes whose engine this build does not ship are listed too, so that their models
-are listed and refused truthfully (backends/registry.py `UNAVAILABLE`).
+importing any engine. A shipped engine's entry is its descriptor's (backends/<engine>/descriptor.py,
+data only), and each engine class gets its `modes`, `label_modes` and `file_format` from it
+(`Engine.__init_subclass__`). Recipes whose engine this build does not ship are written here, so
+that their models are listed and refused truthfully (backends/registry.py `UNAVAILABLE`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from lemonade.backends.descriptors import DESCRIPTORS
 
 
 @dataclass(frozen=True)
@@ -28,17 +30,7 @@ class Recipe:
 
 # In the order `Known recipes: ...` names them: the engines this build ships, then the others.
 RECIPES: dict[str, Recipe] = {
-    "llamacpp": Recipe(("chat", "embeddings", "reranking"), {"systemone": ("classification",)}, "gguf"),
-    "fasterwhisper": Recipe(("transcription",)),
-    "whispercpp": Recipe(("transcription",)),
-    "kokoro": Recipe(("tts",)),
-    "piper": Recipe(("tts",)),
-    "sd-cpp": Recipe(("image",)),
-    "onnxruntime": Recipe(("classification",)),
-    "cloud": Recipe(("chat", "embeddings")),
-    # another Lemonade server of the LAN (backends/peer/engine.py): whatever it serves
-    "peer": Recipe(("chat", "embeddings", "reranking", "transcription", "tts", "image", "classification")),
-    "vllm": Recipe(("chat",)),
+    **{d.recipe: Recipe(d.modes, d.label_modes, d.file_format) for d in DESCRIPTORS.values()},
     # not shipped by this build
     "flm": Recipe(("chat", "embeddings", "transcription")),
     "ryzenai-llm": Recipe(("chat",)),

@@ -43,8 +43,13 @@ def test_the_registry_serves_the_class_the_descriptor_names_with_its_backends(na
     descriptor = DESCRIPTORS[name]
     engine = next(cls for cls in ENGINE_CLASSES if cls.__module__ == f"lemonade.backends.{name}.engine")
     assert engine.__name__ == descriptor.engine_class
-    assert engine.recipe == descriptor.recipe and descriptor.recipe in RECIPES
-    assert engine.backends == descriptor.backends
+    assert engine.recipe == descriptor.recipe and engine.backends == descriptor.backends
+    # what it serves: the catalog's table (recipes.py) and the class both read the descriptor
+    recipe = RECIPES[descriptor.recipe]
+    assert (recipe.modes, recipe.label_modes, recipe.file_format) == \
+        (descriptor.modes, descriptor.label_modes, descriptor.file_format) != ((), {}, None)
+    assert (engine.modes, engine.label_modes, engine.file_format) == \
+        (descriptor.modes, descriptor.label_modes, descriptor.file_format)
 
 
 def _engine(descriptor: Descriptor) -> type:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a release tag ("b8664")
@@ -81,10 +81,17 @@ class BinRule:
 class Descriptor:
     """One recipe's engine, as data."""
 
-    recipe: str  # as models name it (recipes.py)
+    recipe: str  # as models name it
     engine_class: str  # the class in the folder's engine.py
     title: str  # how help texts name it ("llama.cpp")
     backends: tuple[str, ...]  # every backend it lists (system-info), in that order
+    # What it serves (recipes.py reads it: the catalog's vocabulary): deployment modes, default first;
+    # modes it serves only for models that carry a label as well (label -> those modes: a llama.cpp
+    # decision model labelled `classification` + `systemone` answers /v1/systemone, llamacpp-newer.md);
+    # the weight file format it loads ("gguf": a bare file of it in the extra models dir is its model).
+    modes: tuple[str, ...] = ()
+    label_modes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    file_format: str | None = None
     section: str | None = None  # its config section ("llamacpp", "sdcpp"), if it has one
     # With a section: a `backend` key (auto or one of `backends`), an `args` key and a `<backend>_args`
     # key per backend (guide-configuration-README.md "Backend Configuration").

@@ -1,5 +1,6 @@
-"""cloud providers, as data: the one place its backends are written (it has no config section)."""
+"""OpenAI-compatible cloud providers, as data: the one place its backends and modes are written."""
 
 from lemonade.backends.descriptor import Descriptor
 
-DESCRIPTOR = Descriptor(recipe="cloud", engine_class="CloudEngine", title="cloud providers", backends=("cloud",))
+DESCRIPTOR = Descriptor(recipe="cloud", engine_class="CloudEngine", title="cloud providers", backends=("cloud",),
+                        modes=("chat", "embeddings"))

@@ -1,6 +1,6 @@
-"""faster-whisper, as data: the one place its backends are written (it has no config section)."""
+"""faster-whisper (in a private venv), as data: the one place its backends and modes are written."""
 
 from lemonade.backends.descriptor import Descriptor
 
 DESCRIPTOR = Descriptor(recipe="fasterwhisper", engine_class="FasterWhisperEngine", title="faster-whisper",
-                        backends=("cpu",))
+                        backends=("cpu",), modes=("transcription",))

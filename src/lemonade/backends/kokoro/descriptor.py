@@ -7,6 +7,7 @@ DESCRIPTOR = Descriptor(
     engine_class="KokoroEngine",
     title="Kokoro",
     backends=("cpu",),
+    modes=("tts",),
     section="kokoro",
     bins=("cpu",),  # upstream's key, kept so a migrated config.json keeps it
     bin_rule=BinRule(None, "kokoro", only_builtin="Kokoro runs on kokoro-onnx in a private Python environment in "

@@ -1,5 +1,5 @@
-"""Piper, as data: the one place its backends are written (it has no config section)."""
+"""Piper (in a private venv), as data: the one place its backends and modes are written."""
 
 from lemonade.backends.descriptor import Descriptor
 
-DESCRIPTOR = Descriptor(recipe="piper", engine_class="PiperEngine", title="Piper", backends=("cpu",))
+DESCRIPTOR = Descriptor(recipe="piper", engine_class="PiperEngine", title="Piper", backends=("cpu",), modes=("tts",))

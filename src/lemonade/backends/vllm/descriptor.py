@@ -7,6 +7,7 @@ DESCRIPTOR = Descriptor(
     engine_class="VllmEngine",
     title="vLLM",
     backends=("rocm", "cuda"),
+    modes=("chat",),
     section="vllm",
     backend_key=True,
     args_key=True,

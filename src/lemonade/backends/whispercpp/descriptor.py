@@ -9,6 +9,7 @@ DESCRIPTOR = Descriptor(
     # as upstream Lemonade lists them; this build installs cpu and vulkan (auto: vulkan on a Vulkan GPU,
     # else cpu, backends/native_engine.py)
     backends=("cpu", "vulkan", "npu"),
+    modes=("transcription",),
     section="whispercpp",
     backend_key=True,
     args_key=True,
