@@ -75,7 +75,6 @@ from lemonade.backends.native_install import INSTALL_JSON, NativeInstall, copy_t
 from lemonade.system.devices import detect_devices
 
 __all__ = [
-    "LLAMACPP_ALL_BACKENDS",
     "PINNED_VERSION",
     "LLAMA_CPP_PYTHON_VERSION",
     "BackendInstaller",
@@ -87,7 +86,6 @@ log = logging.getLogger("lemonade.install")
 
 PINNED_VERSION = LLAMA_CPP_VERSION
 PINNED_BACKENDS = ("cpu", *GPU_BACKENDS)  # the ones Lemonade installs (release archive or source build)
-LLAMACPP_ALL_BACKENDS = DESCRIPTOR.backends  # what system-info lists: the pinned ones and "system"
 
 _EXE = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 
@@ -268,9 +266,9 @@ class BackendInstaller(NativeInstall):
         build cannot run on Linux."""
         if recipe != "llamacpp":
             raise InstallError(f"Unknown recipe '{recipe}'.", code="unknown_recipe")
-        if backend not in LLAMACPP_ALL_BACKENDS:
+        if backend not in DESCRIPTOR.backends:
             raise InstallError(
-                f"Unknown llamacpp backend '{backend}' (known: {', '.join(LLAMACPP_ALL_BACKENDS)}).",
+                f"Unknown llamacpp backend '{backend}' (known: {', '.join(DESCRIPTOR.backends)}).",
                 code="unknown_backend",
             )
         if backend in GPU_BACKENDS and not _assets(backend) and "macOS" in missing_toolkit(backend):
