@@ -25,13 +25,14 @@ from typing import Any
 from lemonade.backends.bin_select import latest_release_tag
 from lemonade.backends.engine import BackendState, InstallError, Progress
 from lemonade.backends.llamacpp.build import RPC_SERVER, BuildLog, emit, probe_version, staged_version
+from lemonade.backends.llamacpp.descriptor import DESCRIPTOR
 from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message
 from lemonade.backends.llamacpp.install import PINNED_BACKENDS, BackendInstaller, _assets
 from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.install")
 
-BIN_BACKENDS = ("cpu", "vulkan", "rocm", "cuda")  # the `*_bin` keys of the llamacpp section
+BIN_BACKENDS = DESCRIPTOR.bins  # the backends with a `*_bin` key of the llamacpp section
 LATEST_URL = "https://api.github.com/repos/ggml-org/llama.cpp/releases/latest"
 ENV_LATEST_URL = "LEMONADE_LLAMACPP_LATEST_URL"
 _EXE = "llama-server.exe" if os.name == "nt" else "llama-server"
