@@ -80,7 +80,8 @@ DEFAULTS: dict[str, Any] = {
 
 # `<section>.<backend>_args`: an engine's server-wide flags for one of its backends, used instead of
 # `<section>.args` when not empty (guide-configuration-README.md, "Backend Configuration"; the options
-# layer picks them for the backend a load runs on, runtime/options.py): every backend each engine lists.
+# layer picks them for the backend a load runs on, runtime/options.py): every backend each engine lists, as
+# upstream Lemonade lists them, so a migrated config.json keeps every such key.
 BACKEND_ARGS = {section: d.backends for section, d in BY_SECTION.items() if d.args_key}
 BIN_SECTIONS = tuple(section for section, d in BY_SECTION.items()  # engines whose `<backend>_bin` selects a build
                      if d.bins and d.bin_rule is not None and d.bin_rule.example_tag)
