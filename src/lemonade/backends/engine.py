@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lemonade.backends.descriptors import BY_RECIPE
-from lemonade.recipes import RECIPES
 
 if TYPE_CHECKING:
     from lemonade.backends.base import WrappedServer
@@ -263,7 +262,7 @@ class Engine(ABC):
     """One recipe's engine. Class attributes describe it; instances are bound to a cache dir."""
 
     recipe: ClassVar[str]
-    # What the recipe serves, from its entry in recipes.py (set by `__init_subclass__`): deployment
+    # What the recipe serves, from its descriptor (set by `__init_subclass__`): deployment
     # modes, default first; modes served only with another label; the weight file format it loads.
     modes: ClassVar[tuple[str, ...]]
     label_modes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
@@ -302,15 +301,13 @@ class Engine(ABC):
     remote: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """An engine class naming its recipe takes the recipe's description from the catalog's
-        table (recipes.py), the one place it is written."""
+        """An engine class naming its recipe takes what it serves and its backends from its folder's
+        descriptor (backends/<engine>/descriptor.py), the one place they are written."""
         super().__init_subclass__(**kwargs)
-        recipe = RECIPES.get(cls.__dict__.get("recipe", ""))
-        if recipe is not None:
-            cls.modes, cls.label_modes, cls.file_format = recipe.modes, recipe.label_modes, recipe.file_format
         descriptor = BY_RECIPE.get(cls.__dict__.get("recipe", ""))
-        if descriptor is not None:  # its folder's descriptor.py, the one place they are written
-            cls.backends = descriptor.backends
+        if descriptor is not None:
+            cls.modes, cls.label_modes = descriptor.modes, descriptor.label_modes
+            cls.file_format, cls.backends = descriptor.file_format, descriptor.backends
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)
