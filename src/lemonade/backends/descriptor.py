@@ -13,6 +13,7 @@ with `<backend>_bin` keys takes the same kinds of value.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -125,7 +126,7 @@ class Descriptor:
             out["backend"] = AUTO
         if self.args_key:
             out["args"] = ""
-        out.update({s.key: s.default for s in self.settings})
+        out.update({s.key: copy.deepcopy(s.default) for s in self.settings})  # a list default is not shared
         out.update({f"{backend}_bin": "builtin" for backend in self.bins})
         if self.args_key:
             out.update({f"{backend}_args": "" for backend in self.backends})
