@@ -31,8 +31,9 @@ from lemonade.backends.onnxruntime.contract import read_contract  # noqa: E402
 from lemonade.backends.onnxruntime.engine import WORKER  # noqa: E402
 from lemonade.backends.registry import Engines  # noqa: E402
 from lemonade.config import Config  # noqa: E402
+from lemonade.util.ports import free_port  # noqa: E402
 from tests.classifier_models import HELD_OUT_TOPICS, classifier_models  # noqa: E402
-from tests.conftest import TEST_CACHE, free_port  # noqa: E402
+from tests.helpers import TEST_CACHE  # noqa: E402
 
 
 def main() -> None:
