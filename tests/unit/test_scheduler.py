@@ -221,3 +221,41 @@ def test_every_slot_pinned_refuses_the_waiting_model_with_409(tmp_path):
     err = run(scenario)
     assert err.status == 409 and err.code == "slots_pinned_error"
     assert engine.launches == ["user.a"]
+
+
+def test_an_engine_loaded_a_moment_ago_counts_once_against_a_memory_cgroup(tmp_path, monkeypatch):
+    """In a memory cgroup the budget is its limit less what is not ours: the cgroup's anonymous memory
+    less what our engines were measured to hold. An engine that finished loading before housekeeping's
+    next measurement must still count once (its estimate), not also as someone else's memory: here the
+    second model fits beside the first, and nothing is evicted for it."""
+    from lemonade.backends.engine import MemoryNeed
+    from lemonade.system.memory import CgroupMemory, MemoryBudget, process_tree_memory
+
+    r, engine = router(tmp_path)
+    chat, embed = model("a"), model("e", mode="embeddings")  # two types: each has a slot of its own
+    engine.behave(chat.name, memory_mb=64)  # touched, so it is resident anonymous memory
+    mib, estimate, server = 1 << 20, 100 << 20, 50 << 20
+    limit = server + (32 << 20) + 2 * estimate + (40 << 20)  # the reserve (32 MiB), both models, 40 MiB to spare
+    monkeypatch.setattr(engine, "memory_need", lambda *args: MemoryNeed(estimate))
+
+    def in_the_cgroup(engines_bytes: int = 0, engines_anon_bytes: int = 0) -> MemoryBudget:
+        """What the kernel would say: the server's own memory and every live engine's, now."""
+        live = [process_tree_memory(lm.server.pid) for lm in r.processes() if lm.server.pid is not None]
+        anon = server + sum(size[1] for size in live if size is not None)
+        group = CgroupMemory(2, tmp_path, limit, anon, 0, anon, 0)
+        return MemoryBudget(64 << 30, 60 << 30, group, engines_bytes, engines_anon_bytes)
+
+    monkeypatch.setattr("lemonade.runtime.router.scheduler.read_budget", in_the_cgroup)
+
+    async def scenario() -> tuple[int, bool]:
+        try:
+            async with r.use(chat, {}) as first:
+                pid = first.server.pid
+            held = process_tree_memory(pid)
+            assert held is not None and held[1] > 64 * mib  # the engine really holds what it would double count
+            await _serve(r, embed)  # at once: before housekeeping's first measurement, a second after the load
+            return r.stats.memory_evictions, r.resident(chat.name) is not None
+        finally:
+            await r.shutdown()
+
+    assert run(scenario) == (0, True)

@@ -26,7 +26,6 @@ from lemonade.config import Config
 from lemonade.runtime.exclusive import ExclusiveGate
 from lemonade.runtime.router.state import LoadedModel, ModelState, QueueStats
 from lemonade.system.devices import MemoryUse
-from lemonade.system.memory import process_tree_memory
 
 log = logging.getLogger("lemonade.router")
 HOUSEKEEPING_SECONDS = 1.0
@@ -55,6 +54,7 @@ class Scheduler(Protocol):
 
     def models(self, mode: str | None = None, *, usable: bool = True) -> list[LoadedModel]: ...
     def processes(self) -> list[LoadedModel]: ...
+    def measure(self) -> None: ...
     def auto_evict(self, lm: LoadedModel) -> bool: ...
     async def retire(self, lm: LoadedModel) -> None: ...
 
@@ -92,25 +92,13 @@ class Housekeeping:
             for pid in set(self._watched) - live:
                 del self._watched[pid]
             try:
-                await self.measure()
+                await asyncio.to_thread(self.router.measure)
             except Exception:
                 log.exception("Measuring the engines' memory failed")
             try:
                 await self.relieve_pressure()
             except Exception:
                 log.exception("Memory pressure check failed")
-
-    async def measure(self) -> None:
-        """Each engine process tree's memory now (PSS, else RSS) and its peak: what the memory budget
-        counts as ours, and what replaces an estimate that fell short (docs/memory.md)."""
-        procs = [lm for lm in self.router.processes() if not lm.remote and lm.server.pid is not None]
-        if not procs:
-            return
-        sizes = await asyncio.to_thread(lambda: [process_tree_memory(lm.server.pid) for lm in procs])
-        for lm, size in zip(procs, sizes, strict=True):
-            if size is not None:
-                lm.memory_bytes, lm.anon_bytes = size
-                lm.peak_bytes = max(lm.peak_bytes, size[0])
 
     async def evaluate_now(self, reading: float | None) -> None:
         """One pass of the eviction engine at once (`POST /internal/simulate-vram-pressure`, Lemonade's

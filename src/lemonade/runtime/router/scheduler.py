@@ -59,10 +59,11 @@ from lemonade.runtime.router.housekeeping import Housekeeping
 from lemonade.runtime.router.prepare import Preparation
 from lemonade.runtime.router.state import HELPER, STANDARD, LoadedModel, ModelState, Options, QueueStats, Waiter
 from lemonade.system.devices import MemoryUse, memory_use
-from lemonade.system.memory import MemoryBudget, cgroup_memory, read_budget
+from lemonade.system.memory import MemoryBudget, cgroup_memory, process_tree_memory, read_budget
 from lemonade.util.ports import free_port
 
 log = logging.getLogger("lemonade.router")
+FRESH_MEASURE_SECONDS = 0.25  # how old the engines' memory figures may be when a load is decided
 EXPLAIN_SECONDS = 2.0  # what an engine may take to say why it ended (Engine.exit_cause), which clients wait for
 
 FilesProvider = Callable[[ModelInfo], Awaitable[dict[str, list[Path]]]]
@@ -83,6 +84,7 @@ class Router:
         self._queue: list[Waiter] = []
         self._loading: dict[str, str] = {}  # model name -> the slot type it counts in: loads under way
         self._loading_bytes: dict[str, int] = {}  # model name -> the memory its load is counted for
+        self._measured_at = 0.0  # monotonic time the engines' memory was last measured (measure)
         self._retiring: list[LoadedModel] = []  # leaving; still hold their slot until stopped
         self._preparation = Preparation(config, files_for)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -187,7 +189,29 @@ class Router:
         procs = self.processes()
         return read_budget(sum(lm.memory_bytes or 0 for lm in procs), sum(lm.anon_bytes for lm in procs))
 
+    def measure(self) -> None:
+        """Each engine process tree's memory now (PSS, else RSS), its anonymous part and its peak: what
+        the memory budget counts as ours, and what replaces an estimate that fell short (docs/memory.md).
+        Blocking (it reads /proc): housekeeping runs it in a thread each second, a load decision inline."""
+        self._measured_at = time.monotonic()
+        for lm in self.processes():
+            if lm.remote or lm.server.pid is None:
+                continue
+            size = process_tree_memory(lm.server.pid)
+            if size is not None:
+                lm.memory_bytes, lm.anon_bytes = size
+                lm.peak_bytes = max(lm.peak_bytes, size[0])
+
     def _memory_view(self) -> rules.Memory:
+        # Measured now, not at housekeeping's last tick: the cgroup's figure is read now, and an engine
+        # that started or grew since that tick would otherwise count twice, once in the cgroup as not
+        # ours and once in its own estimate (tests/test_memory.py once saw a load in a 700 MiB cgroup
+        # refused with 130 MiB more counted as not ours than the server itself held). At most every
+        # FRESH_MEASURE_SECONDS while a load waits: a dispatch runs at each request's end.
+        procs = self.processes()
+        if any(lm.memory_bytes is None for lm in procs if not lm.remote and lm.server.pid is not None) or \
+                time.monotonic() - self._measured_at > FRESH_MEASURE_SECONDS:
+            self.measure()
         budget = self.budget()
         source = {"cgroup": f"the memory cgroup's limit of {budget.cap_bytes / 2**30:.2f} GiB",
                   "ram": "the machine's RAM", "available": "the memory the system has available"}[budget.source]
