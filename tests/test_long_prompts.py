@@ -7,10 +7,13 @@ its answer, a client that hangs up during the prompt frees the engine's slot on 
 surface, and the server's connections have TCP keep-alive. All of it on the real server, the real
 llama-server and the real Gemma 3 270M.
 
-"Long" is by construction: LONG_WORDS words take seconds of prompt work on a CPU (a 4,000-token
-prompt takes 5-16 s on 2 cores; docs/performance.md, "Long prompts"), well past the one second the
-server waits for a first token before it starts a response with keep-alives. Every prompt starts
-with a number of its own, so llama-server's prompt cache never shortens one.
+"Long" is measured, not assumed: the module first times a prompt of CALIBRATION_WORDS words on the
+loaded engine (llama-server's own `prompt_per_second`), then sizes each long prompt to take about
+PROMPT_SECONDS of prompt work on this machine, now (a fixed length took 30-50 s per test on 2 busy
+cores, and could be over within the first second on a fast machine). That is several times the one
+second the server waits for a first token before it starts a response with keep-alives; the client
+with a 5 s read timeout gets a prompt of TIMEOUT_PROMPT_SECONDS. Every prompt starts with a number of
+its own, so llama-server's prompt cache never shortens one.
 """
 
 from __future__ import annotations
@@ -33,13 +36,31 @@ import pytest
 
 from tests.helpers import GEMMA_NAME, Server, wait_for
 
-LONG_WORDS = 6000
+CALIBRATION_WORDS = 1000
+PROMPT_SECONDS = 6.0  # of prompt work: past the first wait (FIRST_CHUNK_WAIT, 1 s) even if the machine gets 2x faster
+TIMEOUT_PROMPT_SECONDS = 12.0  # longer than the 5 s read timeout of test_a_client_with_a_5_s_read_timeout...
 _numbers = itertools.count(int(time.time()) % 100000)
 
 
-def long_text(words: int = LONG_WORDS) -> str:
+def lemons(words: int) -> str:
     """A prompt of at least `words` tokens that no earlier prompt is a prefix of."""
     return f"{next(_numbers)} " + "lemon " * words + "\nHow many lemons?"
+
+
+class LongPrompts:
+    """Prompts sized by the engine's measured prompt speed."""
+
+    def __init__(self, tokens_per_second: float, context: int) -> None:
+        self.tokens_per_second = tokens_per_second
+        self.context = context
+
+    def words(self, seconds: float = PROMPT_SECONDS) -> int:
+        """About one token per word; never more than half the context (one request's share is all of
+        it with the profile's unified KV cache, but a fast machine needs no more)."""
+        return max(CALIBRATION_WORDS, min(int(self.tokens_per_second * seconds), self.context // 2))
+
+    def text(self, seconds: float = PROMPT_SECONDS) -> str:
+        return lemons(self.words(seconds))
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +69,18 @@ def server(gemma_server: Server) -> Server:
         hello = {"model": GEMMA_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
         assert c.post("/v1/chat/completions", json=hello).status_code == 200
     return gemma_server
+
+
+@pytest.fixture(scope="module")
+def long(server: Server) -> LongPrompts:
+    with server.client(timeout=600) as c:
+        resp = c.post("/v1/chat/completions", json={
+            "model": GEMMA_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": lemons(CALIBRATION_WORDS)}]})
+        assert resp.status_code == 200, resp.text
+        timings = resp.json()["timings"]
+        context = c.get("/v1/health").json()["all_models_loaded"][0]["context_length"]
+    assert timings["prompt_n"] > CALIBRATION_WORDS, timings
+    return LongPrompts(timings["prompt_per_second"], context)
 
 
 def recorder(http: Any) -> Any:
@@ -94,33 +127,34 @@ def openai_client(server: Server, transport: Any) -> openai.OpenAI:
                          http_client=httpx.Client(transport=transport, timeout=600))
 
 
-def test_chat_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+def test_chat_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server, long: LongPrompts) -> None:
     rec = recorder(httpx)
     stream = openai_client(server, rec).chat.completions.create(
-        model=GEMMA_NAME, messages=[{"role": "user", "content": long_text()}], max_tokens=8, stream=True,
+        model=GEMMA_NAME, messages=[{"role": "user", "content": long.text()}], max_tokens=8, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
-    assert chunks[-1].usage.prompt_tokens > LONG_WORDS
+    assert chunks[-1].usage.prompt_tokens > long.words()
     head = before_first_event(bytes(rec.raw), b'"choices"')
     assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
 
 
-def test_completions_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+def test_completions_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server,
+                                                                              long: LongPrompts) -> None:
     rec = recorder(httpx)
     stream = openai_client(server, rec).completions.create(
-        model=GEMMA_NAME, prompt=long_text(), max_tokens=8, stream=True, extra_body={"ignore_eos": True})
+        model=GEMMA_NAME, prompt=long.text(), max_tokens=8, stream=True, extra_body={"ignore_eos": True})
     text = "".join(c.choices[0].text for c in stream if c.choices)
     assert text
     head = before_first_event(bytes(rec.raw), b'"choices"')
     assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
 
 
-def test_responses_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server) -> None:
+def test_responses_stream_keeps_alive_during_the_prompt_and_parses_in_openai(server: Server, long: LongPrompts) -> None:
     rec = recorder(httpx)
     stream = openai_client(server, rec).responses.create(
-        model=GEMMA_NAME, input=long_text(), max_output_tokens=8, stream=True)
+        model=GEMMA_NAME, input=long.text(), max_output_tokens=8, stream=True)
     events = list(stream)
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert events[-1].response.output_text
@@ -128,15 +162,15 @@ def test_responses_stream_keeps_alive_during_the_prompt_and_parses_in_openai(ser
     assert head.startswith(b": keep-alive\n\n") and set(head.split(b"\n\n")) == {b": keep-alive", b""}, head
 
 
-def test_messages_stream_pings_during_the_prompt_and_parses_in_anthropic(server: Server) -> None:
+def test_messages_stream_pings_during_the_prompt_and_parses_in_anthropic(server: Server, long: LongPrompts) -> None:
     """Anthropic's own order: message_start, ping..., then the content blocks."""
     rec = recorder(httpx2)
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
                                  http_client=httpx2.Client(transport=rec, timeout=600))
     with client.messages.stream(model=GEMMA_NAME, max_tokens=8,
-                                messages=[{"role": "user", "content": long_text()}]) as stream:
+                                messages=[{"role": "user", "content": long.text()}]) as stream:
         message = stream.get_final_message()
-    assert message.content[0].type == "text" and message.usage.input_tokens > LONG_WORDS
+    assert message.content[0].type == "text" and message.usage.input_tokens > long.words()
     names = [line[7:] for line in bytes(rec.raw).decode().splitlines() if line.startswith("event: ")]
     first_block = names.index("content_block_start")
     assert names[0] == "message_start" and names[1:first_block] == ["ping"] * (first_block - 1), names
@@ -147,10 +181,11 @@ def test_messages_stream_pings_during_the_prompt_and_parses_in_anthropic(server:
     assert pings and all(p == {"type": "ping"} for p in pings)
 
 
-def test_a_client_with_a_5_s_read_timeout_gets_its_answer(server: Server) -> None:
+def test_a_client_with_a_5_s_read_timeout_gets_its_answer(server: Server, long: LongPrompts) -> None:
     """The client gives up after 5 s without a byte; the engine reads the prompt for longer than that
     on the machines this runs on, and the keep-alives carry the connection through."""
-    body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": long_text()}], "max_tokens": 8,
+    words = long.words(TIMEOUT_PROMPT_SECONDS)
+    body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": lemons(words)}], "max_tokens": 8,
             "stream": True, "ignore_eos": True}
     with httpx.Client(base_url=server.url, timeout=httpx.Timeout(5.0, connect=5.0)) as c, \
             c.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -158,15 +193,16 @@ def test_a_client_with_a_5_s_read_timeout_gets_its_answer(server: Server) -> Non
         lines = [line for line in resp.iter_lines() if line]
     assert lines[0] == ": keep-alive" and lines[-1] == "data: [DONE]", lines[:3]
     data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-    assert data[-1]["timings"]["prompt_n"] > LONG_WORDS
+    assert data[-1]["timings"]["prompt_n"] > words
 
 
-def test_an_engine_that_dies_after_keepalives_is_started_again_and_asked_again(server: Server) -> None:
+def test_an_engine_that_dies_after_keepalives_is_started_again_and_asked_again(server: Server,
+                                                                            long: LongPrompts) -> None:
     """The client has seen keep-alives only, nothing of the answer: the engine that died while it read
     the prompt is started again, and the stream goes on with the new one's answer."""
     with server.client() as c:
         pid = c.get("/v1/health").json()["all_models_loaded"][0]["pid"]
-        body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": long_text()}], "max_tokens": 8,
+        body = {"model": GEMMA_NAME, "messages": [{"role": "user", "content": long.text()}], "max_tokens": 8,
                 "stream": True, "ignore_eos": True}
         with c.stream("POST", "/v1/chat/completions", json=body) as resp:
             lines = resp.iter_lines()
@@ -230,12 +266,13 @@ def busy_slot(c: httpx.Client) -> dict[str, Any] | None:
 
 
 @pytest.mark.parametrize("surface", list(SURFACES))
-def test_a_client_gone_during_the_prompt_frees_the_engine(server: Server, surface: str) -> None:
+def test_a_client_gone_during_the_prompt_frees_the_engine(server: Server, long: LongPrompts, surface: str) -> None:
     """The client hangs up while the engine reads its prompt (on an SSE surface, once the keep-alives
     have started): the engine stops before it has read the whole prompt and generates nothing, and
     the model is free again."""
     path, body, during = SURFACES[surface]
-    sock = raw_request(server, path, fill({"model": GEMMA_NAME, **body}, long_text()))
+    words = long.words()
+    sock = raw_request(server, path, fill({"model": GEMMA_NAME, **body}, lemons(words)))
     with server.client() as c:
         try:
             if during is not None:  # the response has started: the keep-alives are coming
@@ -252,7 +289,7 @@ def test_a_client_gone_during_the_prompt_frees_the_engine(server: Server, surfac
         after = next(s for s in c.get("/v1/slots").json() if s["id"] == slot["id"])
         assert after["id_task"] == slot["id_task"]  # the request of this test, not a later one
         assert after["next_token"][0]["n_decoded"] == 0, after["next_token"]
-        assert after["n_prompt_tokens_processed"] < LONG_WORDS, after["n_prompt_tokens_processed"]
+        assert after["n_prompt_tokens_processed"] < words, after["n_prompt_tokens_processed"]
         health = c.get("/v1/health").json()["all_models_loaded"][0]
         assert not health["is_busy"] and not health["is_streaming"]
         # and it serves the next request at once
