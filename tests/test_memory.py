@@ -275,6 +275,32 @@ def test_memory_pressure_in_the_container_evicts_an_idle_model(capped):
             http.post("/v1/params", json={"auto_evict": False, "auto_evict_threshold_pct": 0.9})
 
 
+def test_an_automatic_context_sized_to_the_container_holds_a_prompt_of_three_quarters_of_it(capped):
+    """`ctx_size: -1` in the container: the context chosen to fit the cgroup's memory is really usable.
+    A prompt of 3/4 of it answers (the KV pages a full context touches were counted, not only those of
+    an empty cache), and the kernel killed nothing. (The uncapped case, where the automatic context is
+    the model's trained 32,768 tokens, is the same engine and rule; a 24,000-token prompt there took
+    3-4 minutes of the suite's 2 cores: tests/test_context.py checks that every API states the
+    engine's context.)"""
+    server, cgroup = capped
+    with server.client(timeout=900) as http:
+        http.post("/v1/unload", json={})
+        resp = http.post("/v1/load", json={"model_name": GEMMA, "ctx_size": -1})
+        assert resp.status_code == 200, resp.text
+        context = resp.json()["context_length"]
+        kills = cgroup.oom_kills()
+        sample = words(1000, 3)
+        per_word = len(http.post("/api/v1/tokenize", json={"model": GEMMA, "content": sample}).json()["tokens"]) / 1000
+        prompt = words(int(context * 3 / 4 / per_word), 3)
+        resp = http.post("/v1/chat/completions", json={
+            "model": GEMMA, "max_tokens": 8, "messages": [{"role": "user", "content": prompt + "\nSay one word."}]})
+        assert resp.status_code == 200, resp.text
+        used = resp.json()["usage"]["prompt_tokens"]
+        assert context * 0.7 < used < context, (used, context)  # really about 3/4 of the stated context
+        assert cgroup.oom_kills() == kills
+        assert http.get("/v1/health").json()["crashed_models"] == []
+
+
 _HOG = """
 import sys, time
 held = []
