@@ -211,11 +211,12 @@ def web_framework_imports(module: str, source: str) -> list[str]:
     return found
 
 
-def test_serving_knows_no_web_framework():
-    """serving/ takes plain values and raises APIError: a request or a response is the API's."""
-    found = [line for module, path in sorted(_modules().items()) if layer(module) == "serving"
+def test_serving_and_runtime_know_no_web_framework():
+    """serving/ takes plain values and raises APIError, and the proxy of runtime/ hands over plain values
+    (runtime/proxy.py `Relay`): a request or a response is the API's (api/relay.py makes the response)."""
+    found = [line for module, path in sorted(_modules().items()) if layer(module) in ("serving", "runtime")
              for line in web_framework_imports(module, path.read_text())]
-    assert not found, "serving/ imports a web framework:\n" + "\n".join(found)
+    assert not found, "serving/ or runtime/ imports a web framework:\n" + "\n".join(found)
     assert web_framework_imports("m", "def f():\n    from starlette.requests import Request\n") == [
         "m (line 2) imports starlette.requests"]
 

@@ -6,6 +6,9 @@ away closes the upstream connection, which makes llama-server stop generating. A
 dies mid-stream produces an SSE `error` event instead of a hang. Non-streamed text generation is
 asked of the engine streamed where its description says so (`Engine.streamed_for_cancel`), so
 that a client hanging up stops it as well; the answer is assembled here (runtime/assemble.py).
+
+What the proxy relays is a `Relay`, plain values (the body, its media type, what to run once it is
+sent): `api/relay.py` makes the HTTP response of it, so nothing here knows the web framework.
 """
 
 from __future__ import annotations
@@ -17,12 +20,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
-
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
@@ -51,6 +51,22 @@ DONE_MARK = b"data: [DONE]"  # the last event of an OpenAI-style stream: the cli
 STREAM_HEADERS = {"Content-Type": "application/json", "Connection": "close"}
 COPY_TIMEOUT_S = 10.0  # a slot copy the engine has not done by then (it defers a busy slot's) is given up
 ENGINE_ERRORS = (OSError,)  # refused, reset, timed out: both clients raise these (remote_http.py says why)
+# A relayed stream is neither cached nor buffered on its way (X-Accel-Buffering: a reverse proxy such as nginx)
+STREAM_RESPONSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Relay:
+    """An engine's answer as the proxy hands it to the API: `body`, the whole answer (bytes) or a
+    stream of chunks relayed as they come; `after`, an async function that must run once the answer
+    has been sent, however its sending ends (a client that left included): the stats of a whole
+    answer, the model and its KV room given back by a stream. The API sends the answer, then awaits
+    `after` (api/relay.py)."""
+
+    body: bytes | AsyncIterator[bytes]
+    media_type: str
+    after: Callable[[], Awaitable[None]] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def upstream_error(lm: LoadedModel, resp_status: int, text: str) -> EngineError:
@@ -376,7 +392,7 @@ class Proxy:
                     raise lm.engine.raw_error(path, exc) from None
         raise AssertionError("unreachable")
 
-    async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Response:
+    async def forward(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str) -> Relay:
         """Non-streamed: relay the engine's bytes as they are; its stats are read once they are sent
         (the client's wait ends before that parse, and before the next request is read), or before
         when the request is traced (its span ends as the answer leaves, with the figures read)."""
@@ -388,12 +404,12 @@ class Proxy:
 
         if request_trace.get() is not None:  # a span ends as the answer leaves: what it is told comes first
             await account()
-            return Response(content, media_type="application/json")
-        return Response(content, media_type="application/json", background=BackgroundTask(account))
+            return Relay(content, "application/json")
+        return Relay(content, "application/json", after=account)
 
     async def stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                      transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
-                     media_type: str = SSE, in_band_errors: bool = True) -> Response:
+                     media_type: str = SSE, in_band_errors: bool = True) -> Relay:
         """Streamed: relay the engine's SSE chunk by chunk. `transform` may re-shape the byte stream.
 
         A client that asked for a stream reads the engine's errors as a stream too (context overflow,
@@ -412,8 +428,8 @@ class Proxy:
             if span is not None:
                 span.fail(exc.message)
             source = _error_events(exc)
-            return StreamingResponse(transform(source) if transform else source, media_type=media_type,
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return Relay(transform(source) if transform else source, media_type,
+                         headers=dict(STREAM_RESPONSE_HEADERS))
 
     async def _open_stream(self, lm: LoadedModel, path: str, body: dict[str, Any]) -> EngineStream | RemoteStream:
         if not lm.engine.remote:
@@ -427,7 +443,7 @@ class Proxy:
 
     async def _stream(self, model: ModelInfo, path: str, body: dict[str, Any], endpoint: str,
                       transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None,
-                      media_type: str) -> Response:
+                      media_type: str) -> Relay:
         await self.speculation.before(model, body, self._options(model))
         up = _Upstream(self, model, path, body)
         await up.acquire()  # admission errors (queue full, slots pinned, ...) keep their HTTP status
@@ -512,9 +528,8 @@ class Proxy:
                 up.release()
 
         source = relay()
-        return StreamingResponse(transform(source) if transform else source, media_type=media_type,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(_cleanup, up))
+        return Relay(transform(source) if transform else source, media_type, after=up.cleanup,
+                     headers=dict(STREAM_RESPONSE_HEADERS))
 
 
 class _Upstream:
@@ -549,6 +564,10 @@ class _Upstream:
             elif not waiting.cancelled():
                 waiting.exception()  # seen: a failure after the client left is nobody's to report
         self._let_go()
+
+    async def cleanup(self) -> None:
+        """Runs after the response ends, however it ends (also when the stream never started)."""
+        self.release()
 
     def _let_go(self) -> None:
         if self.resp is not None:
@@ -696,8 +715,3 @@ def error_event(err: APIError) -> bytes:
 
 async def _error_events(err: APIError) -> AsyncIterator[bytes]:
     yield error_event(err)
-
-
-async def _cleanup(up: _Upstream) -> None:
-    """Runs after the response ends, however it ends (also when the stream never started)."""
-    up.release()

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lemonade.api.anthropic import translate
 from lemonade.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from lemonade.api.relay import response
 from lemonade.runtime import forced_call
 from lemonade.services import Services
 from lemonade.serving.chat import CHAT_PATH, ENDPOINT, answer, chat_model, forcing
@@ -62,9 +63,7 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
                 source = forced_call.as_call_stream(name)(source)
             return translate.anthropic_stream(source, body.model, tr)
 
-        resp = await svc.proxy.stream(model, CHAT_PATH, payload, ENDPOINT, transform=transform)
-        resp.headers.update(headers)
-        return resp
+        return response(await svc.proxy.stream(model, CHAT_PATH, payload, ENDPOINT, transform=transform), headers)
     data = await answer(svc, model, sent, name)
     return JSONResponse(translate.to_anthropic(data, body.model, tr), headers=headers)
 

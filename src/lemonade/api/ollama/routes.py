@@ -17,7 +17,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.background import BackgroundTask
 
 from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
@@ -33,9 +32,11 @@ from lemonade.api.ollama.protocol import (
     Options,
 )
 from lemonade.api.openapi import json_body
+from lemonade.api.relay import response
 from lemonade.media import images
 from lemonade.model_info import ModelInfo
 from lemonade.route_table import OLLAMA_PREFIX
+from lemonade.runtime.proxy import Relay
 from lemonade.services import Services
 
 log = logging.getLogger("lemonade.ollama")
@@ -173,10 +174,10 @@ async def _run(svc: Services, model: ModelInfo, reply_name: str, payload: dict[s
         def transform(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             return tr.ndjson_stream(source, reply_name, timer, kind)
 
-        resp = await proxy.stream(model, path, payload, endpoint, transform=transform, media_type=NDJSON)
+        relay = await proxy.stream(model, path, payload, endpoint, transform=transform, media_type=NDJSON)
         if unload_after:
-            _unload_when_done(resp, svc, model)
-        return resp
+            _unload_when_done(relay, svc, model)
+        return response(relay)
     data = await proxy.post_json(model, path, payload, endpoint)
     if unload_after:
         await om.unload(svc, model)
@@ -185,16 +186,16 @@ async def _run(svc: Services, model: ModelInfo, reply_name: str, payload: dict[s
     return JSONResponse(tr.generate_response(reply_name, data, timer, chat=kind == "generate-chat"))
 
 
-def _unload_when_done(resp: Response, svc: Services, model: ModelInfo) -> None:
+def _unload_when_done(relay: Relay, svc: Services, model: ModelInfo) -> None:
     """`keep_alive: 0` on a streamed request: unload once the response (and its cleanup) has finished."""
-    cleanup = resp.background
+    cleanup = relay.after
 
     async def after() -> None:
         if cleanup is not None:
             await cleanup()
         await om.unload(svc, model)
 
-    resp.background = BackgroundTask(after)
+    relay.after = after
 
 
 async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest) -> Response:

@@ -21,6 +21,7 @@ from lemonade.api.openai.protocol import (
     legacy_max_tokens,
     thinking_controls,
 )
+from lemonade.api.relay import response
 from lemonade.api.sse import drop_null_events
 from lemonade.model_info import ModelInfo
 from lemonade.omni.definitions import OMNI_RECIPE
@@ -39,9 +40,8 @@ def proxy(request: Request) -> Proxy:
 async def relay(request: Request, model: ModelInfo, path: str, body: dict[str, Any], stream: bool,
                 endpoint: str) -> Response:
     p = proxy(request)
-    if stream:
-        return await p.stream(model, path, body, endpoint)
-    return await p.forward(model, path, body, endpoint)
+    relayed = await p.stream(model, path, body, endpoint) if stream else await p.forward(model, path, body, endpoint)
+    return response(relayed)
 
 
 def has_image_parts(body: ChatCompletionRequest) -> bool:
@@ -71,8 +71,8 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
     sent, name = forcing(payload)
     if name is not None:  # a named tool: asked for under a grammar, answered as its call (runtime/forced_call.py)
         if body.stream:
-            return await proxy(request).stream(model, CHAT_PATH, sent, ENDPOINT,
-                                               transform=forced_call.as_call_stream(name))
+            return response(await proxy(request).stream(model, CHAT_PATH, sent, ENDPOINT,
+                                                        transform=forced_call.as_call_stream(name)))
         return JSONResponse(await answer(svc, model, sent, name))
     return await relay(request, model, CHAT_PATH, payload, body.stream, ENDPOINT)
 
@@ -102,8 +102,8 @@ async def completions_of(request: Request, target: ModelInfo, body: CompletionRe
                 choice["text"] = prompt + choice.get("text", "")
         return JSONResponse(data)
     if body.stream and not isinstance(body.prompt, str):
-        return await proxy(request).stream(model, "/v1/completions", payload, "completions",
-                                           transform=drop_null_events)
+        return response(await proxy(request).stream(model, "/v1/completions", payload, "completions",
+                                                    transform=drop_null_events))
     return await relay(request, model, "/v1/completions", payload, body.stream, "completions")
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
+from lemonade.api.relay import response
 from lemonade.media.speech import (
     CONTENT_TYPES,
     check_speed,
@@ -87,11 +88,11 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
     payload = {"input": body.input, "voice": _voice_name(body.voice), "speed": body.speed, "response_format": fmt,
                "stream": True}
     try:
-        response = await svc.proxy.stream(model, svc.engine_path(model, "audio/speech"), payload, "audio/speech",
-                                          media_type=CONTENT_TYPES[fmt], in_band_errors=False)
+        relay = await svc.proxy.stream(model, svc.engine_path(model, "audio/speech"), payload, "audio/speech",
+                                       media_type=CONTENT_TYPES[fmt], in_band_errors=False)
     except EngineError as exc:
         raise refusal(exc) from None
     svc.metrics.record_inference(model.public, "audio/speech", None, None)
-    return response
+    return response(relay)
 
 
