@@ -8,7 +8,7 @@ names the router in a signature knows the router). Two checks:
 - the top-level packages form layers, lowest first in `LAYERS`: a module imports only from its
   own package or from a package listed before it. An engine does not know the router that drives
   it (what it needs is passed in), the catalog does not ask the engines which modes a recipe serves
-  (recipes.py tells both), and the API is above the omni tool loop and the media code it shares.
+  (recipes.py tells both), and the API is above the omni tool loop and the use cases it shares.
   One layer is not a package: what an engine declares as data (`backends/<engine>/descriptor.py`,
   the settings its checks use) sits below config, which derives the engine's settings from it.
 
@@ -41,7 +41,7 @@ LAYERS = (
     "runtime",
     "downloads", "autotune", "jobs", "mcp_client",
     "services",
-    "classification", "media", "serving", "omni",
+    "serving", "omni",
     "api",
     "server",
     "cli",

@@ -33,7 +33,7 @@ def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
 
 
 class SpeechService(Engine):
-    """What `/v1/audio/speech` asks of a text-to-speech engine (media/speech.py reads it before a
+    """What `/v1/audio/speech` asks of a text-to-speech engine (serving/speech.py reads it before a
     model loads): the response formats it encodes, buffered and streamed, and the speeds it takes.
     The request itself is `{"input", "voice", "speed", "response_format", "stream"}` at the engine's
     `audio/speech` path."""

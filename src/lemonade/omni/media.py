@@ -27,10 +27,10 @@ from typing import Any
 from lemonade.audio.formats import HEAD_BYTES
 from lemonade.backends.image_engine import ImageEngine
 from lemonade.errors import APIError
-from lemonade.media import images
-from lemonade.media.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
+from lemonade.serving import images
+from lemonade.serving.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.serving.transcription import check_audio, check_params, transcribe
 
 log = logging.getLogger("lemonade.omni")

@@ -2,7 +2,7 @@
 and the helper models the policy's model-backed conditions call.
 
 Model-backed conditions call the policy's helper models through the same router and proxy as any
-request: `classifier` a classification model (lemonade.classification, as `/v1/classify`), or a
+request: `classifier` a classification model (serving/classification.py, as `/v1/classify`), or a
 chat model asked for label scores; `semantic_similarity` an embedding model; `llm` a chat model,
 greedy and under the reply contract's JSON schema as a grammar (`response_format`), so even a small
 model answers in contract and only chooses the label. Those calls are routing dependencies: the
@@ -21,7 +21,6 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from lemonade.classification import classifier, classify_with
 from lemonade.errors import APIError, bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
@@ -30,6 +29,7 @@ from lemonade.routing.cost import estimated_cost
 from lemonade.routing.evaluate import ClassifierServices, Decision, decide
 from lemonade.runtime.request_context import ClientGone, routing_dependency
 from lemonade.services import Services
+from lemonade.serving.classification import classifier, classify_with
 
 log = logging.getLogger("lemonade.routing")
 ROUTE_HEADER = "x-lemonade-route"

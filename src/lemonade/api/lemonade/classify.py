@@ -5,7 +5,7 @@ Every malformed request is refused with a 400 naming the field before any model 
 list of strings, answered with one entry per text in `data` (like OpenAI's embeddings list):
 `{"object": "list", "model", "data": [{"object": "classification", "index", "labels"}]}`. `model`
 may be omitted while exactly one classification model is loaded. The work is
-`lemonade.classification`, which the routing engine calls too.
+`serving/classification.py`, which the routing engine calls too.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
-from lemonade.classification import classifier, classify_with
 from lemonade.services import Services
+from lemonade.serving.classification import classifier, classify_with
 
 router = APIRouter(tags=["lemonade"])
 MAX_TOP_K = 1_000_000

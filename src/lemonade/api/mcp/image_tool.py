@@ -13,7 +13,9 @@ from typing import Any
 
 from lemonade.api.errors import APIError
 from lemonade.api.mcp.sandbox import unique_name
-from lemonade.media.images import (
+from lemonade.model_info import ModelInfo
+from lemonade.services import Services
+from lemonade.serving.images import (
     generate_images,
     image_model,
     parse_cfg_scale,
@@ -22,8 +24,6 @@ from lemonade.media.images import (
     parse_size,
     parse_steps,
 )
-from lemonade.model_info import ModelInfo
-from lemonade.services import Services
 
 
 class ImageToolError(Exception):

@@ -33,11 +33,11 @@ from lemonade.api.ollama.protocol import (
 )
 from lemonade.api.openapi import json_body
 from lemonade.api.relay import response
-from lemonade.media import images
 from lemonade.model_info import ModelInfo
 from lemonade.route_table import OLLAMA_PREFIX
 from lemonade.runtime.proxy import Relay
 from lemonade.services import Services
+from lemonade.serving import images
 
 log = logging.getLogger("lemonade.ollama")
 router = APIRouter(prefix=OLLAMA_PREFIX, tags=["ollama"])

@@ -1,7 +1,7 @@
 """`POST /v1/images/generations`, `/edits`, `/variations`, `/upscale` (openai.md): pictures in PNG.
 
 The routes read the JSON or multipart body; every field is checked, and the pictures made, by
-media/images.py (the path Ollama's `/api/generate`, the MCP tool and the omni tools use too), before
+serving/images.py (the path Ollama's `/api/generate`, the MCP tool and the omni tools use too), before
 any model loads. A variation is an edit of the image with a neutral prompt, as upstream Lemonade does.
 """
 
@@ -17,7 +17,8 @@ from lemonade.api.body import json_object
 from lemonade.api.errors import APIError
 from lemonade.api.openapi import json_body
 from lemonade.backends.image_engine import MAX_STEPS, MIN_STEPS
-from lemonade.media.images import (
+from lemonade.services import Services
+from lemonade.serving.images import (
     MAX_N,
     check_image_bytes,
     check_prompt,
@@ -35,7 +36,6 @@ from lemonade.media.images import (
     upscale_image,
     upscale_model,
 )
-from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
 MAX_FIELD_BYTES = 1024 * 1024

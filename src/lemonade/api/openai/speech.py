@@ -2,7 +2,7 @@
 
 What a TTS engine can do is in its description (`backends/speech_engine.py`): the response formats
 it encodes buffered and streamed, and the speeds it accepts; the request is checked against those
-before the model is loaded (media/speech.py, which also makes the buffered audio). The voice is
+before the model is loaded (serving/speech.py, which also makes the buffered audio). The voice is
 checked by the engine's worker, which knows the model's voices (OpenAI names such as `alloy` map
 onto them); its 400 is passed on as ours. The default format is `mp3` buffered and `pcm` streamed,
 as the spec says, or the engine's first format when it cannot encode that. Streaming
@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lemonade.api.errors import APIError
 from lemonade.api.relay import response
-from lemonade.media.speech import (
+from lemonade.runtime.engine_request import EngineError
+from lemonade.services import Services
+from lemonade.serving.speech import (
     CONTENT_TYPES,
     check_speed,
     choose_format,
@@ -29,8 +31,6 @@ from lemonade.media.speech import (
     speech_format,
     synthesize,
 )
-from lemonade.runtime.engine_request import EngineError
-from lemonade.services import Services
 
 router = APIRouter(tags=["openai"])
 MAX_INPUT_CHARS = 4096  # OpenAI's limit; longer texts are better sent in parts (and streamed)
