@@ -18,7 +18,7 @@ from lemonade.backends.cloud.engine import CloudEngine
 from lemonade.backends.cloud.providers import CloudProviders
 from lemonade.backends.engine import Engine, EngineUnavailable
 from lemonade.backends.native_build import stop_builds
-from lemonade.backends.peer.engine import FAILOVER_CODES, LOCAL_ONLY_ENDPOINTS, PeerEngine
+from lemonade.backends.peer.engine import PeerEngine
 from lemonade.backends.peer.peers import Peers
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog, NotFound
@@ -35,11 +35,11 @@ from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
 from lemonade.runtime.engine_client import EngineClient
-from lemonade.runtime.engine_request import EngineError
+from lemonade.runtime.forwarding import PeerForwarding
 from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
-from lemonade.runtime.request_context import from_peer, load_progress
+from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats
@@ -108,7 +108,9 @@ class Services:
         # The other servers of the LAN (backends/peer/peers.py): requests for models they serve may go there.
         self.peers: Peers = self.engines.get(PeerEngine.recipe).peers  # type: ignore[union-attr]
         self.peers.on_down = self._unbind_peer
-        self.proxy.instead = self._instead
+        # where a request goes when this server does not serve it (runtime/forwarding.py)
+        self.forwarding = PeerForwarding(self.catalog, self.engines, self.peers, self.router)
+        self.proxy.instead = self.forwarding.instead
         self.telemetry = Telemetry(config)  # inference spans: OTLP export (`telemetry.enabled`), /spans/stream
         self.mcp = McpHost(self.config_dir)  # external MCP servers whose tools omni collections use (/internal/mcp)
         self._background: set[asyncio.Task[Any]] = set()  # work a config change started (_reload_on_new_binary)
@@ -232,58 +234,10 @@ class Services:
             lm = self.router.resident(name)
             if lm is not None:
                 return lm.model
-            on_peer = self.elsewhere(name)
+            on_peer = self.forwarding.elsewhere(name)
             if on_peer is not None:
                 return on_peer
             raise model_not_found(name) from None
-
-    def elsewhere(self, name: str) -> ModelInfo | None:
-        """A model this server does not have but a peer of the LAN serves: by its id, or addressed on
-        one peer as `<id>@<host:port>`."""
-        return self.peers.named(name) or self._on_peer(name, here=False)
-
-    # ----- peers (backends/peer/peers.py): where a request goes when this server does not serve it ------
-    def _on_peer(self, name: str, here: bool) -> ModelInfo | None:
-        """The peer's model that serves a request for `name` (`here`: this server has it too, not
-        loaded), or None: this server serves it. A request a peer forwarded here stays here."""
-        if not self.peers.forwarding or from_peer.get():
-            return None
-        targets = self.peers.targets(name, here=here, loaded_here=False)
-        return self.peers.bound(targets[0], name) if targets else None
-
-    def _forwarded(self, model: ModelInfo, endpoint: str) -> ModelInfo:
-        """`model`, or the same model on a peer that has it loaded while this server has not."""
-        if model.recipe == PeerEngine.recipe and endpoint in LOCAL_ONLY_ENDPOINTS:
-            raise APIError(400, f"{endpoint} is not forwarded to peers; ask {model.definition['peer']}, where "
-                           f"{model.definition['upstream_id']} lives, directly", code="invalid_argument")
-        engine = self.engines.get(model.recipe)
-        if (not self.peers.forwarding or engine is None or engine.remote or endpoint in LOCAL_ONLY_ENDPOINTS
-                or self.router.resident(model.name) is not None):
-            return model
-        return self._on_peer(model.public, here=True) or model
-
-    def _instead(self, model: ModelInfo, path: str, error: EngineError) -> tuple[ModelInfo, str] | None:
-        """After a peer failed a request before answering (backends/peer/engine.py `FAILOVER_CODES`; it is
-        marked down): the next peer with the model, else this server's own model at its engine's path
-        for the same endpoint, else None (the error stands)."""
-        if model.recipe != PeerEngine.recipe or error.code not in FAILOVER_CODES:
-            return None
-        name = model.definition["upstream_id"]
-        local = self.catalog.find(name)
-        other = self._on_peer(name, here=local is not None)
-        if other is not None:
-            return other, path
-        return (local, path_for) if local is not None and (path_for := self._local_path(local, path)) else None
-
-    def _local_path(self, model: ModelInfo, peer_path: str) -> str | None:
-        """The path of `model`'s engine for the endpoint a peer was asked at `peer_path` (its query
-        kept); None where this server's engine takes another request for it (pictures: the engine
-        makes their body, backends/peer/engine.py)."""
-        engine = self.engines.get(model.recipe)
-        base, _, query = peer_path.partition("?")
-        endpoint = PeerEngine.endpoint_of(base)
-        path = engine.endpoints.get(endpoint) if engine is not None and endpoint is not None else None
-        return None if path is None else path + (f"?{query}" if query else "")
 
     def _unbind_peer(self, url: str) -> None:
         """A peer stopped answering: its models bound here are let go (they take no slot; the next
@@ -379,7 +333,7 @@ class Services:
         if not self.engines.available(model.recipe):
             raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
                            "this server yet.", code="model_load_refused")
-        return self._forwarded(model, endpoint)
+        return self.forwarding.forwarded(model, endpoint)
 
     def accepts_images(self, model: ModelInfo) -> bool:
         """Whether the model has a vision projector (an mmproj checkpoint or file), i.e. can read images."""

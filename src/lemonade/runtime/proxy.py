@@ -166,7 +166,7 @@ class Proxy:
         self.metrics = metrics
         self.speculation = speculation  # speculative decoding per model: measured, switched (speculation_switch.py)
         # The model (and its engine's path) to ask when a remote engine failed a request before any of
-        # its answer left: another peer, or this server's own model (services.py wires it).
+        # its answer left: another peer, or this server's own model (runtime/forwarding.py; services.py wires it).
         self.instead: Callable[[ModelInfo, str, EngineError], tuple[ModelInfo, str] | None] = lambda *_: None
 
     def _options(self, model: ModelInfo) -> Callable[[], dict[str, Any]]:

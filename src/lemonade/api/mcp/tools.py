@@ -163,7 +163,7 @@ TOOL_NAMES = {tool["name"] for tool in TOOLS}
 
 def find_model(svc: Services, name: str) -> ModelInfo:
     """A model of this server, or one only a peer of the LAN serves (backends/peer/peers.py)."""
-    model = svc.catalog.find(name) or svc.elsewhere(name)
+    model = svc.catalog.find(name) or svc.forwarding.elsewhere(name)
     if model is None:
         raise ToolError(f"Unknown model '{name}'. Call lemonade_list_models to see the models of this server.")
     return model

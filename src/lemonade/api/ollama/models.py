@@ -46,7 +46,7 @@ def tagged(model: ModelInfo) -> str:
 def resolve(svc: Services, name: str) -> ModelInfo:
     """A model by the name an Ollama client sends (`name` or `name:latest`), or one a peer of the LAN
     serves, or Ollama's 404."""
-    model = svc.catalog.find(name) or svc.elsewhere(name)
+    model = svc.catalog.find(name) or svc.forwarding.elsewhere(name)
     if model is None:
         raise APIError(404, f"model '{name}' not found, try pulling it first. Run `lemonade list` to see "
                        "available models.", type="not_found", code="model_not_found")
