@@ -39,7 +39,6 @@ from lemonade.runtime.forwarding import PeerForwarding
 from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
-from lemonade.runtime.request_context import load_progress
 from lemonade.runtime.router import Router
 from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats
@@ -93,7 +92,7 @@ class Services:
         self.suspend = SuspendGuard(SuspendInhibitor(), busy=lambda: not self.router.drained(),
                                     enabled=lambda: bool(config.get("inhibit_suspend")),
                                     watching=lambda: bool(self.router.processes()))
-        self.router = Router(engines=self.engines, config=config, files_for=self.files_for_load,
+        self.router = Router(engines=self.engines, config=config, files_for=self.downloads.files_for_load,
                              client=self.engine_client, on_change=self.suspend.wake)
         self.router.needed_helpers = self.routing_helpers
         # Speculative decoding kept on per model only while it earns speed (runtime/speculation.py)
@@ -353,18 +352,6 @@ class Services:
 
     def engine_available(self, model: ModelInfo) -> bool:
         return self.engines.available(model.recipe)
-
-    async def files_for_load(self, model: ModelInfo) -> dict[str, list[Path]]:
-        """Files of a model about to load, downloading them first when needed."""
-        files = self.catalog.local_files(model)
-        if files is not None:
-            return files
-        await self.downloads.ensure_downloaded(model, load_progress.get())
-        files = self.catalog.local_files(model)
-        if files is None:
-            raise APIError(500, f"Model {model.public} was downloaded but its files are not complete on disk",
-                           code="model_load_error")
-        return files
 
     async def load_for_request(self, model: ModelInfo, request: dict[str, Any]) -> None:
         """Load `model` for an inference request that carries load-level options (`ctx_size`, the one

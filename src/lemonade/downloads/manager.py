@@ -31,6 +31,7 @@ from lemonade.downloads.transfer import DiskFull, IntegrityError, Stopped, fetch
 from lemonade.downloads.updates import find_updates
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
+from lemonade.runtime.request_context import load_progress
 
 
 class ModelFiles(Protocol):
@@ -266,6 +267,19 @@ class DownloadManager:
             if progress is not None:
                 progress({"phase": "download", "message": f"Downloading {model.public}: {event.get('file', '')}",
                           "percent": event.get("percent")})
+
+    async def files_for_load(self, model: ModelInfo) -> dict[str, list[Path]]:
+        """The files of a model about to load (the router asks), downloaded first when needed; the
+        download's progress goes to the load's own (`load_progress`: a `/v1/load` stream shows it)."""
+        files = self.catalog.local_files(model)
+        if files is not None:
+            return files
+        await self.ensure_downloaded(model, load_progress.get())
+        files = self.catalog.local_files(model)
+        if files is None:
+            raise APIError(500, f"Model {model.public} was downloaded but its files are not complete on disk",
+                           code="model_load_error")
+        return files
 
     async def _transfer(self, model: ModelInfo) -> Transfer:
         existing = self._transfers.get(model.name)

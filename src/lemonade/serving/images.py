@@ -279,7 +279,7 @@ def decode_base64_image(value: Any, field: str = "image") -> bytes:
 
 
 async def upscale_image(svc: Services, model: ModelInfo, engine: ImageEngine, png: bytes) -> dict[str, Any]:
-    files = await svc.files_for_load(model)
+    files = await svc.downloads.files_for_load(model)
     started = time.monotonic()
     out = await engine.upscale(files, png, until_gone_or)  # a client that leaves stops the work
     log.info("%s: upscaled %d bytes to %d bytes in %.1f s", model.public, len(png), len(out),
