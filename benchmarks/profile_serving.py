@@ -60,7 +60,7 @@ PHASES: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(pat)) for name, p
     ("upstream request/response (aiohttp: remote engines, uploads)", r"\(aiohttp/"),
     ("upstream request/response (engine_client.py)", r"\(lemonade/runtime/engine_client\.py\)|httptools/parser"),
     ("relay (proxy.py)", r"^relay \(lemonade/runtime/proxy\.py\)"),
-    ("model check / resolve", r"check_model|resolve \(lemonade/(services|catalog)|find \(lemonade/catalog"),
+    ("model check / resolve", r"check_model|resolve \(lemonade/(serving/models|catalog)|find \(lemonade/catalog"),
     ("router use/acquire/release", r"\(lemonade/runtime/router/"),
     ("options", r"\(lemonade/runtime/options\.py\)"),
     ("file system", r"^(stat|exists|is_file|is_dir|walk|scandir|open|read_text|gguf_info) "),

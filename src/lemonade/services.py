@@ -21,12 +21,12 @@ from lemonade.backends.native_build import stop_builds
 from lemonade.backends.peer.engine import PeerEngine
 from lemonade.backends.peer.peers import Peers
 from lemonade.backends.registry import Engines
-from lemonade.catalog.catalog import Catalog, NotFound
+from lemonade.catalog.catalog import Catalog
 from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
-from lemonade.errors import APIError, bad_request, model_not_found
+from lemonade.errors import bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.mcp_client.host import McpHost
 from lemonade.model_info import ModelInfo
@@ -47,11 +47,6 @@ from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
-
-# Which of our endpoints a deployment mode serves, for "use X instead" hints.
-ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
-                     "transcription": "/audio/transcriptions", "image": "/images/generations",
-                     "tts": "/audio/speech", "classification": "/classify"}
 
 
 class Services:
@@ -221,23 +216,6 @@ class Services:
     def offline(self) -> bool:
         return bool(self.config.get("offline"))
 
-    def resolve(self, name: Any) -> ModelInfo:
-        """A model by any accepted name, or 404 model_not_found."""
-        if not isinstance(name, str) or not name:
-            raise APIError(400, "Missing required field 'model'", code="missing_argument")
-        try:
-            return self.catalog.resolve(name)
-        except NotFound:
-            # A loaded model answers until it is unloaded, even once its source stopped listing it (a
-            # cloud model whose key was cleared: its requests then say that the key is missing).
-            lm = self.router.resident(name)
-            if lm is not None:
-                return lm.model
-            on_peer = self.forwarding.elsewhere(name)
-            if on_peer is not None:
-                return on_peer
-            raise model_not_found(name) from None
-
     def _unbind_peer(self, url: str) -> None:
         """A peer stopped answering: its models bound here are let go (they take no slot; the next
         request chooses again)."""
@@ -307,51 +285,6 @@ class Services:
         """The canonical ids of a collection's components (stored as the names they were given)."""
         found = [self.catalog.find(c) for c in model.components or []]
         return [c.name for c in found if c is not None]
-
-    def check_model(self, model: ModelInfo, mode: str, endpoint: str, *, hint: dict[str, str] | None = None,
-                    images: bool = False) -> ModelInfo:
-        """May `model` serve this request? The one check every API family uses: not a collection, the
-        right deployment mode, images only for vision models, an engine this server has. Returns the
-        model that serves it: `model`, or the same model on a peer of the LAN that has it loaded while
-        this server has not (backends/peer/peers.py)."""
-        if model.recipe == ROUTER_RECIPE:
-            raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
-                           "/completions and /responses requests to one of its members; call one of those "
-                           "endpoints, or a member directly: " + ", ".join(model.components or []),
-                           code="model_mode_mismatch")
-        if model.is_collection:
-            raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
-                           + ", ".join(model.components or []), code="model_mode_mismatch")
-        if model.mode != mode:
-            use = (hint or ENDPOINT_FOR_MODE).get(model.mode)
-            raise APIError(400, f"Model {model.public} is a '{model.mode}' model and cannot serve {endpoint}"
-                           + (f"; use {use} instead" if use else ""), code="model_mode_mismatch")
-        if images and not self.accepts_images(model):
-            raise APIError(400, f"Model {model.public} does not accept images (it has no vision projector). Use a "
-                           "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
-        if not self.engines.available(model.recipe):
-            raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
-                           "this server yet.", code="model_load_refused")
-        return self.forwarding.forwarded(model, endpoint)
-
-    def accepts_images(self, model: ModelInfo) -> bool:
-        """Whether the model has a vision projector (an mmproj checkpoint or file), i.e. can read images."""
-        if "mmproj" in model.checkpoints or "vision" in model.labels:
-            return True
-        files = self.catalog.local_files(model)
-        return bool(files and files.get("mmproj"))
-
-    def engine_path(self, model: ModelInfo, endpoint: str) -> str:
-        """The engine's path for our `endpoint` (its description says); 400 when it serves no such thing."""
-        engine = self.engines.get(model.recipe)
-        path = engine.endpoints.get(endpoint) if engine is not None and engine.available else None
-        if path is None:
-            raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /{endpoint}",
-                           code="invalid_argument")
-        return path
-
-    def engine_available(self, model: ModelInfo) -> bool:
-        return self.engines.available(model.recipe)
 
     async def load_for_request(self, model: ModelInfo, request: dict[str, Any]) -> None:
         """Load `model` for an inference request that carries load-level options (`ctx_size`, the one

@@ -48,6 +48,7 @@ from lemonade.omni.toolset import Toolset
 from lemonade.runtime import forced_call
 from lemonade.services import Services
 from lemonade.serving import chat
+from lemonade.serving.models import accepts_images
 from lemonade.util.jsonparse import loads
 
 log = logging.getLogger("lemonade.omni")
@@ -194,7 +195,7 @@ def prepare(svc: Services, toolset: Toolset, request: dict[str, Any]) -> Prepare
     max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
     turn = Turn(artifacts=[], history_image=last_image(request["messages"]),
                 max_tokens=max_tokens if isinstance(max_tokens, int) else None)
-    sees_images = svc.accepts_images(toolset.llm)
+    sees_images = accepts_images(svc, toolset.llm)
     out = [prepared_message(m, sees_images, turn, f"messages[{i}]") for i, m in enumerate(request["messages"])]
     if out and out[0].get("role") in ("system", "developer") and isinstance(out[0].get("content"), str):
         out[0] = {**out[0], "role": "system", "content": toolset.system_prompt + "\n\n" + out[0]["content"]}

@@ -30,6 +30,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
 from lemonade.serving import images
+from lemonade.serving.models import accepts_images, engine_path
 from lemonade.serving.speech import CONTENT_TYPES, PCM_CONTENT_TYPE, speech_format, synthesize
 from lemonade.serving.transcription import check_audio, check_params, transcribe
 
@@ -216,7 +217,7 @@ async def analyze_image(svc: Services, model: ModelInfo, args: dict[str, Any],
     body = {"model": model.public, "stream": False, "temperature": 0.0, "max_tokens": budget,
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                       {"type": "text", "text": question}]}]}
-    data = await svc.proxy.post_json(model, svc.engine_path(model, "chat/completions"), body, "chat/completions")
+    data = await svc.proxy.post_json(model, engine_path(svc, model, "chat/completions"), body, "chat/completions")
     answer = ((data.get("choices") or [{}])[0].get("message") or {}).get("content")
     if not isinstance(answer, str) or not answer.strip():
         raise ToolFailure(f"the vision model {model.public} gave no answer about the image")
@@ -246,7 +247,7 @@ RUNNERS: dict[str, Runner] = {
                                lambda svc, m: _serves(svc, m, "transcription", "audio/transcriptions")),
     # a vision model other than the LLM: an LLM that sees images gets the pictures themselves (toolset.py)
     "analyze_image": Runner(analyze_image, lambda svc, m: _serves(svc, m, "chat", "chat/completions")
-                            and svc.accepts_images(m)),
+                            and accepts_images(svc, m)),
 }
 
 

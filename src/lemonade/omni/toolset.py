@@ -22,6 +22,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.omni.definitions import OMNI_TOOLS, PLACEHOLDERS, SYSTEM_PROMPT
 from lemonade.omni.media import RUNNERS
 from lemonade.services import Services
+from lemonade.serving.models import accepts_images
 
 
 @dataclass
@@ -51,14 +52,14 @@ def build(svc: Services, collection: ModelInfo, client_tools: list[dict[str, Any
         raise APIError(400, f"Model {collection.public} is an omni collection without a chat model among its "
                        f"components ({', '.join(collection.components or [])}); add an LLM to it to chat with it",
                        code="model_mode_mismatch")
-    if not svc.engine_available(llm):
+    if not svc.engines.available(llm.recipe):
         raise APIError(400, f"Model {collection.public}: its chat component {llm.public} uses recipe '{llm.recipe}', "
                        "whose engine is not available in this server.", code="model_load_refused")
     tools: list[dict[str, Any]] = []
     runs_on: dict[str, ModelInfo] = {}
     lines: list[str] = []
     guidance: list[str] = []
-    llm_sees = svc.accepts_images(llm)
+    llm_sees = accepts_images(svc, llm)
     for definition in OMNI_TOOLS:
         runner = RUNNERS.get(definition["function"]["name"])
         if runner is None or (llm_sees and definition["function"]["name"] == "analyze_image"):

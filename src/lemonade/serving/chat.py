@@ -15,6 +15,7 @@ from typing import Any
 from lemonade.model_info import ModelInfo
 from lemonade.runtime import forced_call
 from lemonade.services import Services
+from lemonade.serving.models import check_model, resolve
 
 CHAT_PATH = "/v1/chat/completions"  # the engine's path (llama-server's, and every OpenAI-compatible engine's)
 ENDPOINT = "chat/completions"  # the endpoint stats, metrics and spans count it under
@@ -25,7 +26,7 @@ AUTO_LOAD_FIELDS = ("ctx_size",)
 
 def chat_model(svc: Services, name: str, endpoint: str, images: bool = False) -> ModelInfo:
     """The chat model `name` names, checked to serve `endpoint` (with images when the messages hold some)."""
-    return svc.check_model(svc.resolve(name), "chat", endpoint, images=images)
+    return check_model(svc, resolve(svc, name), "chat", endpoint, images=images)
 
 
 async def auto_load(svc: Services, model: ModelInfo, payload: dict[str, Any]) -> None:

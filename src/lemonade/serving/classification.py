@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
+from lemonade.serving.models import check_model, engine_path, resolve
 
 if TYPE_CHECKING:
     from lemonade.services import Services
@@ -34,8 +35,8 @@ def classifier(svc: Services, name: str | None) -> ModelInfo:
     """The classification model `name` names (or the loaded one); 4xx when it cannot classify."""
     if name is None:
         return loaded_classifier(svc)
-    model = svc.check_model(svc.resolve(name), "classification", "/classify")
-    svc.engine_path(model, ENDPOINT)
+    model = check_model(svc, resolve(svc, name), "classification", "/classify")
+    engine_path(svc, model, ENDPOINT)
     return model
 
 
@@ -43,7 +44,7 @@ async def classify_with(svc: Services, model: ModelInfo, texts: list[str],
                         top_k: int | None = None) -> list[dict[str, float]]:
     """Scores of each text by an already resolved classifier (see `classify`)."""
     payload = {"texts": texts, "top_k": top_k}
-    data = await svc.proxy.post_json(model, svc.engine_path(model, ENDPOINT), payload, ENDPOINT)
+    data = await svc.proxy.post_json(model, engine_path(svc, model, ENDPOINT), payload, ENDPOINT)
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or len(results) != len(texts) or \
             not all(isinstance(r, dict) and isinstance(r.get("labels"), dict) for r in results):

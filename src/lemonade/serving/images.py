@@ -33,6 +33,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone, until_gone_or
 from lemonade.services import Services
+from lemonade.serving.models import check_model, engine_path, resolve
 
 log = logging.getLogger("lemonade.images")
 
@@ -148,7 +149,7 @@ def check_image_bytes(data: bytes, field: str) -> bytes:
 
 def image_model(svc: Services, name: Any, endpoint: str) -> tuple[ModelInfo, ImageEngine]:
     """The model, checked to be an image generation model this server runs, and its engine."""
-    model = svc.check_model(svc.resolve(name), "image", endpoint)
+    model = check_model(svc, resolve(svc, name), "image", endpoint)
     engine = svc.engines.get(model.recipe)
     if not isinstance(engine, ImageEngine):
         raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve {endpoint}",
@@ -206,7 +207,7 @@ async def generate_images(svc: Services, model: ModelInfo, engine: ImageEngine, 
                           seed: int | None = None) -> dict[str, Any]:
     """`{"created", "data": [{"b64_json"}]}` for n pictures of `prompt`."""
     prompt = check_prompt(prompt)  # also for the callers that are not the route (Ollama, MCP)
-    path = svc.engine_path(model, "images/generations")
+    path = engine_path(svc, model, "images/generations")
     first = engine.resolve_seed(seed)
     started = time.monotonic()
     data = []
@@ -224,7 +225,7 @@ async def edit_images(svc: Services, model: ModelInfo, engine: ImageEngine, prom
                       mask: bytes | None, *, size: tuple[int, int], n: int = 1, steps: int | None = None,
                       cfg_scale: float | None = None, seed: int | None = None,
                       endpoint: str = "images/edits") -> dict[str, Any]:
-    path = svc.engine_path(model, "images/edits")
+    path = engine_path(svc, model, "images/edits")
     first = engine.resolve_seed(seed)
     data = []
     for i in range(n):
@@ -253,7 +254,7 @@ def upscale_model(svc: Services, name: Any) -> tuple[ModelInfo, ImageEngine]:
     if not isinstance(name, str):
         raise APIError(400, "Invalid value for 'model': a model name (string) is expected", code="invalid_argument")
     try:
-        model = svc.resolve(name)
+        model = resolve(svc, name)
     except APIError as exc:
         if exc.status == 404:
             raise APIError(404, f"Upscale model not found: {name}", type="invalid_request_error",

@@ -18,7 +18,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
-from lemonade.serving.models import shown_checkpoint
+from lemonade.serving.models import resolve, shown_checkpoint
 
 NAME_KEYS = ("model_name", "model")  # the alias not taken as the name is no option either
 
@@ -29,7 +29,7 @@ def prepare_load(svc: Services, name: str, options: dict[str, Any], *, pinned: b
     work that performs the load. `pinned`: None keeps the saved pin; `save_options`: store the options
     as the model's own once loaded. `show_paths`: an extra-dir model's checkpoint by absolute path
     (admins), else by file name (/v1/models' rule)."""
-    model = svc.resolve(name)
+    model = resolve(svc, name)
     done = {"status": "success", "message": f"Loaded model: {model.public}", "model_name": model.public,
             "recipe": model.recipe}
     if model.recipe == ROUTER_RECIPE:
@@ -40,12 +40,12 @@ def prepare_load(svc: Services, name: str, options: dict[str, Any], *, pinned: b
 
         return acknowledge
     if model.is_collection:
-        components = [svc.resolve(comp) for comp in model.components or []]
+        components = [resolve(svc, comp) for comp in model.components or []]
 
         async def load_collection() -> dict[str, Any]:
             if svc.catalog.collection_file(model) is not None:  # its file names the components
                 await svc.ready_collection(model)
-                components.extend(svc.resolve(comp) for comp in model.components or [])
+                components.extend(resolve(svc, comp) for comp in model.components or [])
             for comp in components:
                 def resolved(c: ModelInfo = comp) -> dict[str, Any]:
                     return svc.options.resolve(c.name, c.recipe)

@@ -1,5 +1,10 @@
-"""Models as clients see them: the model object of `/v1/models` (also the job op `models`, a model's
-registration answer and what a peer lists) and a checkpoint as it may be shown.
+"""The model a request names, and models as clients see them.
+
+`resolve` finds a model by any accepted name and `check_model` is the one check every entry point
+makes of it (the right deployment mode, images only for vision models, an engine this server has;
+the same model on a peer of the LAN where one serves it sooner); `engine_path` is where its engine
+takes our endpoint. The model object of `/v1/models` (also the job op `models`, a model's
+registration answer and what a peer lists) and a checkpoint as it may be shown are here too.
 
 Whether the caller may see a local file's absolute path is the API's to judge (`api/privacy.py`
 `paths_shown`); here it is a flag.
@@ -9,9 +14,80 @@ from __future__ import annotations
 
 from typing import Any
 
+from lemonade.catalog.catalog import NotFound
+from lemonade.errors import APIError, model_not_found
+from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.cost import prices
 from lemonade.services import Services
+
+# Which of our endpoints a deployment mode serves, for "use X instead" hints.
+ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
+                     "transcription": "/audio/transcriptions", "image": "/images/generations",
+                     "tts": "/audio/speech", "classification": "/classify"}
+
+
+def resolve(svc: Services, name: Any) -> ModelInfo:
+    """A model by any accepted name, or 404 model_not_found."""
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "Missing required field 'model'", code="missing_argument")
+    try:
+        return svc.catalog.resolve(name)
+    except NotFound:
+        # A loaded model answers until it is unloaded, even once its source stopped listing it (a
+        # cloud model whose key was cleared: its requests then say that the key is missing).
+        lm = svc.router.resident(name)
+        if lm is not None:
+            return lm.model
+        on_peer = svc.forwarding.elsewhere(name)
+        if on_peer is not None:
+            return on_peer
+        raise model_not_found(name) from None
+
+
+def check_model(svc: Services, model: ModelInfo, mode: str, endpoint: str, *, hint: dict[str, str] | None = None,
+                images: bool = False) -> ModelInfo:
+    """May `model` serve this request? The one check every API family uses: not a collection, the
+    right deployment mode, images only for vision models, an engine this server has. Returns the
+    model that serves it: `model`, or the same model on a peer of the LAN that has it loaded while
+    this server has not (runtime/forwarding.py)."""
+    if model.recipe == ROUTER_RECIPE:
+        raise APIError(400, f"Model {model.public} is a collection.router model: it routes /chat/completions, "
+                       "/completions and /responses requests to one of its members; call one of those "
+                       "endpoints, or a member directly: " + ", ".join(model.components or []),
+                       code="model_mode_mismatch")
+    if model.is_collection:
+        raise APIError(400, f"Model {model.public} is a collection; call one of its components instead: "
+                       + ", ".join(model.components or []), code="model_mode_mismatch")
+    if model.mode != mode:
+        use = (hint or ENDPOINT_FOR_MODE).get(model.mode)
+        raise APIError(400, f"Model {model.public} is a '{model.mode}' model and cannot serve {endpoint}"
+                       + (f"; use {use} instead" if use else ""), code="model_mode_mismatch")
+    if images and not accepts_images(svc, model):
+        raise APIError(400, f"Model {model.public} does not accept images (it has no vision projector). Use a "
+                       "model with the 'vision' label, e.g. Gemma-3-4b-it-GGUF.", code="invalid_argument")
+    if not svc.engines.available(model.recipe):
+        raise APIError(400, f"Model {model.public} uses recipe '{model.recipe}', whose engine is not available in "
+                       "this server yet.", code="model_load_refused")
+    return svc.forwarding.forwarded(model, endpoint)
+
+
+def accepts_images(svc: Services, model: ModelInfo) -> bool:
+    """Whether the model has a vision projector (an mmproj checkpoint or file), i.e. can read images."""
+    if "mmproj" in model.checkpoints or "vision" in model.labels:
+        return True
+    files = svc.catalog.local_files(model)
+    return bool(files and files.get("mmproj"))
+
+
+def engine_path(svc: Services, model: ModelInfo, endpoint: str) -> str:
+    """The engine's path for our `endpoint` (its description says); 400 when it serves no such thing."""
+    engine = svc.engines.get(model.recipe)
+    path = engine.endpoints.get(endpoint) if engine is not None and engine.available else None
+    if path is None:
+        raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /{endpoint}",
+                       code="invalid_argument")
+    return path
 
 
 def shown_checkpoint(model: ModelInfo, include_paths: bool = False, role: str = "main") -> str:

@@ -30,6 +30,7 @@ from lemonade.routing.evaluate import ClassifierServices, Decision, decide
 from lemonade.runtime.request_context import ClientGone, routing_dependency
 from lemonade.services import Services
 from lemonade.serving.classification import classifier, classify_with
+from lemonade.serving.models import engine_path, resolve
 
 log = logging.getLogger("lemonade.routing")
 ROUTE_HEADER = "x-lemonade-route"
@@ -69,7 +70,7 @@ class Helpers:
         self.svc = svc
 
     def _model(self, name: str) -> ModelInfo:
-        model = self.svc.resolve(name)
+        model = resolve(self.svc, name)
         if model.is_collection:
             raise ValueError(f"{name} is a collection")
         return model
@@ -88,7 +89,7 @@ class Helpers:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "routing_decision", "schema": dict(schema)}}
         with _as_dependency():
-            data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "chat/completions"), body,
+            data = await self.svc.proxy.post_json(model, engine_path(self.svc, model, "chat/completions"), body,
                                                   "chat/completions")
         return str(data["choices"][0]["message"].get("content") or "")
 
@@ -107,7 +108,7 @@ class Helpers:
     async def embed(self, name: str, text: str) -> list[float]:
         model = self._model(name)
         with _as_dependency():
-            data = await self.svc.proxy.post_json(model, self.svc.engine_path(model, "embeddings"),
+            data = await self.svc.proxy.post_json(model, engine_path(self.svc, model, "embeddings"),
                                                   {"model": model.public, "input": text}, "embeddings")
         return list(data["data"][0]["embedding"])
 

@@ -14,6 +14,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_request import EngineError
 from lemonade.services import Services
+from lemonade.serving.models import engine_path
 
 # Raw PCM is declared as Lemonade declares it: 16-bit little-endian samples at 24 kHz, mono (RFC 2586's
 # audio/L16 with its rate), so a player knows how to read headerless bytes.
@@ -33,7 +34,7 @@ def choose_format(requested: str | None, supported: tuple[str, ...], default: st
 
 
 def speech_engine(svc: Services, model: ModelInfo) -> SpeechService:
-    svc.engine_path(model, "audio/speech")
+    engine_path(svc, model, "audio/speech")
     engine = svc.engines.get(model.recipe)
     if not isinstance(engine, SpeechService):
         raise APIError(400, f"Model {model.public} (recipe '{model.recipe}') does not serve /audio/speech",
@@ -70,7 +71,7 @@ async def synthesize(svc: Services, model: ModelInfo, text: str, *, voice: str |
     check_speed(engine, speed)
     payload = {"input": text, "voice": voice, "speed": speed, "response_format": fmt, "stream": False}
     try:
-        audio = await svc.proxy.post_raw(model, svc.engine_path(model, "audio/speech"), payload, "application/json")
+        audio = await svc.proxy.post_raw(model, engine_path(svc, model, "audio/speech"), payload, "application/json")
     except EngineError as exc:
         raise refusal(exc) from None
     svc.metrics.record_inference(model.public, "audio/speech", None, None)

@@ -19,6 +19,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import Services
+from lemonade.serving.models import engine_path
 
 RESPONSE_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
 LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}$")
@@ -28,7 +29,7 @@ async def transcribe(svc: Services, model: ModelInfo, audio: bytes | FileBody, p
                      content_type: str = "application/octet-stream") -> dict[str, Any]:
     """One transcription through the router and the model's engine: `{"text", "language", "duration",
     "segments"}`. `content_type`: the audio's, as the client said it (an engine may pass it on)."""
-    path = svc.engine_path(model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
+    path = engine_path(svc, model, "audio/transcriptions") + ("?" + urlencode(params) if params else "")
     result = json.loads(await svc.proxy.post_raw(model, path, audio, content_type))
     svc.metrics.record_inference(model.public, "audio/transcriptions", None, None)
     return result

@@ -25,6 +25,7 @@ from lemonade.api.relay import response
 from lemonade.runtime import forced_call
 from lemonade.services import Services
 from lemonade.serving.chat import CHAT_PATH, ENDPOINT, answer, chat_model, forcing
+from lemonade.serving.models import check_model, resolve
 
 log = logging.getLogger("lemonade.anthropic")
 router = APIRouter(tags=["anthropic"])
@@ -47,11 +48,11 @@ def _log_warnings(model: str, warnings: list[str]) -> None:
 @router.post("/messages")
 async def messages(request: Request, body: MessagesRequest) -> Response:
     svc: Services = request.app.state.services
-    model = svc.resolve(body.model)
+    model = resolve(svc, body.model)
     tr = translate.to_openai(body, model.name)
     images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
                  for m in tr.body["messages"])
-    model = svc.check_model(model, "chat", "/messages", images=images)  # or the same model on a peer
+    model = check_model(svc, model, "chat", "/messages", images=images)  # or the same model on a peer
     _log_warnings(model.name, tr.warnings)
     headers = warning_header(tr.warnings)
     sent, name = forcing(tr.body)  # tool_choice {type: tool}: the call is forced (runtime/forced_call.py)

@@ -28,6 +28,7 @@ from lemonade.downloads.variant_listing import collection_file_name, describe_co
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
+from lemonade.serving.models import resolve
 
 router = APIRouter(tags=["downloads"])
 
@@ -292,7 +293,7 @@ async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
         {"model_name": "Qwen3-0.6B-GGUF"}])) -> dict[str, Any]:
     svc = _services(request)
     try:
-        model = svc.resolve(body.model_name)
+        model = resolve(svc, body.model_name)
     except APIError as exc:
         if exc.status == 404:  # Lemonade's server answers an unknown name with 422 here (its app and tests rely on it)
             exc.status = 422

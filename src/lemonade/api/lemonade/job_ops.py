@@ -29,7 +29,7 @@ from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
 from lemonade.serving.chat import CHAT_PATH, ENDPOINT, chat_model
 from lemonade.serving.load import prepare_load
-from lemonade.serving.models import model_object
+from lemonade.serving.models import model_object, resolve
 from lemonade.system.info import system_info, system_stats
 
 log = logging.getLogger("lemonade.jobs")
@@ -79,7 +79,7 @@ class ServerOps:
 
     async def models(self, params: dict[str, Any], state: RunState) -> Any:
         if "id" in params:
-            model = self.svc.resolve(params["id"])
+            model = resolve(self.svc, params["id"])
             return model_object(self.svc, model, with_components=True)
         data = [model_object(self.svc, m) for m in self.svc.catalog.all()]
         return {"object": "list", "data": [m for m in data if params.get("show_all") or m["downloaded"]]}
@@ -111,7 +111,7 @@ class ServerOps:
             body = LoadRequest.model_validate({k: v for k, v in params.items() if k != "stream"})
         except ValidationError as exc:
             raise _invalid(exc, "load") from None
-        model = self.svc.resolve(body.model_name)
+        model = resolve(self.svc, body.model_name)
         names = self.svc.component_names(model) if model.is_collection else [model.name]
         return body, names
 

@@ -14,7 +14,7 @@ from lemonade.checkpoints.variants import shard_info
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
-from lemonade.serving.models import model_object
+from lemonade.serving.models import model_object, resolve
 
 router = APIRouter(tags=["models"])
 
@@ -66,7 +66,7 @@ def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any],
 
 
 def _model_for_options(svc: Services, model_id: str) -> ModelInfo:
-    model = svc.resolve(model_id)
+    model = resolve(svc, model_id)
     if model.is_collection:
         raise bad_request(f"Model {model.public} is a collection; set options on each component instead")
     return model
@@ -110,7 +110,7 @@ async def reset_options(request: Request, model_id: str) -> dict[str, Any]:
 @router.get("/models/{model_id}/files")
 async def model_files(request: Request, model_id: str, include_paths: bool = Query(False)) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    model = svc.resolve(model_id)
+    model = resolve(svc, model_id)
     entries: list[dict[str, Any]] = []
     files = svc.catalog.local_files(model)
     if files is None and not model.is_collection:

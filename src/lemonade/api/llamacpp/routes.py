@@ -15,6 +15,7 @@ from lemonade.api.body import parse_body
 from lemonade.api.errors import APIError
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
+from lemonade.serving.models import check_model, engine_path, resolve
 
 router = APIRouter(tags=["llama.cpp"])
 
@@ -57,8 +58,8 @@ def _llamacpp_target(svc: Services, endpoint: str) -> LoadedModel:
 
 async def rerank(request: Request, body: RerankRequest) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    model = svc.check_model(svc.resolve(body.model), "reranking", "/rerank")
-    svc.engine_path(model, "rerank")
+    model = check_model(svc, resolve(svc, body.model), "reranking", "/rerank")
+    engine_path(svc, model, "rerank")
     payload = body.model_dump(exclude_unset=True, exclude={"ctx_size"})
     p = svc.proxy
     if body.ctx_size is not None and svc.router.resident(model.name) is None:
@@ -81,8 +82,8 @@ async def tokenize(request: Request, body: TokenizeRequest) -> Any:
     payload = body.model_dump(exclude={"model"})
     p = svc.proxy
     if body.model:
-        model = svc.resolve(body.model)
-        return await p.post_json(model, svc.engine_path(model, "tokenize"), payload, "tokenize")
+        model = resolve(svc, body.model)
+        return await p.post_json(model, engine_path(svc, model, "tokenize"), payload, "tokenize")
     lm = _llamacpp_target(svc, "tokenize")
     return await p.post_json(lm.model, "/tokenize", payload, "tokenize", lm=lm)
 

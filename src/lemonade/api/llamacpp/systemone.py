@@ -22,6 +22,7 @@ from lemonade.api.body import json_object
 from lemonade.api.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
+from lemonade.serving.models import engine_path, resolve
 
 router = APIRouter(tags=["llama.cpp"])
 ENDPOINT = "systemone"
@@ -145,7 +146,7 @@ def decision_model(svc: Services, name: str | None) -> ModelInfo:
                            f"is loaded, and {which}. Name the decision model in 'model'.", code="missing_argument")
         model = loaded[0]
     else:
-        model = svc.resolve(name)
+        model = resolve(svc, name)
     missing = [label for label in LABELS if label not in model.labels]
     if model.is_collection or missing:
         raise APIError(400, f"Model {model.public} cannot answer SystemOne questions: it lacks the "
@@ -178,4 +179,4 @@ async def systemone(request: Request) -> Any:
         options = svc.options.resolve(model.name, model.recipe, request={"ctx_size": body["ctx_size"]})
         await svc.router.ensure_loaded(model, options)
     payload = {**{k: v for k, v in body.items() if k != "ctx_size"}, "model": model.public}
-    return await svc.proxy.post_json(model, svc.engine_path(model, ENDPOINT), payload, ENDPOINT)
+    return await svc.proxy.post_json(model, engine_path(svc, model, ENDPOINT), payload, ENDPOINT)

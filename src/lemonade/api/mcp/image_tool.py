@@ -42,7 +42,7 @@ def pick_image_model(svc: Services, name: str | None) -> ModelInfo:
     if loaded:
         return loaded[0].model
     for model in svc.catalog.all():
-        if (model.mode == "image" and "upscaling" not in model.labels and svc.engine_available(model)
+        if (model.mode == "image" and "upscaling" not in model.labels and svc.engines.available(model.recipe)
                 and svc.catalog.is_downloaded(model)):
             return model
     raise ImageToolError("No image model is loaded or downloaded. Pass `model` (e.g. SD-Turbo; see "

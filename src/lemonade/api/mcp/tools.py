@@ -30,8 +30,9 @@ from lemonade.omni import loop as omni_loop
 from lemonade.omni import toolset as omni_toolset
 from lemonade.omni.definitions import OMNI_RECIPE
 from lemonade.runtime.engine_request import FileBody
-from lemonade.services import ENDPOINT_FOR_MODE, Services
+from lemonade.services import Services
 from lemonade.serving.chat import answer, forcing
+from lemonade.serving.models import ENDPOINT_FOR_MODE, check_model
 from lemonade.serving.transcription import check_audio, check_params, shaped, transcribe
 from lemonade.util.atomic import atomic_write_bytes
 
@@ -202,9 +203,9 @@ TOOL_FOR_MODE = {"chat": "lemonade_chat", "transcription": "lemonade_transcribe_
 
 
 def checked_model(svc: Services, name: str, mode: str, tool: str) -> ModelInfo:
-    """The server's one model check (`svc.check_model`), its refusal as a tool error."""
+    """The server's one model check (`serving/models.py` `check_model`), its refusal as a tool error."""
     try:
-        return svc.check_model(find_model(svc, name), mode, tool, hint=TOOL_FOR_MODE)
+        return check_model(svc, find_model(svc, name), mode, tool, hint=TOOL_FOR_MODE)
     except APIError as exc:
         raise ToolError(exc.message) from None
 
@@ -216,7 +217,7 @@ def _pick_chat_model(svc: Services, name: str | None) -> ModelInfo:
     if loaded:
         return loaded[0].model
     for model in svc.catalog.all():
-        if model.mode == "chat" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
+        if model.mode == "chat" and svc.engines.available(model.recipe) and svc.catalog.is_downloaded(model):
             return model
     raise ToolError("No chat model is loaded or downloaded. Pass `model` (see lemonade_list_models); a model "
                     "that is not downloaded yet is downloaded first.")
@@ -298,7 +299,7 @@ def _pick_transcription_model(svc: Services) -> ModelInfo:
     if loaded:
         return loaded[0].model
     for model in svc.catalog.all():
-        if model.mode == "transcription" and svc.engine_available(model) and svc.catalog.is_downloaded(model):
+        if model.mode == "transcription" and svc.engines.available(model.recipe) and svc.catalog.is_downloaded(model):
             return model
     raise ToolError("No transcription model is loaded or downloaded. Pass `model` (a transcription model from "
                     "lemonade_list_models, e.g. Whisper-Tiny-En-CT2); it is downloaded first if needed.")

@@ -38,6 +38,7 @@ from lemonade.route_table import OLLAMA_PREFIX
 from lemonade.runtime.proxy import Relay
 from lemonade.services import Services
 from lemonade.serving import images
+from lemonade.serving.models import accepts_images, check_model
 
 log = logging.getLogger("lemonade.ollama")
 router = APIRouter(prefix=OLLAMA_PREFIX, tags=["ollama"])
@@ -61,11 +62,11 @@ OLLAMA_ENDPOINTS = {"chat": "/api/chat or /api/generate", "embeddings": "/api/em
 
 
 def _chat_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
-    return svc.check_model(om.resolve(svc, name), "chat", endpoint, hint=OLLAMA_ENDPOINTS)
+    return check_model(svc, om.resolve(svc, name), "chat", endpoint, hint=OLLAMA_ENDPOINTS)
 
 
 def _require_vision(svc: Services, model: ModelInfo, where: str) -> None:
-    if not svc.accepts_images(model):
+    if not accepts_images(svc, model):
         raise APIError(400, f"Invalid value for '{where}': model {model.public} does not accept images (it has no "
                        "vision projector); use a vision model", code="invalid_argument")
 
@@ -200,7 +201,7 @@ def _unload_when_done(relay: Relay, svc: Services, model: ModelInfo) -> None:
 
 async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest) -> Response:
     """`/api/generate` on an image model: one image, returned base64 in `image` (Ollama's field)."""
-    svc.check_model(model, "image", "/api/generate")
+    check_model(svc, model, "image", "/api/generate")
     if not body.prompt:
         raise APIError(400, "Missing required field 'prompt'", code="missing_argument")
     timer = tr.Timer()
@@ -223,7 +224,7 @@ async def _generate_image(svc: Services, model: ModelInfo, body: GenerateRequest
 # ----- embeddings ----------------------------------------------------------------------------------
 
 def _embedding_model(svc: Services, name: str, endpoint: str) -> ModelInfo:
-    return svc.check_model(om.resolve(svc, name), "embeddings", endpoint, hint=OLLAMA_ENDPOINTS)
+    return check_model(svc, om.resolve(svc, name), "embeddings", endpoint, hint=OLLAMA_ENDPOINTS)
 
 
 def _truncate(vector: list[float], dimensions: int | None) -> list[float]:

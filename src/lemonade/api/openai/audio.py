@@ -20,6 +20,7 @@ from lemonade.api.errors import APIError
 from lemonade.audio import formats
 from lemonade.runtime.engine_request import FileBody
 from lemonade.services import Services
+from lemonade.serving.models import check_model, resolve
 from lemonade.serving.transcription import check_audio, check_params, shaped, transcribe
 
 router = APIRouter(tags=["openai"])
@@ -52,7 +53,7 @@ async def transcriptions(request: Request) -> Response:
         raise APIError(400, "Missing required field 'model'", code="missing_argument")
     fmt, params = check_params(_field(form, "response_format"), _field(form, "language"),
                                _field(form, "prompt"), _field(form, "temperature"))
-    model = svc.check_model(svc.resolve(name), "transcription", "/audio/transcriptions")
+    model = check_model(svc, resolve(svc, name), "transcription", "/audio/transcriptions")
     head = await upload.read(formats.HEAD_BYTES)
     check_audio(svc, model, head)
     size = upload.size if upload.size is not None else await asyncio.to_thread(_size, upload.file)

@@ -29,6 +29,7 @@ from lemonade.runtime import forced_call
 from lemonade.runtime.proxy import Proxy
 from lemonade.services import Services
 from lemonade.serving.chat import CHAT_PATH, ENDPOINT, answer, auto_load, forcing
+from lemonade.serving.models import check_model, resolve
 
 router = APIRouter(tags=["openai"])
 
@@ -52,7 +53,7 @@ def has_image_parts(body: ChatCompletionRequest) -> bool:
 @router.post("/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     svc: Services = request.app.state.services
-    target = svc.resolve(body.model)
+    target = resolve(svc, body.model)
     if target.recipe == OMNI_RECIPE:  # the server-side tool loop (openai.md "Server-side tools")
         return await omni_chat.chat(svc, target, body)
     payload = body.model_dump(exclude_unset=True)
@@ -64,7 +65,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCompletionRequest,
                               payload: dict[str, Any]) -> Response:
     svc: Services = request.app.state.services
-    model = svc.check_model(target, "chat", "/chat/completions", images=has_image_parts(body))
+    model = check_model(svc, target, "chat", "/chat/completions", images=has_image_parts(body))
     legacy_max_tokens(payload)
     thinking_controls(payload)
     await auto_load(svc, model, payload)
@@ -81,14 +82,14 @@ async def chat_completions_of(request: Request, target: ModelInfo, body: ChatCom
 async def completions(request: Request, body: CompletionRequest) -> Response:
     svc: Services = request.app.state.services
     payload = body.model_dump(exclude_unset=True)
-    return await routing.answered(svc, svc.resolve(body.model), payload,
+    return await routing.answered(svc, resolve(svc, body.model), payload,
                                   lambda model: completions_of(request, model, body, payload))
 
 
 async def completions_of(request: Request, target: ModelInfo, body: CompletionRequest,
                          payload: dict[str, Any]) -> Response:
     svc: Services = request.app.state.services
-    model = svc.check_model(target, "chat", "/completions")
+    model = check_model(svc, target, "chat", "/completions")
     await auto_load(svc, model, payload)
     if body.stream and body.logprobs:
         raise APIError(400, "'logprobs' is only available with stream=false", code="invalid_argument")
@@ -110,7 +111,7 @@ async def completions_of(request: Request, target: ModelInfo, body: CompletionRe
 @router.post("/embeddings")
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
     svc: Services = request.app.state.services
-    model = svc.check_model(svc.resolve(body.model), "embeddings", "/embeddings")
+    model = check_model(svc, resolve(svc, body.model), "embeddings", "/embeddings")
     return await relay(request, model, "/v1/embeddings", body.model_dump(exclude_unset=True), False, "embeddings")
 
 
@@ -118,6 +119,6 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
 async def responses(request: Request, body: ResponsesRequest) -> Response:
     svc: Services = request.app.state.services
     payload = body.model_dump(exclude_unset=True)
-    return await routing.answered(svc, svc.resolve(body.model), payload,
-                                  lambda model: relay(request, svc.check_model(model, "chat", "/responses"),
+    return await routing.answered(svc, resolve(svc, body.model), payload,
+                                  lambda model: relay(request, check_model(svc, model, "chat", "/responses"),
                                                       "/v1/responses", payload, body.stream, "responses"))

@@ -16,7 +16,7 @@ from lemonade.backends.peer.peers import Peer
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import options_for
 from lemonade.services import Services
-from lemonade.serving.models import model_object
+from lemonade.serving.models import model_object, resolve
 
 router = APIRouter(tags=["models"])
 
@@ -71,7 +71,7 @@ async def get_model(request: Request, model_id: str,
                     include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
     include_paths = paths_shown(request, include_paths)
-    model = svc.resolve(model_id)
+    model = resolve(svc, model_id)
     if model.recipe == PEER_RECIPE:  # a model only a peer serves
         peer = svc.peers.get(model.definition["peer"])
         listed = peer.models.get(model.definition["upstream_id"]) if peer is not None else None

@@ -49,6 +49,7 @@ from lemonade.errors import APIError
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.request_context import ClientGone, Departure, client_gone
 from lemonade.services import Services
+from lemonade.serving.models import check_model, resolve
 from lemonade.serving.transcription import check_params, transcribe
 from lemonade.util import jsonparse
 
@@ -182,7 +183,7 @@ class RealtimeSession:
         if config.model != self.config.model:
             assert config.model is not None
             try:
-                model = self.svc.check_model(self.svc.resolve(config.model), "transcription", "/realtime")
+                model = check_model(self.svc, resolve(self.svc, config.model), "transcription", "/realtime")
             except APIError as exc:
                 raise ProtocolError(exc.message, code=exc.code or "invalid_model", param="session.model") from None
         if config.vad != self.config.vad:

@@ -22,6 +22,7 @@ from lemonade.api.errors import APIError
 from lemonade.api.relay import response
 from lemonade.runtime.engine_request import EngineError
 from lemonade.services import Services
+from lemonade.serving.models import check_model, engine_path, resolve
 from lemonade.serving.speech import (
     CONTENT_TYPES,
     check_speed,
@@ -76,7 +77,7 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
     if body.stream_format is not None and body.stream_format not in STREAM_FORMATS:
         raise APIError(400, f"Invalid value for 'stream_format': '{body.stream_format}'. Only 'audio' is supported "
                        "(omit it for a buffered response)", code="invalid_argument")
-    model = svc.check_model(svc.resolve(body.model), "tts", "/audio/speech")
+    model = check_model(svc, resolve(svc, body.model), "tts", "/audio/speech")
     streamed = body.stream_format is not None
     if not streamed:
         fmt = speech_format(svc, model, body.response_format)
@@ -88,7 +89,7 @@ async def speech(request: Request, body: SpeechRequest) -> Response:
     payload = {"input": body.input, "voice": _voice_name(body.voice), "speed": body.speed, "response_format": fmt,
                "stream": True}
     try:
-        relay = await svc.proxy.stream(model, svc.engine_path(model, "audio/speech"), payload, "audio/speech",
+        relay = await svc.proxy.stream(model, engine_path(svc, model, "audio/speech"), payload, "audio/speech",
                                        media_type=CONTENT_TYPES[fmt], in_band_errors=False)
     except EngineError as exc:
         raise refusal(exc) from None
