@@ -46,7 +46,6 @@ from lemonade.system.devices import detect_devices
 from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
 
 log = logging.getLogger("lemonade.server")
-NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
 
 
 class Services:
@@ -298,24 +297,6 @@ class Services:
         except OptionsError as exc:
             raise bad_request(str(exc)) from None
         await self.router.ensure_loaded(model, lambda: self.options.resolve(model.name, model.recipe, request=parsed))
-
-    def context_length(self, model: ModelInfo, options: dict[str, Any] | None = None,
-                       files: dict[str, list[Path]] | None | object = NOT_LOOKED_UP) -> int | None:
-        """The context a model has: for a loaded model the engine's own figure (tokens one request may
-        use), else what its options (`options`, or the effective ones) would give, automatic sizing
-        resolved; None when unknown. `files`: the
-        model's files when the caller has looked them up already."""
-        loaded = self.router.resident(model.name)
-        if loaded is not None and options is None and loaded.context_length is not None:
-            return loaded.context_length
-        engine = self.engines.get(model.recipe)
-        if engine is None or model.is_collection:
-            return None
-        if options is None:
-            options = self.options.resolve(model.name, model.recipe, for_load=False)
-        if files is NOT_LOOKED_UP:
-            files = self.catalog.local_files(model)
-        return engine.context_length(options, files)  # type: ignore[arg-type]
 
     async def delete_model(self, model: ModelInfo) -> bool:
         """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:

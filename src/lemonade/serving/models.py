@@ -3,8 +3,9 @@
 `resolve` finds a model by any accepted name and `check_model` is the one check every entry point
 makes of it (the right deployment mode, images only for vision models, an engine this server has;
 the same model on a peer of the LAN where one serves it sooner); `engine_path` is where its engine
-takes our endpoint. The model object of `/v1/models` (also the job op `models`, a model's
-registration answer and what a peer lists) and a checkpoint as it may be shown are here too.
+takes our endpoint, `context_length` the context it has or would have. The model object of
+`/v1/models` (also the job op `models`, a model's registration answer and what a peer lists) and a
+checkpoint as it may be shown are here too.
 
 Whether the caller may see a local file's absolute path is the API's to judge (`api/privacy.py`
 `paths_shown`); here it is a flag.
@@ -12,6 +13,7 @@ Whether the caller may see a local file's absolute path is the API's to judge (`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lemonade.catalog.catalog import NotFound
@@ -21,6 +23,7 @@ from lemonade.model_info import ModelInfo
 from lemonade.routing.cost import prices
 from lemonade.services import Services
 
+NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
 # Which of our endpoints a deployment mode serves, for "use X instead" hints.
 ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
                      "transcription": "/audio/transcriptions", "image": "/images/generations",
@@ -90,6 +93,25 @@ def engine_path(svc: Services, model: ModelInfo, endpoint: str) -> str:
     return path
 
 
+def context_length(svc: Services, model: ModelInfo, options: dict[str, Any] | None = None,
+                   files: dict[str, list[Path]] | None | object = NOT_LOOKED_UP) -> int | None:
+    """The context a model has: for a loaded model the engine's own figure (tokens one request may
+    use), else what its options (`options`, or the effective ones) would give, automatic sizing
+    resolved; None when unknown. `files`: the
+    model's files when the caller has looked them up already."""
+    loaded = svc.router.resident(model.name)
+    if loaded is not None and options is None and loaded.context_length is not None:
+        return loaded.context_length
+    engine = svc.engines.get(model.recipe)
+    if engine is None or model.is_collection:
+        return None
+    if options is None:
+        options = svc.options.resolve(model.name, model.recipe, for_load=False)
+    if files is NOT_LOOKED_UP:
+        files = svc.catalog.local_files(model)
+    return engine.context_length(options, files)  # type: ignore[arg-type]
+
+
 def shown_checkpoint(model: ModelInfo, include_paths: bool = False, role: str = "main") -> str:
     """A model's checkpoint (of `role`) as clients see it. A file (or folder) on this machine (the extra
     models dir, Lemonade's local imports) is shown by its absolute path, as Lemonade does, to admins and
@@ -120,7 +142,7 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
     ctx = svc.catalog.max_context_window(model, files)
     if ctx is not None:
         obj["max_context_window"] = ctx
-    context = svc.context_length(model, files=files)
+    context = context_length(svc, model, files=files)
     if context is not None:
         obj["context_length"] = context
     obj["downloaded"] = downloaded

@@ -14,7 +14,7 @@ from lemonade.checkpoints.variants import shard_info
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
-from lemonade.serving.models import model_object, resolve
+from lemonade.serving.models import context_length, model_object, resolve
 
 router = APIRouter(tags=["models"])
 
@@ -59,7 +59,7 @@ def options_view(svc: Services, model: ModelInfo, saved: dict[str, Any],
         "load_command": f"curl -X POST $LEMONADE_BASE_URL/v1/load -H \"Content-Type: application/json\"{auth} "
                         f"-d '{payload}'",
     }
-    ctx = svc.context_length(model, effective)
+    ctx = context_length(svc, model, effective)
     if "ctx_size" in effective and ctx is not None:
         view["resolved_ctx_size"] = ctx
     return view

@@ -23,7 +23,7 @@ from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 from lemonade.model_info import CREATED, ModelInfo
 from lemonade.recipes import file_format
 from lemonade.services import Services
-from lemonade.serving.models import shown_checkpoint
+from lemonade.serving.models import context_length, shown_checkpoint
 
 log = logging.getLogger("lemonade.ollama")
 
@@ -190,7 +190,7 @@ def show(svc: Services, model: ModelInfo, verbose: bool = False) -> dict[str, An
     template = meta.pop("tokenizer.chat_template", None)
     if template is None and meta and model.mode == "chat":
         template = _fallback_template(meta)
-    ctx = svc.context_length(model, files=files)
+    ctx = context_length(svc, model, files=files)
     model_info = {k: v for k, v in meta.items() if verbose or not k.startswith("tokenizer.")}
     model_info.setdefault("general.architecture", details(model, files, meta)["family"])
     if ctx:  # the context the model runs with (Lemonade's key; the GGUF's own `<arch>.context_length` is its limit)
@@ -215,7 +215,7 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
     if model is None:
         return None
     files = svc.catalog.local_files(model)
-    ctx = svc.context_length(model, files=files)
+    ctx = context_length(svc, model, files=files)
     size = _size_bytes(model, files)
     # Ollama's share of the model held in GPU memory: a GPU backend offloads every layer (-ngl 99).
     entry = {"name": tagged(model), "model": tagged(model), "size": size,
