@@ -298,45 +298,6 @@ class Services:
             raise bad_request(str(exc)) from None
         await self.router.ensure_loaded(model, lambda: self.options.resolve(model.name, model.recipe, request=parsed))
 
-    async def delete_model(self, model: ModelInfo) -> bool:
-        """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:
-        files in the extra models dir are the user's and are refused (naming the path); a user
-        collection loses only its entry (its components stay); anything else is unloaded, its
-        download stopped, its files removed, and a `user.` model unregistered. False when there was
-        nothing to delete (each API family words that its own way)."""
-        if model.origin == "extra" or model.local_files is not None:
-            paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
-            where = ", ".join(paths) or self.config.get("extra_models_dir")
-            raise bad_request(f"Model {model.public} is a file of yours in the extra models directory ({where}); "
-                              "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
-                              "longer want it.", code="model_not_deletable")
-        engine = self.engines.get(model.recipe)
-        if model.recipe == PeerEngine.recipe:
-            raise bad_request(f"Model {model.definition['upstream_id']} lives on peer {model.definition['peer']}, not "
-                              "on this server: delete it there", code="model_not_deletable")
-        if engine is not None and engine.remote:
-            provider = model.definition.get("cloud_provider", "")
-            raise bad_request(f"Model {model.public} is served by cloud provider '{provider}' and has no files here; "
-                              f"remove the provider instead: lemonade cloud uninstall {provider}",
-                              code="model_not_deletable")
-        if model.is_collection:
-            if model.origin != "user":
-                raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
-                                  code="model_not_deletable")
-            self.catalog.unregister(model.name)
-            if model.recipe == ROUTER_RECIPE:
-                self.router.prune_helpers()  # the helpers only its policy called leave with it
-            return True
-        await self.router.unload(model.name)
-        removed = await self.downloads.delete(model)
-        if model.origin == "user":
-            self.catalog.unregister(model.name)
-            removed = True
-        self.downloads.updates_available.discard(model.name)
-        if removed:
-            log.info("Deleted %s", model.name)
-        return removed
-
     async def aclose(self) -> None:
         self.cloud.stop()
         await self.peers.stop()

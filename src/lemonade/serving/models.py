@@ -3,7 +3,8 @@
 `resolve` finds a model by any accepted name and `check_model` is the one check every entry point
 makes of it (the right deployment mode, images only for vision models, an engine this server has;
 the same model on a peer of the LAN where one serves it sooner); `engine_path` is where its engine
-takes our endpoint, `context_length` the context it has or would have. The model object of
+takes our endpoint, `context_length` the context it has or would have; `delete_model` is the one
+way a model is deleted. The model object of
 `/v1/models` (also the job op `models`, a model's registration answer and what a peer lists) and a
 checkpoint as it may be shown are here too.
 
@@ -13,16 +14,19 @@ Whether the caller may see a local file's absolute path is the API's to judge (`
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+from lemonade.backends.peer.engine import PeerEngine
 from lemonade.catalog.catalog import NotFound
-from lemonade.errors import APIError, model_not_found
+from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.cost import prices
 from lemonade.services import Services
 
+log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
 # Which of our endpoints a deployment mode serves, for "use X instead" hints.
 ENDPOINT_FOR_MODE = {"chat": "/chat/completions", "embeddings": "/embeddings", "reranking": "/rerank",
@@ -176,3 +180,43 @@ def model_object(svc: Services, model: ModelInfo, with_components: bool = True,
         if with_components:
             obj["models"] = [model_object(svc, c, with_components=False) for c in found if c is not None]
     return obj
+
+
+async def delete_model(svc: Services, model: ModelInfo) -> bool:
+    """Delete a model, the one way `/v1/delete`, Ollama's `/api/delete` and `lemonade delete` do it:
+    files in the extra models dir are the user's and are refused (naming the path); a user
+    collection loses only its entry (its components stay); anything else is unloaded, its
+    download stopped, its files removed, and a `user.` model unregistered. False when there was
+    nothing to delete (each API family words that its own way)."""
+    if model.origin == "extra" or model.local_files is not None:
+        paths = [str(p) for ps in (model.local_files or {}).values() for p in ps]
+        where = ", ".join(paths) or svc.config.get("extra_models_dir")
+        raise bad_request(f"Model {model.public} is a file of yours in the extra models directory ({where}); "
+                          "Lemonade only deletes models it downloaded. Delete the file yourself if you no "
+                          "longer want it.", code="model_not_deletable")
+    engine = svc.engines.get(model.recipe)
+    if model.recipe == PeerEngine.recipe:
+        raise bad_request(f"Model {model.definition['upstream_id']} lives on peer {model.definition['peer']}, not "
+                          "on this server: delete it there", code="model_not_deletable")
+    if engine is not None and engine.remote:
+        provider = model.definition.get("cloud_provider", "")
+        raise bad_request(f"Model {model.public} is served by cloud provider '{provider}' and has no files here; "
+                          f"remove the provider instead: lemonade cloud uninstall {provider}",
+                          code="model_not_deletable")
+    if model.is_collection:
+        if model.origin != "user":
+            raise bad_request(f"Model {model.public} is a built-in collection and cannot be deleted",
+                              code="model_not_deletable")
+        svc.catalog.unregister(model.name)
+        if model.recipe == ROUTER_RECIPE:
+            svc.router.prune_helpers()  # the helpers only its policy called leave with it
+        return True
+    await svc.router.unload(model.name)
+    removed = await svc.downloads.delete(model)
+    if model.origin == "user":
+        svc.catalog.unregister(model.name)
+        removed = True
+    svc.downloads.updates_available.discard(model.name)
+    if removed:
+        log.info("Deleted %s", model.name)
+    return removed

@@ -28,7 +28,7 @@ from lemonade.downloads.variant_listing import collection_file_name, describe_co
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import OptionsError
 from lemonade.services import Services
-from lemonade.serving.models import resolve
+from lemonade.serving.models import delete_model, resolve
 
 router = APIRouter(tags=["downloads"])
 
@@ -298,7 +298,7 @@ async def delete(request: Request, body: DeleteRequest = Body(..., examples=[
         if exc.status == 404:  # Lemonade's server answers an unknown name with 422 here (its app and tests rely on it)
             exc.status = 422
         raise
-    if not await svc.delete_model(model):
+    if not await delete_model(svc, model):
         raise bad_request(f"Model {model.public} is not downloaded; there is nothing to delete",
                           code="model_not_downloaded")
     return {"status": "success", "message": f"Deleted model: {body.model_name}"}  # as the request names it

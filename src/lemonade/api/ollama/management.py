@@ -24,6 +24,7 @@ from lemonade.api.ollama.protocol import NamedRequest, PullRequest, ShowRequest
 from lemonade.api.openapi import json_body
 from lemonade.model_info import ModelInfo
 from lemonade.services import Services
+from lemonade.serving.models import delete_model
 
 log = logging.getLogger("lemonade.ollama")
 router = APIRouter()
@@ -82,7 +83,7 @@ async def delete(request: Request) -> Response:
     if not svc.catalog.is_downloaded(model):
         raise APIError(404, f"model '{body.target}' not found (it is not downloaded)", type="not_found",
                        code="model_not_found")
-    if not await svc.delete_model(model):
+    if not await delete_model(svc, model):
         raise APIError(404, f"model '{body.target}' not found (no files to delete)", type="not_found",
                        code="model_not_found")
     return Response(status_code=200)
