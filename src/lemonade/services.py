@@ -26,7 +26,6 @@ from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
-from lemonade.errors import bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.mcp_client.host import McpHost
 from lemonade.model_info import ModelInfo
@@ -36,7 +35,7 @@ from lemonade.observability.telemetry import Telemetry
 from lemonade.routing.policies import Policies
 from lemonade.runtime.engine_client import EngineClient
 from lemonade.runtime.forwarding import PeerForwarding
-from lemonade.runtime.options import OptionsError, RecipeOptions, options_for
+from lemonade.runtime.options import RecipeOptions
 from lemonade.runtime.proxy import Proxy
 from lemonade.runtime.remote_http import RemoteHttp
 from lemonade.runtime.router import Router
@@ -284,19 +283,6 @@ class Services:
         """The canonical ids of a collection's components (stored as the names they were given)."""
         found = [self.catalog.find(c) for c in model.components or []]
         return [c.name for c in found if c is not None]
-
-    async def load_for_request(self, model: ModelInfo, request: dict[str, Any]) -> None:
-        """Load `model` for an inference request that carries load-level options (`ctx_size`, the one
-        Lemonade forwards; Ollama's `num_ctx`), applied to this load only and never saved. A model
-        already resident is used as it is; options its recipe does not take are ignored."""
-        if not request or self.router.resident(model.name) is not None:
-            return
-        known = options_for(model.recipe)
-        try:
-            parsed = self.options.parse_request(model.recipe, {k: v for k, v in request.items() if k in known})
-        except OptionsError as exc:
-            raise bad_request(str(exc)) from None
-        await self.router.ensure_loaded(model, lambda: self.options.resolve(model.name, model.recipe, request=parsed))
 
     async def aclose(self) -> None:
         self.cloud.stop()

@@ -15,6 +15,7 @@ from typing import Any
 from lemonade.model_info import ModelInfo
 from lemonade.runtime import forced_call
 from lemonade.services import Services
+from lemonade.serving.load import load_for_request
 from lemonade.serving.models import check_model, resolve
 
 CHAT_PATH = "/v1/chat/completions"  # the engine's path (llama-server's, and every OpenAI-compatible engine's)
@@ -33,7 +34,7 @@ async def auto_load(svc: Services, model: ModelInfo, payload: dict[str, Any]) ->
     """Load `model` for this request if it is not loaded, with the load-level fields `payload` carries
     (taken out of it)."""
     request = {k: payload.pop(k) for k in AUTO_LOAD_FIELDS if k in payload}
-    await svc.load_for_request(model, request)
+    await load_for_request(svc, model, request)
 
 
 def forcing(payload: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -1,4 +1,5 @@
-"""Loading a model on purpose: the work behind `/v1/load`, also the job op `load`.
+"""Loading a model: on purpose, the work behind `/v1/load` (also the job op `load`), and for an
+inference request that carries load-level options (`load_for_request`).
 
 `prepare_load` does every check first (the name, the options), so bad input is a plain 4xx before
 an SSE stream starts, and returns the work that performs the load for the caller to await or to
@@ -15,7 +16,7 @@ from typing import Any
 from lemonade.errors import bad_request
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
-from lemonade.runtime.options import OptionsError
+from lemonade.runtime.options import OptionsError, options_for
 from lemonade.runtime.router import LoadedModel
 from lemonade.services import Services
 from lemonade.serving.models import resolve, shown_checkpoint
@@ -73,6 +74,20 @@ def prepare_load(svc: Services, name: str, options: dict[str, Any], *, pinned: b
         return {**done, **context_fields(lm)}
 
     return load_model
+
+
+async def load_for_request(svc: Services, model: ModelInfo, request: dict[str, Any]) -> None:
+    """Load `model` for an inference request that carries load-level options (`ctx_size`, the one
+    Lemonade forwards; Ollama's `num_ctx`), applied to this load only and never saved. A model
+    already resident is used as it is; options its recipe does not take are ignored."""
+    if not request or svc.router.resident(model.name) is not None:
+        return
+    known = options_for(model.recipe)
+    try:
+        parsed = svc.options.parse_request(model.recipe, {k: v for k, v in request.items() if k in known})
+    except OptionsError as exc:
+        raise bad_request(str(exc)) from None
+    await svc.router.ensure_loaded(model, lambda: svc.options.resolve(model.name, model.recipe, request=parsed))
 
 
 def context_fields(lm: LoadedModel) -> dict[str, Any]:

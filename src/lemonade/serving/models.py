@@ -4,9 +4,8 @@
 makes of it (the right deployment mode, images only for vision models, an engine this server has;
 the same model on a peer of the LAN where one serves it sooner); `engine_path` is where its engine
 takes our endpoint, `context_length` the context it has or would have; `delete_model` is the one
-way a model is deleted. The model object of
-`/v1/models` (also the job op `models`, a model's registration answer and what a peer lists) and a
-checkpoint as it may be shown are here too.
+way a model is deleted. The model object of `/v1/models` (also the job op `models`, a model's
+registration answer and what a peer lists) and a checkpoint as it may be shown are here too.
 
 Whether the caller may see a local file's absolute path is the API's to judge (`api/privacy.py`
 `paths_shown`); here it is a flag.

@@ -38,6 +38,7 @@ from lemonade.route_table import OLLAMA_PREFIX
 from lemonade.runtime.proxy import Relay
 from lemonade.services import Services
 from lemonade.serving import images
+from lemonade.serving.load import load_for_request
 from lemonade.serving.models import accepts_images, check_model
 
 log = logging.getLogger("lemonade.ollama")
@@ -78,7 +79,7 @@ async def _load(svc: Services, model: ModelInfo, options: Options | None, timer:
     request = {"ctx_size": options.num_ctx} if options is not None and options.num_ctx else {}
     start = time.perf_counter_ns()
     if request:
-        await svc.load_for_request(model, request)
+        await load_for_request(svc, model, request)
     else:
         await svc.router.ensure_loaded(model, lambda: svc.options.resolve(model.name, model.recipe))
     timer.load_ns = time.perf_counter_ns() - start
