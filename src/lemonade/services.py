@@ -256,12 +256,6 @@ class Services:
         own = model.definition.get("recipe_options") if model is not None and model.origin == "builtin" else None
         return dict(own) if isinstance(own, dict) else {}
 
-    async def ready_collection(self, model: ModelInfo) -> None:
-        """A registry-backed collection (catalog/collection_file.py) names its components only once its
-        file is pulled: on first use, pull it (file and components), as a load of any model downloads it."""
-        if self.catalog.collection_file(model) is not None:
-            await self.downloads.ensure_downloaded(model)
-
     def routing_helpers(self) -> set[str]:
         """Canonical names of the models that registered routing policies call to choose a candidate
         (router LLMs, classifiers, embedders): the router's routing-helper pool is for these only."""

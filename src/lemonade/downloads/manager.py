@@ -268,6 +268,12 @@ class DownloadManager:
                 progress({"phase": "download", "message": f"Downloading {model.public}: {event.get('file', '')}",
                           "percent": event.get("percent")})
 
+    async def ready_collection(self, model: ModelInfo) -> None:
+        """A registry-backed collection (catalog/collection_file.py) names its components only once its
+        file is pulled: on first use, pull it (file and components), as a load of any model downloads it."""
+        if self.catalog.collection_file(model) is not None:
+            await self.ensure_downloaded(model)
+
     async def files_for_load(self, model: ModelInfo) -> dict[str, list[Path]]:
         """The files of a model about to load (the router asks), downloaded first when needed; the
         download's progress goes to the load's own (`load_progress`: a `/v1/load` stream shows it)."""

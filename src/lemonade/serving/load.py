@@ -45,7 +45,7 @@ def prepare_load(svc: Services, name: str, options: dict[str, Any], *, pinned: b
 
         async def load_collection() -> dict[str, Any]:
             if svc.catalog.collection_file(model) is not None:  # its file names the components
-                await svc.ready_collection(model)
+                await svc.downloads.ready_collection(model)
                 components.extend(resolve(svc, comp) for comp in model.components or [])
             for comp in components:
                 def resolved(c: ModelInfo = comp) -> dict[str, Any]:

@@ -405,7 +405,7 @@ async def omni(svc: Services, args: dict[str, Any]) -> dict[str, Any]:
     request.update({k: args[k] for k in ("tools", "tool_choice", "max_tokens", "temperature") if k in args})
     request["chat_template_kwargs"] = {"enable_thinking": False}  # as lemonade_chat: the planner acts, briefly
     try:
-        await svc.ready_collection(model)
+        await svc.downloads.ready_collection(model)
         toolset = omni_toolset.build(svc, model, request.get("tools"))
         answer = None
         async for event in omni_loop.run(svc, toolset, request, omni_loop.prepare(svc, toolset, request)):

@@ -41,7 +41,7 @@ def _message(answer: loop.Answer) -> dict[str, Any]:
 
 async def chat(svc: Services, collection: ModelInfo, body: ChatCompletionRequest) -> Response:
     payload = body.model_dump(exclude_unset=True)
-    await svc.ready_collection(collection)
+    await svc.downloads.ready_collection(collection)
     tools = toolset.build(svc, collection, payload.get("tools"))
     loop.forced_tool(tools, payload.get("tool_choice"))  # a bad tool_choice is a 400 before anything runs
     events = loop.run(svc, tools, payload, loop.prepare(svc, tools, payload))  # so is bad audio
