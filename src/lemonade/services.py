@@ -22,13 +22,11 @@ from lemonade.backends.peer.engine import PeerEngine
 from lemonade.backends.peer.peers import Peers
 from lemonade.backends.registry import Engines
 from lemonade.catalog.catalog import Catalog
-from lemonade.catalog.fit import MemoryBudget, memory_budget, too_big
 from lemonade.catalog.gguf_meta import GGUFError, gguf_info
 from lemonade.config import BACKEND_ARGS, BIN_SECTIONS, Config, ConfigError
 from lemonade.downloads.manager import DownloadManager
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.mcp_client.host import McpHost
-from lemonade.model_info import ModelInfo
 from lemonade.observability.logs import LogBuffer, level_number
 from lemonade.observability.metrics import Metrics
 from lemonade.observability.telemetry import Telemetry
@@ -150,37 +148,6 @@ class Services:
             logging.getLogger("lemonade").setLevel(level_number(self.config.get("log_level")))
         log.info("Configuration changed: %s", ", ".join(f"{k}={v!r}" for k, v in changed.items()))
 
-    def memory_budget(self) -> MemoryBudget | None:
-        """What size of model this machine offers (catalog/fit.py); None when `disable_model_filtering`
-        is set. Blocking the first time (device detection): call it in a thread."""
-        if self.config.get("disable_model_filtering"):
-            return None
-        return memory_budget(detect_devices(), bool(self.config.get("enable_dgpu_gtt")), self.router.budget().cap_bytes)
-
-    def unavailable_recipes(self, budget: MemoryBudget | None) -> dict[str, str]:
-        """Recipes none of whose built-in models this server offers (each too big for it, none
-        downloaded), with the reason (Lemonade's `/v1/system-info` `unavailable_recipes`; models of
-        cloud providers come and go, so their recipe is never listed)."""
-        if budget is None:
-            return {}
-        by_recipe: dict[str, list[ModelInfo]] = {}
-        for model in self.catalog.all(rescan=False):
-            engine = self.engines.get(model.recipe)
-            if model.origin == "builtin" and not model.is_collection and engine is not None and not engine.remote:
-                by_recipe.setdefault(model.recipe, []).append(model)
-        out = {}
-        for recipe, models in sorted(by_recipe.items()):
-            if not any(self.offered(m, budget) for m in models):
-                smallest = min((m.size or 0.0) for m in models)
-                out[recipe] = (f"each of its {len(models)} models needs more memory than this server offers (the "
-                               f"smallest about {smallest:.1f} GB; models up to {budget.max_model_gb:.1f} GB fit)")
-        return out
-
-    def offered(self, model: ModelInfo, budget: MemoryBudget | None) -> bool:
-        """Whether listings show `model`: everything but a built-in too big for this machine that is
-        not downloaded (a downloaded one stays visible, so it can be used or deleted)."""
-        return budget is None or too_big(model, budget) is None or self.catalog.is_downloaded(model)
-
     def _reload_on_new_binary(self, backends: set[tuple[str, str]]) -> None:
         """A changed `<section>.<backend>_bin` (section, backend) applies live (guide-configuration-README.md):
         models running on that engine's backend are loaded again, on the newly selected build (installed
@@ -272,11 +239,6 @@ class Services:
                 if helper is not None:
                     needed.add(helper.name)
         return needed
-
-    def component_names(self, model: ModelInfo) -> list[str]:
-        """The canonical ids of a collection's components (stored as the names they were given)."""
-        found = [self.catalog.find(c) for c in model.components or []]
-        return [c.name for c in found if c is not None]
 
     async def aclose(self) -> None:
         self.cloud.stop()

@@ -15,7 +15,7 @@ from lemonade.api.errors import APIError, bad_request
 from lemonade.catalog.catalog import RegistrationError
 from lemonade.config import ConfigError, nested
 from lemonade.services import Services
-from lemonade.serving.models import resolve
+from lemonade.serving.models import component_names, resolve
 
 router = APIRouter(prefix="/internal", tags=["internal"])
 log = logging.getLogger("lemonade.server")
@@ -60,7 +60,7 @@ async def pin(request: Request, body: dict[str, Any] = Body(..., examples=[
     if not isinstance(pinned, bool):
         raise bad_request("Parameter 'pinned' is required and must be a boolean")
     model = resolve(svc, name)
-    names = svc.component_names(model) if model.is_collection else [model.name]
+    names = component_names(svc, model) if model.is_collection else [model.name]
     if not all(svc.router.pin(n, pinned) for n in names):
         raise APIError(404, f"Model {model.public} is not loaded; load it with \"pinned\": true instead "
                        f"(lemonade load {model.public} --pinned)", type="not_found", code="model_not_loaded")

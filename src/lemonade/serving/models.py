@@ -5,7 +5,9 @@ makes of it (the right deployment mode, images only for vision models, an engine
 the same model on a peer of the LAN where one serves it sooner); `engine_path` is where its engine
 takes our endpoint, `context_length` the context it has or would have; `delete_model` is the one
 way a model is deleted. The model object of `/v1/models` (also the job op `models`, a model's
-registration answer and what a peer lists) and a checkpoint as it may be shown are here too.
+registration answer and what a peer lists), a checkpoint as it may be shown, a collection's
+components and which models this machine offers (`memory_budget`, `offered`, `unavailable_recipes`)
+are here too.
 
 Whether the caller may see a local file's absolute path is the API's to judge (`api/privacy.py`
 `paths_shown`); here it is a flag.
@@ -18,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.peer.engine import PeerEngine
+from lemonade.catalog import fit
 from lemonade.catalog.catalog import NotFound
+from lemonade.catalog.fit import MemoryBudget, too_big
 from lemonade.errors import APIError, bad_request, model_not_found
 from lemonade.labels import ROUTER_RECIPE
 from lemonade.model_info import ModelInfo
 from lemonade.routing.cost import prices
 from lemonade.services import Services
+from lemonade.system.devices import detect_devices
 
 log = logging.getLogger("lemonade.server")
 NOT_LOOKED_UP = object()  # "the caller has not looked the model's files up" (None: it has; there are none)
@@ -113,6 +118,46 @@ def context_length(svc: Services, model: ModelInfo, options: dict[str, Any] | No
     if files is NOT_LOOKED_UP:
         files = svc.catalog.local_files(model)
     return engine.context_length(options, files)  # type: ignore[arg-type]
+
+
+def component_names(svc: Services, model: ModelInfo) -> list[str]:
+    """The canonical ids of a collection's components (stored as the names they were given)."""
+    found = [svc.catalog.find(c) for c in model.components or []]
+    return [c.name for c in found if c is not None]
+
+
+def memory_budget(svc: Services) -> MemoryBudget | None:
+    """What size of model this machine offers (catalog/fit.py); None when `disable_model_filtering`
+    is set. Blocking the first time (device detection): call it in a thread."""
+    if svc.config.get("disable_model_filtering"):
+        return None
+    return fit.memory_budget(detect_devices(), bool(svc.config.get("enable_dgpu_gtt")), svc.router.budget().cap_bytes)
+
+
+def unavailable_recipes(svc: Services, budget: MemoryBudget | None) -> dict[str, str]:
+    """Recipes none of whose built-in models this server offers (each too big for it, none
+    downloaded), with the reason (Lemonade's `/v1/system-info` `unavailable_recipes`; models of
+    cloud providers come and go, so their recipe is never listed)."""
+    if budget is None:
+        return {}
+    by_recipe: dict[str, list[ModelInfo]] = {}
+    for model in svc.catalog.all(rescan=False):
+        engine = svc.engines.get(model.recipe)
+        if model.origin == "builtin" and not model.is_collection and engine is not None and not engine.remote:
+            by_recipe.setdefault(model.recipe, []).append(model)
+    out = {}
+    for recipe, models in sorted(by_recipe.items()):
+        if not any(offered(svc, m, budget) for m in models):
+            smallest = min((m.size or 0.0) for m in models)
+            out[recipe] = (f"each of its {len(models)} models needs more memory than this server offers (the "
+                           f"smallest about {smallest:.1f} GB; models up to {budget.max_model_gb:.1f} GB fit)")
+    return out
+
+
+def offered(svc: Services, model: ModelInfo, budget: MemoryBudget | None) -> bool:
+    """Whether listings show `model`: everything but a built-in too big for this machine that is
+    not downloaded (a downloaded one stays visible, so it can be used or deleted)."""
+    return budget is None or too_big(model, budget) is None or svc.catalog.is_downloaded(model)
 
 
 def shown_checkpoint(model: ModelInfo, include_paths: bool = False, role: str = "main") -> str:

@@ -29,7 +29,7 @@ from lemonade.runtime.request_context import ClientGone
 from lemonade.services import Services
 from lemonade.serving.chat import CHAT_PATH, ENDPOINT, chat_model
 from lemonade.serving.load import prepare_load
-from lemonade.serving.models import model_object, resolve
+from lemonade.serving.models import component_names, model_object, resolve
 from lemonade.system.info import system_info, system_stats
 
 log = logging.getLogger("lemonade.jobs")
@@ -112,7 +112,7 @@ class ServerOps:
         except ValidationError as exc:
             raise _invalid(exc, "load") from None
         model = resolve(self.svc, body.model_name)
-        names = self.svc.component_names(model) if model.is_collection else [model.name]
+        names = component_names(self.svc, model) if model.is_collection else [model.name]
         return body, names
 
     async def load(self, params: dict[str, Any], state: RunState) -> Any:
@@ -151,7 +151,7 @@ class ServerOps:
             raise APIError(400, f"unload params.model must be a model name (got {name!r}); omit it to unload all")
         model = self.svc.catalog.find(name)
         names = [model.name] if model is not None and not model.is_collection else \
-            self.svc.component_names(model) if model is not None else [name]
+            component_names(self.svc, model) if model is not None else [name]
         for n in names:
             await self.svc.router.unload(n)
             state.owned.pop(n, None)

@@ -12,6 +12,7 @@ from lemonade.api.privacy import paths_shown
 from lemonade.api.sse import progress_stream
 from lemonade.services import Services
 from lemonade.serving.load import prepare_load
+from lemonade.serving.models import component_names
 
 router = APIRouter(tags=["residency"])
 
@@ -45,7 +46,7 @@ async def unload(request: Request, body: UnloadRequest | None = Body(None, examp
         return {"status": "success", "message": "Model unloaded successfully"}
     model = svc.catalog.find(name)
     target = model.name if model else name
-    names = [target] if not (model and model.is_collection) else svc.component_names(model)
+    names = [target] if not (model and model.is_collection) else component_names(svc, model)
     unloaded = []
     for n in names:
         unloaded += await svc.router.unload(n)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from lemonade import __version__
 from lemonade.api.privacy import text_view
 from lemonade.services import Services
+from lemonade.serving.models import memory_budget, unavailable_recipes
 from lemonade.system.info import system_info, system_stats
 
 router = APIRouter(tags=["status"])
@@ -77,7 +78,7 @@ async def get_system_info(request: Request, include_paths: bool = False) -> dict
     memory = svc.router.budget()
     info.update(memory.describe())
     info["memory_budget_set_by_cgroup"] = memory.source == "cgroup" or memory.cap_bytes < memory.ram_bytes
-    unavailable = svc.unavailable_recipes(await asyncio.to_thread(svc.memory_budget))
+    unavailable = unavailable_recipes(svc, await asyncio.to_thread(memory_budget, svc))
     info["unavailable_recipes"] = list(unavailable)
     info["unavailable_recipe_reasons"] = unavailable
     if include_paths:

@@ -23,7 +23,7 @@ from lemonade.catalog.gguf_meta import GGUFError, read_metadata
 from lemonade.model_info import CREATED, ModelInfo
 from lemonade.recipes import file_format
 from lemonade.services import Services
-from lemonade.serving.models import context_length, shown_checkpoint
+from lemonade.serving.models import component_names, context_length, shown_checkpoint
 
 log = logging.getLogger("lemonade.ollama")
 
@@ -148,7 +148,7 @@ def details(model: ModelInfo, files: dict[str, list[Path]] | None,
 def collection_files(svc: Services, model: ModelInfo) -> dict[str, list[Path]]:
     """The files of a collection's components, by component and role (its size, digest and date)."""
     out: dict[str, list[Path]] = {}
-    for name in svc.component_names(model):
+    for name in component_names(svc, model):
         comp = svc.catalog.find(name)
         for role, paths in ((svc.catalog.local_files(comp) if comp is not None else None) or {}).items():
             out[f"{name}:{role}"] = list(paths)
@@ -228,6 +228,6 @@ def ps_entry(svc: Services, loaded: dict[str, Any]) -> dict[str, Any] | None:
 
 async def unload(svc: Services, model: ModelInfo) -> None:
     """Stop the model's engine (a collection's components), if it is loaded."""
-    names = svc.component_names(model) if model.is_collection else [model.name]
+    names = component_names(svc, model) if model.is_collection else [model.name]
     for name in names:
         await svc.router.unload(name)

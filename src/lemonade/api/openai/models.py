@@ -16,7 +16,7 @@ from lemonade.backends.peer.peers import Peer
 from lemonade.model_info import ModelInfo
 from lemonade.runtime.options import options_for
 from lemonade.services import Services
-from lemonade.serving.models import model_object, resolve
+from lemonade.serving.models import memory_budget, model_object, offered, resolve
 
 router = APIRouter(tags=["models"])
 
@@ -30,18 +30,18 @@ async def list_models(request: Request, show_all: bool = Query(False, descriptio
                                                                                    "downloaded"),
                       include_paths: IncludePaths = False) -> dict[str, Any]:
     svc: Services = request.app.state.services
-    budget = await asyncio.to_thread(svc.memory_budget)  # models too big for this machine are not offered
+    budget = await asyncio.to_thread(memory_budget, svc)  # models too big for this machine are not offered
     include_paths = paths_shown(request, include_paths)
     data = []
     for model in svc.catalog.all():
-        if not svc.offered(model, budget):
+        if not offered(svc, model, budget):
             continue
         obj = model_object(svc, model, include_paths=include_paths)
         if show_all or obj["downloaded"]:
             data.append(obj)
     for alias in sorted(svc.catalog.aliases()):  # guide-configuration-custom-models.md: listed on their own
         target = svc.catalog.alias_of(alias)
-        if target is not None and svc.offered(target, budget):
+        if target is not None and offered(svc, target, budget):
             obj = alias_object(svc, alias, target, include_paths)
             if show_all or obj["downloaded"]:
                 data.append(obj)
