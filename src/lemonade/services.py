@@ -1,5 +1,9 @@
 """Services: everything one server instance owns, built once and handed to the API layer.
 
+Construction and wiring only: each part is built here and given what it needs of the others (the
+callbacks below are those, and the config's checks and reactions). What a request does with the
+parts, the use cases every entry point shares, is in `serving/`.
+
 No module keeps global state; tests can build several of these side by side.
 """
 

@@ -9,7 +9,7 @@ would go to that server directly, streams included, and every API family (OpenAI
 Anthropic, MCP) reaches it through the same router and proxy as a local engine. A peer that does
 not answer, or no longer admits our session, is reported as `peer_unreachable` /
 `peer_unavailable`: the proxy then asks the next peer or this server's own model
-(services.py `instead`).
+(runtime/forwarding.py `instead`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ FAILOVER_CODES = ("peer_unreachable", "peer_unavailable")
 # Pictures: their body is made by the engine description (sd-server takes its options in the prompt),
 # so a picture a peer failed to make is not asked of another kind of engine in the same request.
 ENGINE_MADE = ("images/generations", "images/edits")
-# Endpoints (as `Services.check_model` names them) never forwarded: count_tokens applies the model's
+# Endpoints (as `check_model` of serving/models.py names them) never forwarded: count_tokens applies the model's
 # template through llama-server's own routes, which a peer's public API does not offer.
 LOCAL_ONLY_ENDPOINTS = ("/messages/count_tokens",)
 
