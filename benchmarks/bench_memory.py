@@ -189,11 +189,16 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         if rows is not None and not embeddings:  # enough rounds to fill the prompt cache (its size: the KV cache's)
             # a saved prompt holds its full-attention layers' cache and the last window of the others, with
             # the full window cache (--swa-full) too: measured on llama-server alone, 18.4 MiB per 3,475-token
-            # prompt, the rule 17.7 (a whole window cache would be 61 MiB)
+            # prompt, the rule 17.7 (a whole window cache would be 61 MiB); its log at 32,768 tokens: 84.564 MiB
+            # for the 26,200 tokens of the drafting text, the rule 84.3
             state = tokens * rows[0] + min(tokens, rows[2] or tokens) * rows[1]
             cache = launch_cache_bytes(command)
             rounds = max(rounds, min(max_rounds, 2 + math.ceil(cache / max(1, busy * state))))
-            filled = min(cache, int((rounds - 1) * busy * state))  # every prompt but the last round's goes to it
+            filled = int((rounds - 1) * busy * state)  # every prompt but the last round's goes to it
+            if "--spec-type" in command:  # ... and the drafting texts before them, each slot's as its first round
+                drafted = int(ctx * 0.8 / flags.slots)  # draft_everywhere's prompt and answer
+                filled += busy * int(drafted * rows[0] + min(drafted, rows[2] or drafted) * rows[1])
+            filled = min(cache, filled)
         per_word = await tokens_per_word(c, name)
         started = time.perf_counter()
         speculates = "--spec-type" in command

@@ -100,6 +100,39 @@ def test_the_kv_cache_has_the_cells_llama_cpp_allocates(tmp_path, args, ctx, ful
     assert need.at(ctx) - need.fixed >= 2 * kv  # the cache and the prompt cache
 
 
+@pytest.mark.parametrize(("args", "slot_cells"), [
+    ("-np 1 --swa-full", 32768),  # a saved state holds only the last window of the window layers, even so
+    ("-np 8 -kvu", 32768),  # one slot of a unified cache may hold the whole context
+    ("-np 4", 8192),  # four caches of their own: a quarter each
+])
+def test_a_full_prompt_cache_holds_one_saved_prompt_more_for_a_moment(tmp_path, args, slot_cells):
+    # llama-server b11312 copies a slot's state into the prompt cache, then evicts the oldest to get back
+    # under --cache-ram; its log for Gemma 3 270M at 32,768 tokens: "saving prompt with length 26200, total
+    # state size = 84.564 MiB" (the rule: 3 KB a token of the full-attention layers, 7.5 MiB of window)
+    ctx = 32768
+    full_row, window_row = 3 * (256 + 256) * 2, 15 * (256 + 256) * 2
+    ours = memory_need(_gemma(tmp_path), {"ctx_size": ctx, "llamacpp_args": args}, "cpu", None)
+    off = memory_need(_gemma(tmp_path), {"ctx_size": ctx, "llamacpp_args": f"{args} --cache-ram 0"}, "cpu", None)
+    assert ours is not None and off is not None
+    cap = prompt_cache_mib(_gemma(tmp_path)["main"][0], args, ctx, None) * MiB
+    saved = full_row * slot_cells + window_row * 512
+    assert abs(ours.at(ctx) - off.at(ctx) - cap - saved) <= MiB
+    assert abs(full_row * 26200 + window_row * 512 - 84.564 * MiB) < 0.5 * MiB
+
+
+def test_what_the_process_grows_by_per_prompt_token_is_counted(tmp_path):
+    # measured on llama-server b11312 with Gemma 3 270M, one slot (smaps by mapping): heap and arenas
+    # grew 10 MiB after a 6,539-token prompt at ctx 8,192, 19 MiB after a 26,200-token one at 32,768
+    kv_and_masks = (3 + 15) * (256 + 256) * 2 + 2 * 2 * 512  # both kinds of layer hold every cell (--swa-full)
+    full = memory_need(_gemma(tmp_path), {"ctx_size": 32768, "llamacpp_args": "-np 1 --cache-ram 0 --swa-full"},
+                       "cpu", None)
+    full_small = memory_need(_gemma(tmp_path), {"ctx_size": 8192,
+                                                "llamacpp_args": "-np 1 --cache-ram 0 --swa-full"}, "cpu", None)
+    assert full is not None and full_small is not None
+    beyond_buffers = full.at(32768) - full_small.at(8192) - kv_and_masks * (32768 - 8192)
+    assert beyond_buffers >= (19 - 10) * MiB
+
+
 def test_auto_context_needs_are_a_range_and_the_rules_pick_what_fits(tmp_path):
     need = memory_need(_gemma(tmp_path), {"ctx_size": -1, "llamacpp_args": "-np 8 -kvu"}, "cpu", 64 << 30)
     assert need is not None and need.auto and (need.ctx_min, need.ctx) == (2048, 32768)

@@ -66,6 +66,11 @@ PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": 2 * MiB, "reranking": 2 
 # ctx 512: 66 MiB after the load, 111-114 MiB after one batch of four inputs with 1 slot and with 8
 # sharing a cache; 129 MiB at the benchmark's peak with 1 slot, docs/memory.md)
 EMBEDDING_ANSWER_BYTES = 48 * MiB
+# What the process grows by per token of prompt its slots hold, besides its buffers: heap and the HTTP
+# threads' allocator arenas (the prompt's tokens in the task, the slot and n-gram speculation's lookup).
+# Gemma 3 270M, one slot, smaps by mapping: heap + arenas +10 MiB after a 6,539-token prompt at 8,192
+# tokens of context, +19 MiB after a 26,200-token one at 32,768: about 550 bytes a token.
+PROMPT_TOKEN_BYTES = 600
 # The compute buffer: per token of the micro-batch, f32 values alive at the worst point of the graph,
 # bounded by these multiples of the embedding, feed-forward and query widths (llama-server reports
 # 36 KB a token for Gemma 3 270M, 12 KB for MiniLM, 2 KB for a tiny Qwen3; the rule gives 46, 31 and
@@ -311,6 +316,9 @@ def _host_extras(files: dict[str, list[Path]], options: dict[str, Any], backend:
             parts["prompt_cache"] = flags.cache_ram_mib * MiB
         else:  # -1, no limit but its own: the context's worth of tokens
             terms.extend(kv)
+        if flags.cache_ram_mib != 0:
+            terms.extend(_saved_state_terms(rows, flags))
+        terms.append((PROMPT_TOKEN_BYTES, None))
 
     projector = _file_bytes(files.get("mmproj") or [])
     if projector:  # its encoder runs one image at a time: buffers of about a third of its weights (docs/memory.md)
@@ -341,6 +349,23 @@ def _kv_terms(rows: tuple[float, float, int] | None, flags: EngineFlags
         masks.append((MASK_BYTES * ub / streams, None if flags.swa_full else cells))
         checkpoint = 0.0 if flags.swa_full else swa * window  # a full window cache needs no checkpoints
     return kv, masks, checkpoint
+
+
+def _saved_state_terms(rows: tuple[float, float, int] | None, flags: EngineFlags) -> list[tuple[float, int | None]]:
+    """One saved prompt over `--cache-ram`: llama-server copies a slot's state into the prompt cache
+    before it evicts the oldest ones to bring the cache back under its limit, so a full cache holds one
+    state more for a moment. A state is the slot's tokens in the full-attention layers and the last
+    window of the sliding-window layers, with a full window cache too (b11312's log: "saving prompt with
+    length 26200, total state size = 84.564 MiB" for Gemma 3 270M: 3 KB a token and 7.5 MiB of window);
+    a slot holds the whole context when the cache is unified, its share otherwise."""
+    if rows is None:
+        return []
+    full, swa, window = rows
+    share = 1 if flags.unified else flags.slots
+    terms: list[tuple[float, int | None]] = [(full / share, None)]
+    if swa and window:
+        terms.append((swa, window))
+    return terms
 
 
 def prompt_cache_mib(main: Path, llamacpp_args: str, ctx: int, cap_bytes: int | None, swa_full: bool = False) -> int:
