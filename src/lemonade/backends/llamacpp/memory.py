@@ -68,8 +68,8 @@ PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": 2 * MiB, "reranking": 2 
 EMBEDDING_ANSWER_BYTES = 48 * MiB
 # What the process grows by per token of prompt its slots hold, besides its buffers: heap and the HTTP
 # threads' allocator arenas (the prompt's tokens in the task, the slot and n-gram speculation's lookup).
-# Gemma 3 270M, one slot, smaps by mapping: heap + arenas +10 MiB after a 6,539-token prompt at 8,192
-# tokens of context, +19 MiB after a 26,200-token one at 32,768: about 550 bytes a token.
+# Gemma 3 270M, one slot, smaps by mapping: heap + arenas +8 MiB after a 6,539-token prompt at 8,192
+# tokens of context, +19 MiB after a 26,200-token one at 32,768: 4.6 MiB and 540 bytes a token (docs/memory.md).
 PROMPT_TOKEN_BYTES = 600
 # The compute buffer: per token of the micro-batch, f32 values alive at the worst point of the graph,
 # bounded by these multiples of the embedding, feed-forward and query widths (llama-server reports
