@@ -231,10 +231,13 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _replayable(call: dict[str, Any]) -> dict[str, Any]:
-    """A call as the next rounds send it back: arguments that are not a JSON object (a call cut by
-    max_tokens) become `{}`, since llama-server refuses a conversation holding unparsable arguments
-    (the tool's result already tells the LLM what was wrong)."""
-    if _arguments(call) is not None:
+    """A call as the next rounds send it back: arguments that are not the text of a JSON object (a
+    call cut by max_tokens, even to nothing: `_arguments` runs a blank one as `{}`, but llama-server
+    parses every replayed argument string and answers 500 for an empty one) become `{}`, since
+    llama-server refuses a conversation holding unparsable arguments (the tool's result already
+    tells the LLM what was wrong)."""
+    raw = (call.get("function") or {}).get("arguments")
+    if isinstance(raw, dict) or (isinstance(raw, str) and raw.strip() and _arguments(call) is not None):
         return call
     return {**call, "function": {**(call.get("function") or {}), "arguments": "{}"}}
 
