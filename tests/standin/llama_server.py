@@ -42,6 +42,9 @@ class Engine:
         self.slot_dir = Path(args.slot_save_path) if args.slot_save_path else None
         self.ready_at = time.monotonic() + args.load_seconds
         self.requests = 0
+        # requests that named a slot (`id_slot`) while it served another: llama-server (b11312) then
+        # loads a cached prompt into the running request's slot (runtime/slot_affinity.py says what follows)
+        self.busy_slot_pins = 0
         self.lock = threading.Lock()
         self.held = bytearray(args.memory_mb << 20)
         for i in range(0, len(self.held), 4096):  # touched, so it is resident
@@ -57,6 +60,7 @@ class Engine:
             idle = [s for s in self.slots if not s["busy"]]
             if wanted is not None and 0 <= wanted < len(self.slots):
                 slot = self.slots[wanted]
+                self.busy_slot_pins += bool(slot["busy"])
             else:
                 slot = max(idle or self.slots, key=lambda s: _common(s["tokens"], tokens))
             slot["busy"] = True
@@ -138,7 +142,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, [{"id": s["id"], "n_ctx": self.engine.ctx, "is_processing": s["busy"],
                               "n_prompt_tokens": len(s["tokens"])} for s in self.engine.slots])
         elif path == "/metrics":
-            text = f"llamacpp:requests_processing 0\nllamacpp:n_decode_total {self.engine.requests}\n".encode()
+            text = (f"llamacpp:requests_processing 0\nllamacpp:n_decode_total {self.engine.requests}\n"
+                    f"standin:busy_slot_pins {self.engine.busy_slot_pins}\n").encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(text)))

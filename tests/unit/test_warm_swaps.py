@@ -7,6 +7,7 @@ End to end on the real engine and Gemma 3: tests/test_warm_swaps.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -148,3 +149,33 @@ def test_a_unified_cache_takes_back_the_newest_conversations_and_leaves_a_slot_f
     assert cached[0] > 290 and cached[1] > 290  # conversations 3 and 2 came back from their slots
     assert cached[2] < 50 and cached[3] < 50  # 1 and 0 were read again: no room was taken for them
     assert kept == 4  # the two not restored are still saved for a later load
+
+
+def test_no_request_is_sent_to_a_slot_while_it_serves_another(tmp_path):
+    """Turns of one conversation sent at once, among other conversations, more of them than slots:
+    a request waits in the router for its slot, so the engine never gets one naming a busy slot (with
+    llama-server b11312 the running request's context was replaced, and the capped workload of
+    tests/test_memory.py hung; runtime/slot_affinity.py)."""
+    async def scenario() -> tuple[list[int], int, int]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            convo = [{"role": "system", "content": words(800)}, {"role": "user", "content": "hello"}]
+            await chat(http, A, convo)
+
+            async def turn(messages: list[dict]) -> int:
+                resp = await http.post("/api/v1/chat/completions", json={"model": A, "messages": messages,
+                                                                         "max_tokens": 10})
+                return resp.status_code
+
+            slow = "STANDIN:slow=0.03"  # each answer takes 0.3 s, so the requests overlap
+            again = [convo + [{"role": "assistant", "content": "tok0 tok1"}, {"role": "user", "content": f"{slow} {i}"}]
+                     for i in range(3)]
+            others = [[{"role": "user", "content": f"{slow} {words(40, 10 + i)}"}] for i in range(12)]
+            codes = await asyncio.gather(*(turn(m) for m in again + others))
+            lm = next(iter(services.router.loaded.values()))
+            metrics = (await httpx.AsyncClient().get(lm.base_url + "/metrics")).text
+            pins = int(metrics.split("standin:busy_slot_pins ")[1].split()[0])
+            return list(codes), pins, lm.launch.slots
+
+    codes, pins, slots = run(scenario)
+    assert codes == [200] * 15
+    assert slots >= 2 and pins == 0

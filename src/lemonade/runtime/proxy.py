@@ -202,10 +202,9 @@ class Proxy:
             return held
         if lm.affinity is not None and "id_slot" not in body:
             held.text = text_of(body)
-            held.slot = lm.affinity.choose(held.text)
+            held.slot = await cancelled_when_gone(lm.affinity.acquire(held.text))
             if held.slot is not None:
                 body["id_slot"] = held.slot
-                lm.affinity.take(held.slot)
                 if lm.launch.prefix_copy:
                     await self._copy_prefix(lm, held)
         if lm.kv is not None:
@@ -224,6 +223,7 @@ class Proxy:
         if donor is None:
             return
         lm.affinity.take(donor)  # not given to another request while its state is read
+        lm.affinity.running.add(donor)
         try:
             tokens = await cancelled_when_gone(asyncio.wait_for(
                 lm.engine.share_slot(lm.launch, self.client, donor, held.slot), COPY_TIMEOUT_S))

@@ -4,12 +4,20 @@ An engine with several slots keeps one prompt's KV cache in each. llama-server p
 request, the idle slot whose cached prompt is most similar; when that slot is busy it takes another
 and the conversation's cache is lost to it (and the other slot's conversation loses its own). The
 router knows more: what each slot was last given. So a request that continues what a slot holds
-(its text begins with all of it) is sent to that slot (`id_slot`), idle or not, within a guard: a busy
-slot is waited for by one request at most and only for a prefix worth it, so one hot conversation
-cannot starve the others. A request that continues nothing goes to an empty slot rather than over
-another conversation (a shared system prompt is read again once; the other conversation keeps its
-cache), and only when none is empty to the idle slot with the longest prefix in common, then the one
-unused longest, as llama-server would choose.
+(its text begins with all of it) is sent to that slot (`id_slot`), within a guard: a busy slot is
+waited for by one request at most and only for a prefix worth it, so one hot conversation cannot
+starve the others. A request that continues nothing goes to an empty slot rather than over another
+conversation (a shared system prompt is read again once; the other conversation keeps its cache), and
+only when none is empty to the idle slot with the longest prefix in common, then the one unused
+longest, as llama-server would choose; when every slot is busy it waits for one.
+
+The wait is here, never in the engine: a request is sent only once its slot is idle, and every request
+of the engine goes with its slot. llama-server (b11312) runs its prompt-cache save and load on the slot
+a request names even while that slot serves another request; the load replaces the running request's
+KV state, so its answer is computed on another conversation's context, and when the loaded prompt is
+at least as long as the running one's, that request never finishes: the engine spins, every request
+for the slot waits behind it (tests/test_memory.py's capped workload hung for 8 minutes so;
+docs/warm-swaps.md, "One request per slot").
 
 A new conversation put in an empty slot would read a prefix another slot already holds (the system
 prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
@@ -23,6 +31,7 @@ Only the first TEXT_KEPT characters are kept and compared.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -61,11 +70,48 @@ class SlotAffinity:
 
     slots: int
     held: dict[int, str] = field(default_factory=dict)  # slot -> the text of the last request it served
-    busy: dict[int, int] = field(default_factory=dict)  # slot -> requests sent to it and not finished
+    busy: dict[int, int] = field(default_factory=dict)  # slot -> requests given it (in the engine or waiting)
     last_use: dict[int, float] = field(default_factory=dict)
+    running: set[int] = field(default_factory=set)  # slots whose request is in the engine now
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list)  # requests waiting for a slot to free
+
+    async def acquire(self, text: str) -> int | None:
+        """The slot for a request with this text, once it is idle (None: no slot is chosen, the engine has
+        one). Taken until `release`; a request cancelled while it waits takes nothing."""
+        if not text or self.slots < 2:
+            return None
+        slot = self.choose(text)
+        while slot is None:  # every slot busy: the next one to free
+            await self._freed()
+            slot = self.choose(text)
+        self.take(slot)
+        try:
+            while slot in self.running:  # its own conversation's slot, still serving the turn before
+                await self._freed()
+        except BaseException:
+            self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
+            self._wake()
+            raise
+        self.running.add(slot)
+        return slot
+
+    async def _freed(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def choose(self, text: str) -> int | None:
-        """The slot for a request with this text (None: let the engine choose)."""
+        """The slot for a request with this text (None: every slot is busy and none is worth waiting for)."""
         if not text or self.slots < 2:
             return None
         score = {s: common(text, self.held.get(s, "")) for s in range(self.slots)}
@@ -102,8 +148,10 @@ class SlotAffinity:
     def release(self, slot: int, text: str) -> None:
         """The request sent to `slot` is done: the slot now holds its conversation."""
         self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
+        self.running.discard(slot)
         self.held[slot] = text
         self.last_use[slot] = time.monotonic()
+        self._wake()
 
     def used_at(self) -> dict[int, float]:
         """When each slot that holds a conversation was last used, as wall-clock time (saved with its state,
