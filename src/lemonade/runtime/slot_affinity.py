@@ -11,13 +11,14 @@ conversation (a shared system prompt is read again once; the other conversation 
 only when none is empty to the idle slot with the longest prefix in common, then the one unused
 longest, as llama-server would choose; when every slot is busy it waits for one.
 
-The wait is here, never in the engine: a request is sent only once its slot is idle, and every request
-of the engine goes with its slot. llama-server (b11312) runs its prompt-cache save and load on the slot
-a request names even while that slot serves another request; the load replaces the running request's
-KV state, so its answer is computed on another conversation's context, and when the loaded prompt is
-at least as long as the running one's, that request never finishes: the engine spins, every request
-for the slot waits behind it (tests/test_memory.py's capped workload hung for 8 minutes so;
-docs/warm-swaps.md, "One request per slot").
+The wait is here, never in the engine: a request is sent only once its slot is idle, and every
+request with a prompt goes with its slot (llama-server picks none itself). llama-server (b11312) runs
+its prompt-cache save and load on the slot a request names even while that slot serves another
+request; the load replaces the running request's KV state, so its answer is computed on another
+conversation's context, and when the loaded prompt is at least as long as the running one's, that
+request never finishes: the engine spins, every request for the slot waits behind it
+(tests/test_memory.py's capped workload hung for 8 minutes so; docs/warm-swaps.md, "One request per
+slot").
 
 A new conversation put in an empty slot would read a prefix another slot already holds (the system
 prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
