@@ -170,12 +170,19 @@ def test_no_request_is_sent_to_a_slot_while_it_serves_another(tmp_path):
             again = [convo + [{"role": "assistant", "content": "tok0 tok1"}, {"role": "user", "content": f"{slow} {i}"}]
                      for i in range(3)]
             others = [[{"role": "user", "content": f"{slow} {words(40, 10 + i)}"}] for i in range(12)]
-            codes = await asyncio.gather(*(turn(m) for m in again + others))
+
+            async def named(i: int) -> int:  # a client's own `id_slot` waits for that slot too
+                resp = await http.post("/api/v1/chat/completions", json={
+                    "model": A, "id_slot": 1, "max_tokens": 10,
+                    "messages": [{"role": "user", "content": f"{slow} {words(30, 50 + i)}"}]})
+                return resp.status_code
+
+            codes = await asyncio.gather(*(turn(m) for m in again + others), *(named(i) for i in range(3)))
             lm = next(iter(services.router.loaded.values()))
             metrics = (await httpx.AsyncClient().get(lm.base_url + "/metrics")).text
             pins = int(metrics.split("standin:busy_slot_pins ")[1].split()[0])
             return list(codes), pins, lm.launch.slots
 
     codes, pins, slots = run(scenario)
-    assert codes == [200] * 15
+    assert codes == [200] * 18
     assert slots >= 2 and pins == 0

@@ -200,10 +200,12 @@ class Proxy:
         held = Held()
         if not body:
             return held
-        if lm.affinity is not None and "id_slot" not in body:
+        if lm.affinity is not None:
             held.text = text_of(body)
-            held.slot = await cancelled_when_gone(lm.affinity.acquire(held.text))
-            if held.slot is not None:
+            named = body.get("id_slot")  # the client's own choice: it waits for that slot as ours do
+            named = named if isinstance(named, int) and not isinstance(named, bool) and named >= 0 else None
+            held.slot = await cancelled_when_gone(lm.affinity.acquire(held.text, named))
+            if held.slot is not None and named is None:
                 body["id_slot"] = held.slot
                 if lm.launch.prefix_copy:
                     await self._copy_prefix(lm, held)

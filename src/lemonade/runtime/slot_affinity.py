@@ -12,13 +12,13 @@ only when none is empty to the idle slot with the longest prefix in common, then
 longest, as llama-server would choose; when every slot is busy it waits for one.
 
 The wait is here, never in the engine: a request is sent only once its slot is idle, and every
-request with a prompt goes with its slot (llama-server picks none itself). llama-server (b11312) runs
-its prompt-cache save and load on the slot a request names even while that slot serves another
-request; the load replaces the running request's KV state, so its answer is computed on another
-conversation's context, and when the loaded prompt is at least as long as the running one's, that
-request never finishes: the engine spins, every request for the slot waits behind it
-(tests/test_memory.py's capped workload hung for 8 minutes so; docs/warm-swaps.md, "One request per
-slot").
+request with a prompt goes with its slot, its own `id_slot` or ours (llama-server picks none itself).
+llama-server (b11312) runs its prompt-cache save and load on the slot a request names even while that
+slot serves another request; the load replaces the running request's KV state, so its answer is
+computed on another conversation's context, and when the loaded prompt is at least as long as the
+running one's, that request never finishes: the engine spins, every request for the slot waits
+behind it (tests/test_memory.py's capped workload hung for 8 minutes so; docs/warm-swaps.md, "One
+request per slot").
 
 A new conversation put in an empty slot would read a prefix another slot already holds (the system
 prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
@@ -76,15 +76,21 @@ class SlotAffinity:
     running: set[int] = field(default_factory=set)  # slots whose request is in the engine now
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)  # requests waiting for a slot to free
 
-    async def acquire(self, text: str) -> int | None:
-        """The slot for a request with this text, once it is idle (None: no slot is chosen, the engine has
-        one). Taken until `release`; a request cancelled while it waits takes nothing."""
-        if not text or self.slots < 2:
+    async def acquire(self, text: str, named: int | None = None) -> int | None:
+        """The slot for a request with this text, or the one it names itself (`id_slot`, taken modulo the
+        slot count as llama-server does), once it is idle (None: no slot is chosen, the engine has one).
+        Taken until `release`; a request cancelled while it waits takes nothing."""
+        if named is not None:
+            slot: int | None = named % self.slots if self.slots else None
+            if slot is None:
+                return None
+        elif not text or self.slots < 2:
             return None
-        slot = self.choose(text)
-        while slot is None:  # every slot busy: the next one to free
-            await self._freed()
+        else:
             slot = self.choose(text)
+            while slot is None:  # every slot busy: the next one to free
+                await self._freed()
+                slot = self.choose(text)
         self.take(slot)
         try:
             while slot in self.running:  # its own conversation's slot, still serving the turn before
