@@ -79,8 +79,11 @@ def capped(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_d
     except CgroupUnavailable as exc:
         pytest.skip(f"no memory-capped host can be made here: {exc}")
     try:
-        server = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra)}, engines=ENGINES,
-                                cgroup=cgroup)
+        # log_level debug: the engines' own output goes to server.log too, so a rare failure of this random
+        # workload can be read afterwards (it is how its 8-minute hang was explained: docs/warm-swaps.md,
+        # "One request per slot"); nothing else changes with the level
+        server = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra),
+                                     "LEMONADE_LOG_LEVEL": "debug"}, engines=ENGINES, cgroup=cgroup)
         yield server, cgroup
     finally:
         for s in module_servers.servers:
