@@ -81,16 +81,15 @@ class SlotAffinity:
         slot count as llama-server does), once it is idle (None: no slot is chosen, the engine has one).
         Taken until `release`; a request cancelled while it waits takes nothing."""
         if named is not None:
-            slot: int | None = named % self.slots if self.slots else None
-            if slot is None:
-                return None
+            slot = named % self.slots
         elif not text or self.slots < 2:
             return None
         else:
-            slot = self.choose(text)
-            while slot is None:  # every slot busy: the next one to free
+            chosen = self.choose(text)
+            while chosen is None:  # every slot busy: the next one to free
                 await self._freed()
-                slot = self.choose(text)
+                chosen = self.choose(text)
+            slot = chosen
         self.take(slot)
         try:
             while slot in self.running:  # its own conversation's slot, still serving the turn before
