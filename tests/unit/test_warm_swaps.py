@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from lemonade.runtime.slot_affinity import SlotAffinity
 from tests.unit.standin_world import app_client, run
 
 A, B = "model-a", "model-b"
@@ -186,3 +187,79 @@ def test_no_request_is_sent_to_a_slot_while_it_serves_another(tmp_path):
     codes, pins, slots = run(scenario)
     assert codes == [200] * 18
     assert slots >= 2 and pins == 0
+
+
+def test_requests_waiting_for_a_slot_are_served_first_come_first_served():
+    """Every slot busy, three requests wait; a slot frees and a fourth arrives at that moment: the first
+    waiting takes it, and the newcomer queues behind the other two (runtime/slot_affinity.py)."""
+    async def scenario() -> list[str]:
+        aff = SlotAffinity(slots=2)
+        for text in ("busy one\n", "busy two\n"):
+            assert await aff.acquire(text) is not None
+        order: list[str] = []
+
+        async def request(name: str) -> None:
+            slot = await aff.acquire(f"{name} {words(20)}\n")
+            assert slot is not None
+            order.append(name)
+            await asyncio.sleep(0.01)
+            aff.release(slot, name)
+
+        waiting = [asyncio.create_task(request(n)) for n in ("a", "b", "c")]
+        await asyncio.sleep(0.01)  # all three wait now
+        late = asyncio.create_task(request("d"))  # starts right after the release, before "a" resumes
+        aff.release(0, "busy one\n")
+        await asyncio.sleep(0.01)
+        aff.release(1, "busy two\n")
+        await asyncio.gather(*waiting, late)
+        return order
+
+    assert run(scenario) == ["a", "b", "c", "d"]
+
+
+def test_a_freed_slot_wakes_one_waiting_request_not_all():
+    """Ten requests wait for a slot; one frees: one request compares its text with the slots again,
+    not ten (runtime/slot_affinity.py, `_pass_on`)."""
+    async def scenario() -> tuple[int, int]:
+        aff = SlotAffinity(slots=2)
+        for text in ("busy one\n", "busy two\n"):
+            await aff.acquire(text)
+        chosen = 0
+        choose = aff.choose
+
+        def counted(text: str) -> int | None:
+            nonlocal chosen
+            chosen += 1
+            return choose(text)
+
+        aff.choose = counted  # type: ignore[method-assign]
+        waiting = [asyncio.create_task(aff.acquire(f"request {i} {words(20)}\n")) for i in range(10)]
+        await asyncio.sleep(0.01)
+        chosen = 0
+        aff.release(0, "busy one\n")
+        await asyncio.sleep(0.01)
+        served = sum(t.done() for t in waiting)
+        for t in waiting:
+            t.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return served, chosen
+
+    assert run(scenario) == (1, 1)
+
+
+def test_a_request_cancelled_once_woken_hands_its_turn_on():
+    """A waiting request woken for a freed slot and cancelled before it took it (its client left) does not
+    keep the slot from the next one waiting."""
+    async def scenario() -> int | None:
+        aff = SlotAffinity(slots=2)
+        for text in ("busy one\n", "busy two\n"):
+            await aff.acquire(text)
+        first = asyncio.create_task(aff.acquire(f"first {words(20)}\n"))
+        second = asyncio.create_task(aff.acquire(f"second {words(20)}\n"))
+        await asyncio.sleep(0.01)
+        aff.release(0, "busy one\n")
+        first.cancel()  # woken, not yet resumed
+        await asyncio.gather(first, return_exceptions=True)
+        return await asyncio.wait_for(second, 1)
+
+    assert run(scenario) == 0

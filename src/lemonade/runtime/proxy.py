@@ -224,8 +224,7 @@ class Proxy:
         donor = lm.affinity.donor(held.text, held.slot)
         if donor is None:
             return
-        lm.affinity.take(donor)  # not given to another request while its state is read
-        lm.affinity.running.add(donor)
+        lm.affinity.lend(donor)
         try:
             tokens = await cancelled_when_gone(asyncio.wait_for(
                 lm.engine.share_slot(lm.launch, self.client, donor, held.slot), COPY_TIMEOUT_S))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,47 +75,68 @@ class SlotAffinity:
     busy: dict[int, int] = field(default_factory=dict)  # slot -> requests given it (in the engine or waiting)
     last_use: dict[int, float] = field(default_factory=dict)
     running: set[int] = field(default_factory=set)  # slots whose request is in the engine now
-    _waiters: list[asyncio.Future[None]] = field(default_factory=list)  # requests waiting for a slot to free
+    _queue: deque[asyncio.Future[None]] = field(default_factory=deque)  # requests waiting for any slot to free
+    _for_slot: dict[int, deque[asyncio.Future[None]]] = field(default_factory=dict)  # ... for this slot to free
 
     async def acquire(self, text: str, named: int | None = None) -> int | None:
         """The slot for a request with this text, or the one it names itself (`id_slot`, taken modulo the
         slot count as llama-server does), once it is idle (None: no slot is chosen, the engine has one).
-        Taken until `release`; a request cancelled while it waits takes nothing."""
+        Taken until `release`; a request cancelled while it waits takes nothing.
+
+        First come, first served: while requests wait for any slot to free, a new one queues behind them
+        instead of taking the slot that has just freed."""
         if named is not None:
             slot = named % self.slots
         elif not text or self.slots < 2:
             return None
         else:
-            chosen = self.choose(text)
-            while chosen is None:  # every slot busy: the next one to free
-                await self._freed()
+            chosen = None if self._queue else self.choose(text)
+            woken = False
+            while chosen is None:  # every slot busy, or earlier requests waiting: the next to free, in turn
+                await self._wait(self._queue, first=woken)  # woken and still no slot: it keeps its place
+                woken = True
                 chosen = self.choose(text)
             slot = chosen
         self.take(slot)
+        if named is None:
+            self._pass_on()  # another slot may still be idle for the next in the queue
         try:
+            woken = False
             while slot in self.running:  # its own conversation's slot, still serving the turn before
-                await self._freed()
+                await self._wait(self._for_slot.setdefault(slot, deque()), first=woken)
+                woken = True
         except BaseException:
             self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
-            self._wake()
+            self._pass_on()
             raise
         self.running.add(slot)
         return slot
 
-    async def _freed(self) -> None:
+    async def _wait(self, queue: deque[asyncio.Future[None]], first: bool = False) -> None:
+        """Waits in `queue` until woken; a request cancelled after it was woken hands its turn on."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if first:
+            queue.appendleft(waiter)
+        else:
+            queue.append(waiter)
         try:
             await waiter
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+        except BaseException:
+            if waiter in queue:
+                queue.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._pass_on()
+            raise
 
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _pass_on(self) -> None:
+        """Wakes the one request that can now go: the first waiting for a slot no longer running (it holds
+        that slot already), else the first waiting for any slot while one is idle. Waking one at a time
+        spares the queue's others comparing their texts again for a slot they cannot have."""
+        for slot, queue in self._for_slot.items():
+            if slot not in self.running and _wake_first(queue):
+                return
+        if any(self.busy.get(s, 0) == 0 for s in range(self.slots)):
+            _wake_first(self._queue)
 
     def choose(self, text: str) -> int | None:
         """The slot for a request with this text (None: every slot is busy and none is worth waiting for)."""
@@ -151,13 +173,18 @@ class SlotAffinity:
     def take(self, slot: int) -> None:
         self.busy[slot] = self.busy.get(slot, 0) + 1
 
+    def lend(self, slot: int) -> None:
+        """An idle slot's state is being read (copied into another slot): it is given to no request meanwhile."""
+        self.take(slot)
+        self.running.add(slot)
+
     def release(self, slot: int, text: str) -> None:
         """The request sent to `slot` is done: the slot now holds its conversation."""
         self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
         self.running.discard(slot)
         self.held[slot] = text
         self.last_use[slot] = time.monotonic()
-        self._wake()
+        self._pass_on()
 
     def used_at(self) -> dict[int, float]:
         """When each slot that holds a conversation was last used, as wall-clock time (saved with its state,
@@ -168,3 +195,13 @@ class SlotAffinity:
     def restored(self, held: dict[int, str]) -> None:
         """States restored into slots after a reload (backends/llamacpp/warm.py) hold these conversations."""
         self.held.update({s: t for s, t in held.items() if 0 <= s < self.slots})
+
+
+def _wake_first(queue: deque[asyncio.Future[None]]) -> bool:
+    """Wakes the first request still waiting in `queue` (False: none is)."""
+    while queue:
+        waiter = queue.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return True
+    return False
