@@ -13,6 +13,7 @@ memory covers it; docs/warm-swaps.md). The file hygiene of the store is checked 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,21 @@ def test_a_new_conversation_starts_from_the_system_prompt_another_slot_holds(mak
                              {"role": "user", "content": "Another."}])
     assert cached(third) >= first["usage"]["prompt_tokens"] - 2, third["usage"]
     assert not [p for p in (server.cache / "slots").glob("**/*copy*")]
+
+
+def test_conversations_arriving_together_read_their_system_prompt_once(make_server: ServerFactory, models: Path):
+    """Three conversations with the same long system prompt arrive together: no slot holds it yet, so
+    the first reads it and the other two hold until its slot is idle and start from a copy of it
+    (runtime/slot_affinity.py, `lend_donor`), rather than all three reading it at once."""
+    server = make_server(env={"LEMONADE_EXTRA_MODELS_DIR": str(models)})
+    # a first answer tells the server how fast the engine reads on this machine now (it bounds the holds)
+    other = " ".join(f"apple{i % 13} cloud{i % 5}" for i in range(400))
+    chat(server, A, [{"role": "system", "content": other}, {"role": "user", "content": "Name a fruit."}])
+    questions = ["Name a fruit.", "Name a tree.", "Name a river."]
+    with ThreadPoolExecutor(len(questions)) as pool:
+        answers = list(pool.map(lambda q: chat(server, A, [{"role": "system", "content": SYSTEM},
+                                                           {"role": "user", "content": q}]), questions))
+    system_tokens = answers[0]["usage"]["prompt_tokens"] - 20  # the system prompt, less the user's turn and template
+    read_in_full = [a for a in answers if cached(a) == 0]
+    copied = [a for a in answers if cached(a) >= system_tokens]
+    assert (len(read_in_full), len(copied)) == (1, 2), [a["usage"] for a in answers]

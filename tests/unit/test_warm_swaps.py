@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from lemonade.runtime.proxy import timings_at_end
 from lemonade.runtime.slot_affinity import SlotAffinity
 from tests.unit.standin_world import app_client, run
 
@@ -263,3 +264,59 @@ def test_a_request_cancelled_once_woken_hands_its_turn_on():
         return await asyncio.wait_for(second, 1)
 
     assert run(scenario) == 0
+
+
+def test_conversations_arriving_together_read_their_shared_system_prompt_once(tmp_path):
+    """Five conversations arrive while a first one with the same system prompt is being answered: each
+    holds until that slot is idle and starts from a copy of it, instead of reading the system prompt too
+    (runtime/slot_affinity.py, `lend_donor`)."""
+    async def scenario() -> tuple[dict, list[dict]]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            system = {"role": "system", "content": words(3000)}  # its reading is worth a hold longer than the answer
+            first = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "STANDIN:slow=0.03 first"}]))
+            await asyncio.sleep(0.1)  # the first is in the engine now
+            others = await asyncio.gather(*(chat(http, A, [system, {"role": "user", "content": f"conversation {i}"}])
+                                            for i in range(5)))
+            return (await first)["timings"], [o["timings"] for o in others]
+
+    first, others = run(scenario)
+    assert first["cache_n"] == 0 and first["prompt_n"] > 3000
+    assert all(t["cache_n"] >= 3000 and t["prompt_n"] < 10 for t in others), others
+
+
+def test_a_hold_for_a_shared_beginning_ends_when_reading_it_would_have_been_quicker(tmp_path):
+    """The first conversation writes a long answer: one arriving meanwhile with the same system prompt
+    stops holding once reading that prompt itself costs less (at the engine's reading speed, which an
+    earlier answer measured), reads it, and is answered before the first one."""
+    async def scenario() -> tuple[dict, list[str]]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            system = {"role": "system", "content": words(1000)}
+            await chat(http, A, [{"role": "user", "content": words(400, 3)}])  # the stand-in reads in no time
+            done: list[str] = []
+
+            async def ask(name: str, user: str, max_tokens: int) -> dict:
+                resp = await http.post("/api/v1/chat/completions", json={
+                    "model": A, "max_tokens": max_tokens, "messages": [system, {"role": "user", "content": user}]})
+                assert resp.status_code == 200, resp.text
+                done.append(name)
+                return resp.json()["timings"]
+
+            first = asyncio.create_task(ask("first", "STANDIN:slow=0.1 write at length", 20))
+            await asyncio.sleep(0.1)
+            second = await ask("second", "a short one", 2)
+            await first
+            return second, done
+
+    second, done = run(scenario)
+    assert second["cache_n"] == 0 and second["prompt_n"] > 1000  # it read the system prompt itself
+    assert done == ["second", "first"]
+
+
+def test_the_engines_timings_are_read_from_the_end_of_its_answer():
+    """How fast the engine reads (the bound of a hold) comes from llama-server's `timings`, at the end of
+    a non-streamed answer, read without parsing the answer again."""
+    answer = json.dumps({"choices": [{"message": {"content": "x" * 5000}}], "usage": {"prompt_tokens": 900},
+                         "timings": {"cache_n": 0, "prompt_n": 900, "prompt_ms": 1700.5}}).encode()
+    assert timings_at_end(answer) == {"cache_n": 0, "prompt_n": 900, "prompt_ms": 1700.5}
+    assert timings_at_end(b'{"choices": [], "usage": {}}') is None
+    assert timings_at_end(b'{"timings": {"cache_n": 0, "prom') is None  # cut short: nothing, no error

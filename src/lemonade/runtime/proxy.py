@@ -128,6 +128,18 @@ def _final_event(tail: collections.deque[bytes]) -> dict[str, Any] | None:
     return _last_event_with(last, b'"timings"') or _last_event_with(last, b'"usage"')
 
 
+def timings_at_end(content: bytes) -> dict[str, Any] | None:
+    """llama-server's `timings` object of a non-streamed answer, where it writes it (at the end), read
+    without parsing the whole answer again."""
+    at = content.rfind(b'"timings":', max(0, len(content) - 2048))
+    if at < 0:
+        return None
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        found, _ = json.JSONDecoder().raw_decode(content[at + len(b'"timings":'):].decode().lstrip())
+        return found if isinstance(found, dict) else None
+    return None
+
+
 def _last_event_with(tail: bytes, needle: bytes) -> dict[str, Any] | None:
     """The last SSE `data:` JSON object in `tail` that contains `needle`."""
     for line in reversed(tail.split(b"\n")):
@@ -189,7 +201,10 @@ class Proxy:
         refuse_oversized_prompt(lm, body)
         held = await self._reserve(lm, body)
         try:
-            return await self._send(lm, method, path, body, raw, content_type)
+            content = await self._send(lm, method, path, body, raw, content_type)
+            if held.slot is not None:
+                held.timings = timings_at_end(content)
+            return content
         finally:
             held.release(lm)
 
@@ -209,6 +224,8 @@ class Proxy:
                 body["id_slot"] = held.slot
                 if lm.launch.prefix_copy:
                     await self._copy_prefix(lm, held)
+            if held.slot is not None:
+                lm.affinity.sending(held.slot, held.text)
         if lm.kv is not None:
             try:
                 held.tokens = await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
@@ -221,10 +238,13 @@ class Proxy:
         """A new conversation whose beginning another (idle) slot holds gets that slot's state first, so
         the engine reads only what follows the common part (runtime/slot_affinity.py, `donor`)."""
         assert lm.affinity is not None and held.slot is not None
-        donor = lm.affinity.donor(held.text, held.slot)
+        try:
+            donor = await cancelled_when_gone(lm.affinity.lend_donor(held.text, held.slot))
+        except BaseException:
+            held.release(lm)
+            raise
         if donor is None:
             return
-        lm.affinity.lend(donor)
         try:
             tokens = await cancelled_when_gone(asyncio.wait_for(
                 lm.engine.share_slot(lm.launch, self.client, donor, held.slot), COPY_TIMEOUT_S))
@@ -497,6 +517,8 @@ class Proxy:
                         accounted = True
                         final = up.asked_usage[-1] if up.asked_usage else _final_event(tail)
                         self._account(model, endpoint, final)
+                        if final is not None:
+                            up.held.timings = final.get("timings")
                     if reader is not None:
                         reader.feed(chunk)
                     yield chunk
@@ -632,13 +654,14 @@ class Held:
     tokens: int = 0
     slot: int | None = None
     text: str = ""
+    timings: dict[str, Any] | None = None  # the engine's figures for the answer (how fast it read the prompt)
 
     def release(self, lm: LoadedModel) -> None:
         if self.tokens and lm.kv is not None:
             lm.kv.release(self.tokens)
             self.tokens = 0
         if self.slot is not None and lm.affinity is not None:
-            lm.affinity.release(self.slot, self.text)
+            lm.affinity.release(self.slot, self.text, self.timings)
             self.slot = None
 
 

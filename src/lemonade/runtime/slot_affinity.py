@@ -23,7 +23,9 @@ request per slot").
 A new conversation put in an empty slot would read a prefix another slot already holds (the system
 prompt every conversation of an app or agent begins with) again: `donor` names the idle slot holding
 the longest such prefix, and the proxy copies that slot's state into the new one first (llama-server's
-slot save and restore, llamacpp.warm.copy_slot), so only what follows is read.
+slot save and restore, llamacpp.warm.copy_slot), so only what follows is read. When conversations arrive
+together, no slot holds their shared beginning yet, only the first one's request reads it: the others
+hold until its slot is idle and copy it (`lend_donor`), for at most as long as reading it would take them.
 
 What a request gives the engine is told by its text: one line per message (or the prompt), serialised
 the same way every time, so a conversation's next turn begins with exactly the text of its last one.
@@ -42,6 +44,12 @@ from typing import Any
 TEXT_KEPT = 1 << 18  # characters of a request's text compared (a quarter of a million: ~60k tokens)
 WORTH_WAITING = 2048  # characters in common before a busy slot is worth waiting for (about 500 tokens)
 WORTH_COPYING = 2048  # characters in common before another slot's state is worth copying (about 500 tokens)
+# Seconds an engine takes to read one character of a request's text, until its own answers tell: Gemma 3 270M
+# (the fastest model we ship) read chats of 4,400-22,000 characters at 5.8-7.4e-4 s a character on this
+# project's 2 CPU cores, quiet (docs/warm-swaps.md, "A shared beginning read once"); a larger model reads
+# slower, so a hold bounded by this is on the short side.
+READ_COST_UNMEASURED = 5.0e-4
+MEASURED_FROM = 256  # prompt tokens an answer must have read to tell the engine's reading speed
 _STEP = 4096
 
 
@@ -75,8 +83,12 @@ class SlotAffinity:
     busy: dict[int, int] = field(default_factory=dict)  # slot -> requests given it (in the engine or waiting)
     last_use: dict[int, float] = field(default_factory=dict)
     running: set[int] = field(default_factory=set)  # slots whose request is in the engine now
+    serving: dict[int, str] = field(default_factory=dict)  # running slot -> the text it reads (or is copied from)
+    read_cost: float = READ_COST_UNMEASURED  # seconds to read a character of text, from the engine's timings
+    _measured: bool = False
     _queue: deque[asyncio.Future[None]] = field(default_factory=deque)  # requests waiting for any slot to free
     _for_slot: dict[int, deque[asyncio.Future[None]]] = field(default_factory=dict)  # ... for this slot to free
+    _readers: dict[int, deque[asyncio.Future[None]]] = field(default_factory=dict)  # ... to copy this slot's state
 
     async def acquire(self, text: str, named: int | None = None) -> int | None:
         """The slot for a request with this text, or the one it names itself (`id_slot`, taken modulo the
@@ -129,12 +141,14 @@ class SlotAffinity:
             raise
 
     def _pass_on(self) -> None:
-        """Wakes the one request that can now go: the first waiting for a slot no longer running (it holds
-        that slot already), else the first waiting for any slot while one is idle. Waking one at a time
+        """Wakes the one request that can now go: the first waiting to copy a slot no longer running, else the
+        first waiting for such a slot (it holds it already), else the first waiting for any slot while one
+        is idle. Waking one at a time
         spares the queue's others comparing their texts again for a slot they cannot have."""
-        for slot, queue in self._for_slot.items():
-            if slot not in self.running and _wake_first(queue):
-                return
+        for waiting in (self._readers, self._for_slot):  # a copy is short: it goes before the slot's next turn
+            for slot, queue in waiting.items():
+                if slot not in self.running and _wake_first(queue):
+                    return
         if any(self.busy.get(s, 0) == 0 for s in range(self.slots)):
             _wake_first(self._queue)
 
@@ -163,28 +177,88 @@ class SlotAffinity:
         have = common(text, self.held.get(slot, ""))
         best, best_len = None, have + WORTH_COPYING
         for s, held in self.held.items():
-            if s == slot or self.busy.get(s, 0) or not held:
+            if s == slot or s in self.running or not held:
                 continue
             n = common(text, held)
             if n >= best_len:
                 best, best_len = s, n
         return best
 
+    async def lend_donor(self, text: str, slot: int) -> int | None:
+        """The slot whose state a new conversation in `slot` should start from (`donor`), lent to it: the
+        caller copies it and then releases it. When no idle slot holds the beginning but a running one
+        reads it now (the first of several conversations arriving together with one system prompt), the
+        request holds until that slot is idle, then copies it, rather than reading that beginning too, at
+        once, on the same cores. The hold is bounded by what reading the shared part itself would cost, at
+        the engine's measured reading speed shared with the requests it serves and those holding: the
+        other request may be writing a long answer, and only an idle slot's state can be saved."""
+        donor = self.donor(text, slot)
+        if donor is None:
+            leader, gain = self._leader(text, slot)
+            if leader is None:
+                return None
+            # reading it itself, it would share the cores with every request in the engine now and every other
+            # holding one (each reads its own copy once its hold ends)
+            holding = sum(len(queue) for queue in self._readers.values())
+            bound = gain * self.read_cost * (1 + len(self.serving) + holding)
+            try:
+                await asyncio.wait_for(self._until_idle(leader), bound)
+            except TimeoutError:
+                return None
+            donor = self.donor(text, slot)
+            if donor is None:
+                self._pass_on()  # the wake-up was for a copy that is no longer worth it: the next one's
+                return None
+        self.take(donor)
+        self.running.add(donor)
+        self.serving[donor] = self.held.get(donor, "")  # a conversation arriving meanwhile holds for it too
+        return donor
+
+    def _leader(self, text: str, slot: int) -> tuple[int | None, int]:
+        """The running slot whose request shares the longest beginning with `text`, and how many characters
+        more than `slot` holds it would save (None: none saves WORTH_COPYING)."""
+        have = common(text, self.held.get(slot, ""))
+        best, best_len = None, have + WORTH_COPYING
+        for s, reading in self.serving.items():
+            n = common(text, reading) if s != slot else 0
+            if n >= best_len:
+                best, best_len = s, n
+        return best, best_len - have
+
+    async def _until_idle(self, slot: int) -> None:
+        woken = False
+        while slot in self.running:
+            await self._wait(self._readers.setdefault(slot, deque()), first=woken)
+            woken = True
+
+    def sending(self, slot: int, text: str) -> None:
+        """The request given `slot` goes to the engine now: a conversation sharing its beginning may hold for it."""
+        self.serving[slot] = text
+
     def take(self, slot: int) -> None:
         self.busy[slot] = self.busy.get(slot, 0) + 1
 
-    def lend(self, slot: int) -> None:
-        """An idle slot's state is being read (copied into another slot): it is given to no request meanwhile."""
-        self.take(slot)
-        self.running.add(slot)
-
-    def release(self, slot: int, text: str) -> None:
-        """The request sent to `slot` is done: the slot now holds its conversation."""
+    def release(self, slot: int, text: str, timings: dict[str, Any] | None = None) -> None:
+        """The request sent to `slot` is done: the slot now holds its conversation. `timings`: llama-server's
+        figures for it, which tell how fast the engine reads."""
         self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
         self.running.discard(slot)
+        self.serving.pop(slot, None)
+        if timings:
+            self._learn(len(text), timings)
         self.held[slot] = text
         self.last_use[slot] = time.monotonic()
         self._pass_on()
+
+    def _learn(self, chars: int, timings: dict[str, Any]) -> None:
+        """The engine's reading speed, from a request that read enough of its text (the part not cached)."""
+        read, cached, ms = timings.get("prompt_n"), timings.get("cache_n") or 0, timings.get("prompt_ms")
+        if not (isinstance(read, int) and isinstance(cached, int) and isinstance(ms, (int, float))) \
+                or read < MEASURED_FROM or ms <= 0 or chars >= TEXT_KEPT:
+            return
+        cost = ms / 1000 / (chars * read / (read + cached))
+        self.read_cost = 0.7 * self.read_cost + 0.3 * cost if self._measured else cost
+        self._measured = True
 
     def used_at(self) -> dict[int, float]:
         """When each slot that holds a conversation was last used, as wall-clock time (saved with its state,
