@@ -267,21 +267,21 @@ def test_a_request_cancelled_once_woken_hands_its_turn_on():
 
 
 def test_conversations_arriving_together_read_their_shared_system_prompt_once(tmp_path):
-    """Five conversations arrive while a first one with the same system prompt is being answered: each
-    holds until that slot is idle and starts from a copy of it, instead of reading the system prompt too
-    (runtime/slot_affinity.py, `lend_donor`)."""
-    async def scenario() -> tuple[dict, list[dict]]:
+    """Six conversations with the same system prompt arrive in the same instant: the first one the server
+    takes reads it, and the others hold until that slot is idle and start from a copy of it, instead of
+    reading the system prompt too (runtime/slot_affinity.py, `lend_donor`)."""
+    async def scenario() -> list[dict]:
         async with app_client(tmp_path, models=(A,)) as (http, services, engine):
             system = {"role": "system", "content": words(3000)}  # its reading is worth a hold longer than the answer
-            first = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "STANDIN:slow=0.03 first"}]))
-            await asyncio.sleep(0.1)  # the first is in the engine now
-            others = await asyncio.gather(*(chat(http, A, [system, {"role": "user", "content": f"conversation {i}"}])
-                                            for i in range(5)))
-            return (await first)["timings"], [o["timings"] for o in others]
+            answers = await asyncio.gather(*(  # sent in the same instant: whichever the server takes first leads
+                chat(http, A, [system, {"role": "user", "content": f"STANDIN:slow=0.03 conversation {i}"}])
+                for i in range(6)))
+            return [a["timings"] for a in answers]
 
-    first, others = run(scenario)
-    assert first["cache_n"] == 0 and first["prompt_n"] > 3000
-    assert all(t["cache_n"] >= 3000 and t["prompt_n"] < 10 for t in others), others
+    timings = run(scenario)
+    read_in_full = [t for t in timings if t["cache_n"] == 0 and t["prompt_n"] > 3000]
+    copied = [t for t in timings if t["cache_n"] >= 3000 and t["prompt_n"] < 10]
+    assert (len(read_in_full), len(copied)) == (1, 5), timings
 
 
 def test_a_hold_for_a_shared_beginning_ends_when_reading_it_would_have_been_quicker(tmp_path):
@@ -320,3 +320,30 @@ def test_the_engines_timings_are_read_from_the_end_of_its_answer():
     assert timings_at_end(answer) == {"cache_n": 0, "prompt_n": 900, "prompt_ms": 1700.5}
     assert timings_at_end(b'{"choices": [], "usage": {}}') is None
     assert timings_at_end(b'{"timings": {"cache_n": 0, "prom') is None  # cut short: nothing, no error
+
+
+def test_a_hold_lasts_while_a_streamed_request_reads_its_prompt_however_long(tmp_path):
+    """The first conversation, streamed, takes longer to read its prompt than the bound of a hold (the
+    stand-in sends its first token after 3 s): the others hold until it answers and copy its slot, since
+    reading the system prompt themselves would not have been quicker on the same cores."""
+    async def scenario() -> list[dict]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            system = {"role": "system", "content": words(450)}  # a bound of about 2 s at the unmeasured speed
+
+            async def streamed() -> None:
+                body = {"model": A, "max_tokens": 1, "stream": True,
+                        "messages": [system, {"role": "user", "content": "STANDIN:slow=3 the first"}]}
+                async with http.stream("POST", "/api/v1/chat/completions", json=body) as resp:
+                    assert resp.status_code == 200
+                    async for _ in resp.aiter_bytes():
+                        pass
+
+            first = asyncio.create_task(streamed())
+            await asyncio.sleep(0.2)
+            others = await asyncio.gather(*(chat(http, A, [system, {"role": "user", "content": f"conversation {i}"}])
+                                            for i in range(2)))
+            await first
+            return [o["timings"] for o in others]
+
+    timings = run(scenario)
+    assert all(t["cache_n"] >= 450 and t["prompt_n"] < 10 for t in timings), timings

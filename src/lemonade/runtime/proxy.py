@@ -225,7 +225,7 @@ class Proxy:
                 if lm.launch.prefix_copy:
                     await self._copy_prefix(lm, held)
             if held.slot is not None:
-                lm.affinity.sending(held.slot, held.text)
+                lm.affinity.sending(held.slot, held.text, bool(body.get("stream")))
         if lm.kv is not None:
             try:
                 held.tokens = await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
@@ -503,6 +503,8 @@ class Proxy:
                     if not started:
                         started = True
                         lm.streaming += 1
+                        if up.held.slot is not None and lm.affinity is not None:
+                            lm.affinity.answering(up.held.slot)
                         log.debug("%s: first chunk after %.1f ms", lm.name, (time.perf_counter() - up.t0) * 1000)
                     # No copying per chunk (a 16 KB `(tail + chunk)[-16K:]` cost two copies of it per token).
                     tail.append(chunk)

@@ -89,6 +89,8 @@ class SlotAffinity:
     _queue: deque[asyncio.Future[None]] = field(default_factory=deque)  # requests waiting for any slot to free
     _for_slot: dict[int, deque[asyncio.Future[None]]] = field(default_factory=dict)  # ... for this slot to free
     _readers: dict[int, deque[asyncio.Future[None]]] = field(default_factory=dict)  # ... to copy this slot's state
+    _reading: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # streamed, its prompt not read yet
+    _answering_since: dict[int, float] = field(default_factory=dict)  # streamed, answering since (loop time)
 
     async def acquire(self, text: str, named: int | None = None) -> int | None:
         """The slot for a request with this text, or the one it names itself (`id_slot`, taken modulo the
@@ -194,25 +196,43 @@ class SlotAffinity:
         other request may be writing a long answer, and only an idle slot's state can be saved."""
         donor = self.donor(text, slot)
         if donor is None:
-            leader, gain = self._leader(text, slot)
-            if leader is None:
-                return None
-            # reading it itself, it would share the cores with every request in the engine now and every other
-            # holding one (each reads its own copy once its hold ends)
-            holding = sum(len(queue) for queue in self._readers.values())
-            bound = gain * self.read_cost * (1 + len(self.serving) + holding)
-            try:
-                await asyncio.wait_for(self._until_idle(leader), bound)
-            except TimeoutError:
-                return None
-            donor = self.donor(text, slot)
-            if donor is None:
-                self._pass_on()  # the wake-up was for a copy that is no longer worth it: the next one's
-                return None
+            donor = await self._hold_for_leader(text, slot)
+        if donor is None:
+            return None
         self.take(donor)
         self.running.add(donor)
         self.serving[donor] = self.held.get(donor, "")  # a conversation arriving meanwhile holds for it too
         return donor
+
+    async def _hold_for_leader(self, text: str, slot: int) -> int | None:
+        """The donor once the running slot reading `text`'s beginning is idle (None: none reads it, or not
+        within the bound)."""
+        leader, gain = self._leader(text, slot)
+        if leader is None:
+            return None
+        # reading it itself, it would share the cores with every request in the engine now and every other
+        # holding one (each reads its own copy once its hold ends)
+        holding = sum(len(queue) for queue in self._readers.values())
+        alone = gain * self.read_cost * (1 + len(self.serving) + holding)
+        loop = asyncio.get_running_loop()
+        try:
+            reading = self._reading.get(leader)
+            if reading is not None:
+                # a streamed request still reading its prompt has the shared part read no later than this
+                # one could, on the same cores: the bound starts with its answer
+                await asyncio.shield(reading)
+            deadline = self._answering_since.get(leader, loop.time()) + alone
+            while True:
+                await asyncio.wait_for(self._until_idle(leader), max(0.0, deadline - loop.time()))
+                donor = self.donor(text, slot)
+                if donor is not None:
+                    return donor
+                if leader not in self.running:
+                    self._pass_on()  # the wake-up was for a copy that is no longer worth it: the next one's
+                    return None
+                # another holding request took it first, to copy it too: this one's turn comes after
+        except TimeoutError:
+            return None
 
     def _leader(self, text: str, slot: int) -> tuple[int | None, int]:
         """The running slot whose request shares the longest beginning with `text`, and how many characters
@@ -231,9 +251,17 @@ class SlotAffinity:
             await self._wait(self._readers.setdefault(slot, deque()), first=woken)
             woken = True
 
-    def sending(self, slot: int, text: str) -> None:
-        """The request given `slot` goes to the engine now: a conversation sharing its beginning may hold for it."""
+    def sending(self, slot: int, text: str, streamed: bool) -> None:
+        """The request given `slot` goes to the engine now: a conversation sharing its beginning may hold for
+        it. A streamed one tells when its prompt is read (`answering`)."""
         self.serving[slot] = text
+        if streamed:
+            self._reading[slot] = asyncio.get_running_loop().create_future()
+
+    def answering(self, slot: int) -> None:
+        """The streamed request in `slot` sent its first token: its prompt is read."""
+        _resolve(self._reading.pop(slot, None))
+        self._answering_since[slot] = asyncio.get_running_loop().time()
 
     def take(self, slot: int) -> None:
         self.busy[slot] = self.busy.get(slot, 0) + 1
@@ -244,6 +272,8 @@ class SlotAffinity:
         self.busy[slot] = max(0, self.busy.get(slot, 0) - 1)
         self.running.discard(slot)
         self.serving.pop(slot, None)
+        _resolve(self._reading.pop(slot, None))
+        self._answering_since.pop(slot, None)
         if timings:
             self._learn(len(text), timings)
         self.held[slot] = text
@@ -269,6 +299,11 @@ class SlotAffinity:
     def restored(self, held: dict[int, str]) -> None:
         """States restored into slots after a reload (backends/llamacpp/warm.py) hold these conversations."""
         self.held.update({s: t for s, t in held.items() if 0 <= s < self.slots})
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _wake_first(queue: deque[asyncio.Future[None]]) -> bool:
