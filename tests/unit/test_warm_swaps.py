@@ -347,3 +347,25 @@ def test_a_hold_lasts_while_a_streamed_request_reads_its_prompt_however_long(tmp
 
     timings = run(scenario)
     assert all(t["cache_n"] >= 450 and t["prompt_n"] < 10 for t in timings), timings
+
+
+def test_a_request_that_leaves_while_it_holds_leaves_its_slot_as_it_was(tmp_path):
+    """A client gone while its request holds for another slot's read: the request never reached the
+    engine, so the router does not take its slot to hold that request's conversation."""
+    async def scenario() -> tuple[str, list[str]]:
+        async with app_client(tmp_path, models=(A,)) as (http, services, engine):
+            system = {"role": "system", "content": words(3000)}
+            first = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "STANDIN:slow=0.2 first"}]))
+            await asyncio.sleep(0.2)
+            leaving = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "gone before its turn"}]))
+            await asyncio.sleep(0.3)  # it holds for the first one's slot now
+            leaving.cancel()
+            await asyncio.gather(leaving, return_exceptions=True)
+            await first
+            lm = next(iter(services.router.loaded.values()))
+            assert lm.affinity is not None
+            return lm.affinity.held.get(0, ""), list(lm.affinity.held.values())
+
+    first_slot, held = run(scenario)
+    assert "first" in first_slot
+    assert not any("gone before its turn" in text for text in held)

@@ -230,7 +230,7 @@ class Proxy:
             try:
                 held.tokens = await cancelled_when_gone(lm.kv.reserve(body, lambda text: self._count_tokens(lm, text)))
             except BaseException:
-                held.release(lm)
+                held.give_back(lm)
                 raise
         return held
 
@@ -241,7 +241,7 @@ class Proxy:
         try:
             donor = await cancelled_when_gone(lm.affinity.lend_donor(held.text, held.slot))
         except BaseException:
-            held.release(lm)
+            held.give_back(lm)
             raise
         if donor is None:
             return
@@ -252,7 +252,7 @@ class Proxy:
             log.debug("Copying slot %d of %s into slot %d failed: %s", donor, lm.name, held.slot, exc)
             tokens = 0
         except BaseException:
-            held.release(lm)
+            held.give_back(lm)
             raise
         finally:
             lm.affinity.release(donor, lm.affinity.held.get(donor, ""))
@@ -665,6 +665,12 @@ class Held:
         if self.slot is not None and lm.affinity is not None:
             lm.affinity.release(self.slot, self.text, self.timings)
             self.slot = None
+
+    def give_back(self, lm: LoadedModel) -> None:
+        """Release what a request holds that never reached the engine: its slot keeps what it held."""
+        if self.slot is not None and lm.affinity is not None:
+            self.text = lm.affinity.held.get(self.slot, "")
+        self.release(lm)
 
 
 def trace_engine(span: InferenceSpan, lm: LoadedModel) -> None:

@@ -145,8 +145,8 @@ class SlotAffinity:
     def _pass_on(self) -> None:
         """Wakes the one request that can now go: the first waiting to copy a slot no longer running, else the
         first waiting for such a slot (it holds it already), else the first waiting for any slot while one
-        is idle. Waking one at a time
-        spares the queue's others comparing their texts again for a slot they cannot have."""
+        is idle. Waking one at a time spares the others comparing their texts again for a slot they cannot
+        have."""
         for waiting in (self._readers, self._for_slot):  # a copy is short: it goes before the slot's next turn
             for slot, queue in waiting.items():
                 if slot not in self.running and _wake_first(queue):
