@@ -486,7 +486,7 @@ class LlamaCppEngine(Engine):
             raise EngineUnavailable(str(exc), code="invalid_engine_argument") from None
         report = detect_devices()
         if not uses_gpu(backend, report):
-            argv += await thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
+            argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         resolved = {**options, "llamacpp_backend": backend}  # `auto` shows as the backend it chose
         if placement is not None:  # what each worker holds, for /v1/health
             resolved["resolved_rpc_split"] = [

@@ -276,7 +276,7 @@ class SdCppEngine(NativeBackends, ImageEngine):
                 "-W", str(settings["width"]), "-H", str(settings["height"]), *sampler_args(model, options),
                 *(VULKAN_ARGS if backend == "vulkan" else ()), *user_args]
         if backend == "cpu":
-            argv += await thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
+            argv += thread_args(user_args, self.process)  # fewer compute threads on a busy CPU (cpu_share.py)
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, health_path="/",
                                env=self.engine_env(backend))
         try:
