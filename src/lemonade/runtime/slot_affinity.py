@@ -112,7 +112,7 @@ class SlotAffinity:
                 chosen = self.choose(text)
             slot = chosen
         self.take(slot)
-        if named is None:
+        if named is None and self._queue:
             self._pass_on()  # another slot may still be idle for the next in the queue
         try:
             woken = False
@@ -176,15 +176,20 @@ class SlotAffinity:
     def donor(self, text: str, slot: int) -> int | None:
         """The idle slot whose conversation shares the longest prefix with `text`, when copying its state
         into `slot` would save reading at least WORTH_COPYING more characters than `slot` already holds."""
+        idle = {s: held for s, held in self.held.items() if s not in self.running and held}
+        return self._worth_copying(text, slot, idle)[0]
+
+    def _worth_copying(self, text: str, slot: int, texts: dict[int, str]) -> tuple[int | None, int]:
+        """Of the slots in `texts` (slot -> what it holds or reads), the one sharing the longest beginning
+        with `text`, and how many characters more than `slot` holds it would save (None: none saves
+        WORTH_COPYING)."""
         have = common(text, self.held.get(slot, ""))
         best, best_len = None, have + WORTH_COPYING
-        for s, held in self.held.items():
-            if s == slot or s in self.running or not held:
-                continue
-            n = common(text, held)
+        for s, other in texts.items():
+            n = common(text, other) if s != slot else 0
             if n >= best_len:
                 best, best_len = s, n
-        return best
+        return best, best_len - have
 
     async def lend_donor(self, text: str, slot: int) -> int | None:
         """The slot whose state a new conversation in `slot` should start from (`donor`), lent to it: the
@@ -207,7 +212,7 @@ class SlotAffinity:
     async def _hold_for_leader(self, text: str, slot: int) -> int | None:
         """The donor once the running slot reading `text`'s beginning is idle (None: none reads it, or not
         within the bound)."""
-        leader, gain = self._leader(text, slot)
+        leader, gain = self._worth_copying(text, slot, self.serving)  # the running slot reading it
         if leader is None:
             return None
         # reading it itself, it would share the cores with every request in the engine now and every other
@@ -233,17 +238,6 @@ class SlotAffinity:
                 # another holding request took it first, to copy it too: this one's turn comes after
         except TimeoutError:
             return None
-
-    def _leader(self, text: str, slot: int) -> tuple[int | None, int]:
-        """The running slot whose request shares the longest beginning with `text`, and how many characters
-        more than `slot` holds it would save (None: none saves WORTH_COPYING)."""
-        have = common(text, self.held.get(slot, ""))
-        best, best_len = None, have + WORTH_COPYING
-        for s, reading in self.serving.items():
-            n = common(text, reading) if s != slot else 0
-            if n >= best_len:
-                best, best_len = s, n
-        return best, best_len - have
 
     async def _until_idle(self, slot: int) -> None:
         woken = False
