@@ -231,7 +231,7 @@ class Handler(BaseHTTPRequestHandler):
                        "predicted_ms": 1.0, "predicted_per_token_ms": 0.1, "predicted_per_second": 1000.0}
             chat = path == "/v1/chat/completions"
             if body.get("stream"):
-                self._stream(n, delay, chat, timings, body, len(tokens))
+                self._stream(n, delay, chat, timings, body, len(tokens), slot)
             else:
                 for _ in range(n):
                     time.sleep(delay)
@@ -242,17 +242,20 @@ class Handler(BaseHTTPRequestHandler):
                     choice["message"] = {"role": "assistant", "content": words}
                 else:
                     choice["text"] = words
+                # llama-server frees the slot as it queues the final result, and handles a request that
+                # comes after the answer only once that is done: so the slot is idle before the answer leaves
+                slot["busy"] = False
                 self._json(200, {"id": "chatcmpl-standin", "object": "chat.completion" if chat else "text_completion",
                                  "created": int(time.time()), "model": self.engine.alias, "choices": [choice],
                                  "usage": {"prompt_tokens": len(tokens), "completion_tokens": n,
                                            "total_tokens": len(tokens) + n,
                                            "prompt_tokens_details": {"cached_tokens": cached}},
                                  "timings": timings})
-        finally:
+        finally:  # a request that failed or hung up midway frees its slot here
             slot["busy"] = False
 
     def _stream(self, n: int, delay: float, chat: bool, timings: dict[str, Any], body: dict[str, Any],
-                prompt: int) -> None:
+                prompt: int, slot: dict[str, Any]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -272,6 +275,7 @@ class Handler(BaseHTTPRequestHandler):
             event({"index": 0, "finish_reason": None,
                    **({"delta": {"content": piece}} if chat else {"text": piece})})
         last = {"index": 0, "finish_reason": "length" if n else "stop", **({"delta": {}} if chat else {"text": ""})}
+        slot["busy"] = False
         event(last, timings=timings)
         if (body.get("stream_options") or {}).get("include_usage"):
             event({}, usage={"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n},
