@@ -65,6 +65,13 @@ def test_config_defaults_and_checks_are_the_descriptors(section):
     engine = _engine(descriptor)
     keys = {opt.config_key for opt in engine.options.values() if opt.config_key and "." in opt.config_key}
     assert keys <= {f"{section}.{key}" for key in descriptor.config_defaults()}
+    # the backend and `*_args` options are the descriptor's, not written in the engine class
+    assert (engine.backend_option, engine.args_option) == (descriptor.backend_option, descriptor.args_option)
+    if descriptor.args_key:
+        args = engine.options[engine.args_option]
+        assert args.config_key == f"{section}.args" and args.check("") is None
+        # a model's own arguments get the engine's check: a flag Lemonade sets itself is refused
+        assert "--port" in args.check("--port 1")
     if descriptor.backend_key:
         backend = engine.options[engine.backend_option]
         assert backend.config_key == f"{section}.backend"

@@ -106,6 +106,18 @@ class Descriptor:
     bin_rule: BinRule | None = None
 
     @property
+    def backend_option(self) -> str | None:
+        """The load option naming the backend a model runs on, with a `backend` key: `<recipe>_backend`
+        (`sd-cpp_backend`, as Lemonade names it)."""
+        return f"{self.recipe}_backend" if self.backend_key else None
+
+    @property
+    def args_option(self) -> str | None:
+        """The load option holding a model's own engine arguments, with an `args` key: `<section>_args`
+        (`sdcpp_args`)."""
+        return f"{self.section}_args" if self.args_key else None
+
+    @property
     def backend_choices(self) -> tuple[str, ...]:
         """What `<section>.backend` and the `<recipe>_backend` option take."""
         return (AUTO, *self.backends)

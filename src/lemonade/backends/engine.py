@@ -258,6 +258,19 @@ def is_number(token: str) -> bool:
         return False
 
 
+def _args_problem(checker: Callable[..., list[str]]) -> Callable[[Any], str | None]:
+    """A load option's check from an `args_checker`: why a model's own `*_args` text is refused, or None."""
+
+    def check(value: Any) -> str | None:
+        try:
+            checker(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
 class Engine(ABC):
     """One recipe's engine. Class attributes describe it; instances are bound to a cache dir."""
 
@@ -268,9 +281,14 @@ class Engine(ABC):
     label_modes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     file_format: ClassVar[str | None] = None
     backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists (from the descriptor)
-    options: ClassVar[dict[str, Option]] = {}  # recipe options besides the router's common ones
-    args_option: ClassVar[str | None] = None  # the `*_args` option, checked by `check_args`
-    backend_option: ClassVar[str | None] = None  # the option naming the backend to use
+    # Recipe options besides the router's common ones. The backend and `*_args` options, where its
+    # descriptor has those keys, are added from it (`__init_subclass__`), named by these two.
+    options: ClassVar[dict[str, Option]] = {}
+    args_option: ClassVar[str | None] = None
+    backend_option: ClassVar[str | None] = None
+    # The check of `*_args` text: (text, trusted=False) -> argv, ValueError naming a refused flag;
+    # `trusted` is the admin's server-wide setting, request and per-model values get the allow-list.
+    args_checker: ClassVar[Callable[..., list[str]]] = staticmethod(lambda text, trusted=False: check_flags(text, {}))
     # Performance parameters `lemonade bench` varies and auto-tune profiles set, each as the flag of
     # the engine's `args_option` that carries it (e.g. {"threads": "-t"}); empty: nothing to tune.
     tuning_flags: ClassVar[dict[str, str]] = {}
@@ -308,6 +326,15 @@ class Engine(ABC):
         if descriptor is not None:
             cls.modes, cls.label_modes = descriptor.modes, descriptor.label_modes
             cls.file_format, cls.backends = descriptor.file_format, descriptor.backends
+            cls.backend_option, cls.args_option = descriptor.backend_option, descriptor.args_option
+            derived: dict[str, Option] = {}
+            if descriptor.backend_option:
+                derived[descriptor.backend_option] = Option(str, f"{descriptor.section}.backend",
+                                                            check=descriptor.option_check(descriptor.backend_option))
+            if descriptor.args_option:
+                derived[descriptor.args_option] = Option(str, f"{descriptor.section}.args",
+                                                         check=_args_problem(cls.args_checker))
+            cls.options = {**cls.options, **derived}
 
     def __init__(self, cache_dir: Path, config: Config) -> None:
         self.cache_dir = Path(cache_dir)
@@ -376,10 +403,9 @@ class Engine(ABC):
 
     # ----- options -----------------------------------------------------------------------------------
     def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
-        """`*_args` as argv; ValueError naming a refused flag. `trusted`: the admin's server-wide
-        setting (request and per-model values get the engine's allow-list); `backend`: also check
+        """`*_args` as argv (`args_checker`); ValueError naming a refused flag. `backend`: also check
         against that installed backend's binary, where the engine can."""
-        return check_flags(text, {})
+        return self.args_checker(text, trusted=trusted)
 
     # ----- running a model ---------------------------------------------------------------------------
     def check_model(self, model: ModelInfo, backend: str) -> None:

@@ -53,7 +53,6 @@ class FasterWhisperEngine(PythonEngine):
         "fasterwhisper_compute_type": Option(str, None, default="int8", check=_check_compute),
         "fasterwhisper_threads": Option(int, None, default=0, check=_check_threads),
     }
-    backend_option = None
     process = "whisper-worker"
     endpoints = {"audio/transcriptions": "/transcribe"}
     audio_formats = FORMATS  # the worker decodes with PyAV (FFmpeg)

@@ -313,21 +313,11 @@ def _check_ctx(value: int) -> str | None:
     return None
 
 
-def _check_args(value: str) -> str | None:
-    try:
-        check_llamacpp_args(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 class LlamaCppEngine(Engine):
     recipe = "llamacpp"
     release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
-        "llamacpp_backend": Option(str, "llamacpp.backend", check=DESCRIPTOR.option_check("llamacpp_backend")),
-        "llamacpp_args": Option(str, "llamacpp.args", check=_check_args),
         "llamacpp_device": Option(str, "llamacpp.device", check=DESCRIPTOR.option_check("llamacpp_device", "device")),
         # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
         # ones heard announcing themselves (backends/llamacpp/rpc.py)
@@ -335,8 +325,7 @@ class LlamaCppEngine(Engine):
         # Speculative decoding (backends/llamacpp/spec.py): auto, on or off
         "speculation": Option(str, "llamacpp.speculation", check=DESCRIPTOR.option_check("speculation", "speculation")),
     }
-    args_option = "llamacpp_args"
-    backend_option = "llamacpp_backend"
+    args_checker = staticmethod(check_llamacpp_args)
     tuning_flags = {"threads": "-t", "batch": "-b", "ubatch": "-ub", "parallel": "-np"}
     process = "llama-server"
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",

@@ -64,7 +64,7 @@ log = logging.getLogger("lemonade.sd-cpp")
 GENERATIONS_PATH = "/v1/images/generations"
 EDITS_PATH = "/v1/images/edits"
 UPSCALE_LABEL = "upscaling"
-DEFAULTS = {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512}  # lemonade.md's load option defaults
+DEFAULTS = {s.key: s.default for s in DESCRIPTOR.settings}  # steps, cfg_scale, width, height (lemonade.md)
 # On the vulkan backend, as upstream Lemonade (sdcpp_server.cpp, "Vulkan SD workaround"): the VAE decoded in
 # tiles and flash attention in the diffusion model, which keep large pictures within GPU memory (1024x1024
 # failed without them on its AMD GPUs).
@@ -85,14 +85,6 @@ def _check_side(name: str) -> Any:
 
 def _check_cfg(v: float) -> str | None:
     return None if v >= 0 else f"Option 'cfg_scale' must be 0 or more, got {v}"
-
-
-def _check_args(value: str) -> str | None:
-    try:
-        check_sdcpp_args(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 def _check_flow_shift(v: float) -> str | None:
@@ -223,11 +215,8 @@ class SdCppEngine(NativeBackends, ImageEngine):
         "height": Option(int, "sdcpp.height", check=_check_side("height")),
         "sampling_method": Option(str, None),
         "flow_shift": Option((int, float), None, check=_check_flow_shift),
-        "sd-cpp_backend": Option(str, "sdcpp.backend", check=DESCRIPTOR.option_check("sd-cpp_backend")),
-        "sdcpp_args": Option(str, "sdcpp.args", check=_check_args),
     }
-    args_option = "sdcpp_args"
-    backend_option = "sd-cpp_backend"
+    args_checker = staticmethod(check_sdcpp_args)
     process = "sd-server"
     endpoints = {"images/generations": GENERATIONS_PATH, "images/edits": EDITS_PATH}
 
@@ -249,10 +238,6 @@ class SdCppEngine(NativeBackends, ImageEngine):
     def config_defaults(self) -> dict[str, Any]:
         return {key: self.config.get(opt.config_key) for key, opt in self.options.items()
                 if opt.config_key and key in DEFAULTS}
-
-    # ----- options -----------------------------------------------------------------------------------
-    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
-        return check_sdcpp_args(text, trusted=trusted)
 
     # ----- running a model ---------------------------------------------------------------------------
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],

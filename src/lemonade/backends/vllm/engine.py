@@ -35,7 +35,6 @@ from lemonade.backends.engine import (
 )
 from lemonade.backends.llamacpp.gpu import backend_devices, unsupported_message
 from lemonade.backends.venv_install import VenvBackend
-from lemonade.backends.vllm.descriptor import DESCRIPTOR
 from lemonade.system.devices import detect_devices
 
 if TYPE_CHECKING:
@@ -71,13 +70,11 @@ def _check_ctx(value: int) -> str | None:
     return f"Option 'ctx_size' must be positive, or -1 (the model's), got {value}"
 
 
-def _check_args(value: str) -> str | None:
-    try:
-        check_flags(value, FORBIDDEN_FLAGS, SAFE_FLAGS.__contains__, config_key="vllm.args",
-                    examples="parallelism, memory, batching, dtype, parsers", instead="")
-    except ValueError as exc:
-        return str(exc)
-    return None
+def check_vllm_args(text: str, *, trusted: bool = False) -> list[str]:
+    """`vllm.args` / `vllm_args` as argv; ValueError naming a refused flag (a request's or a model's own
+    value may only use SAFE_FLAGS)."""
+    return check_flags(text, FORBIDDEN_FLAGS, None if trusted else SAFE_FLAGS.__contains__, config_key="vllm.args",
+                       examples="parallelism, memory, batching, dtype, parsers", instead="")
 
 
 def build_argv(program: Path, model: ModelInfo, folder: Path, options: dict[str, Any], port: int,
@@ -109,11 +106,8 @@ class VllmEngine(Engine):
     memory_per_weight_byte = 0.0
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
-        "vllm_backend": Option(str, "vllm.backend", check=DESCRIPTOR.option_check("vllm_backend")),
-        "vllm_args": Option(str, "vllm.args", check=_check_args),
     }
-    args_option = "vllm_args"
-    backend_option = "vllm_backend"
+    args_checker = staticmethod(check_vllm_args)
     process = "vllm"
     endpoints = {"chat/completions": "/v1/chat/completions", "completions": "/v1/completions",
                  "responses": "/v1/responses", "tokenize": "/tokenize"}
@@ -177,11 +171,6 @@ class VllmEngine(Engine):
             raise InstallError(f"Unknown vllm backend '{backend}' (known: {', '.join(self.backends)}).",
                                code="unknown_backend")
         return self.venv.uninstall()
-
-    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
-        return check_flags(text, FORBIDDEN_FLAGS, None if trusted else SAFE_FLAGS.__contains__,
-                           config_key="vllm.args", examples="parallelism, memory, batching, dtype, parsers",
-                           instead="")
 
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
                      backend: str, port: int) -> Launch:

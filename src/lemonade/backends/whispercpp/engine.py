@@ -24,11 +24,9 @@ from lemonade.backends.engine import (
     Engine,
     EngineUnavailable,
     Launch,
-    Option,
     install_action,
 )
 from lemonade.backends.native_engine import NativeBackends
-from lemonade.backends.whispercpp.descriptor import DESCRIPTOR
 from lemonade.backends.whispercpp.flags import check_whispercpp_args
 from lemonade.backends.whispercpp.install import EXE, WHISPER_CPP_VERSION, WhisperCppInstall
 from lemonade.errors import APIError
@@ -57,14 +55,6 @@ ln=lingala ha=hausa ba=bashkir jw=javanese su=sundanese yue=cantonese
 """
 LANGUAGES: dict[str, str] = dict(pair.split("=") for pair in _LANGUAGE_TABLE.split())
 LANGUAGE_CODES = {name.replace("_", " "): code for code, name in LANGUAGES.items()}
-
-
-def _check_args(value: str) -> str | None:
-    try:
-        check_whispercpp_args(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 def _unsupported_message(backend: str) -> str:
@@ -145,11 +135,8 @@ class WhisperCppEngine(NativeBackends, Engine):
     recipe = "whispercpp"
     release_page = f"https://github.com/ggml-org/whisper.cpp/releases/tag/{WHISPER_CPP_VERSION}"
     options = {
-        "whispercpp_backend": Option(str, "whispercpp.backend", check=DESCRIPTOR.option_check("whispercpp_backend")),
-        "whispercpp_args": Option(str, "whispercpp.args", check=_check_args),
     }
-    args_option = "whispercpp_args"
-    backend_option = "whispercpp_backend"
+    args_checker = staticmethod(check_whispercpp_args)
     process = "whisper-server"
     endpoints = {"audio/transcriptions": INFERENCE_PATH}
     # whisper-server decodes with miniaudio and stb_vorbis: no WebM, no Ogg Opus (Ogg Vorbis only)
@@ -165,10 +152,6 @@ class WhisperCppEngine(NativeBackends, Engine):
 
     def unsupported_message(self, backend: str) -> str:
         return _unsupported_message(backend)
-
-    # ----- options -----------------------------------------------------------------------------------
-    def check_args(self, text: str, *, trusted: bool = False, backend: str | None = None) -> list[str]:
-        return check_whispercpp_args(text, trusted=trusted)
 
     # ----- running a model ---------------------------------------------------------------------------
     async def launch(self, model: ModelInfo, files: dict[str, list[Path]], options: dict[str, Any],
