@@ -83,7 +83,15 @@ def test_config_defaults_and_checks_are_the_descriptors(section):
         assert str(refused.value) == f"Config key {expected}"
         option_refusal = descriptor.backend_problem(engine.backend_option, NOT_A_BACKEND)
         assert backend.check(NOT_A_BACKEND) == f"Option {option_refusal}"
-    for setting in descriptor.settings:
+    for setting in descriptor.settings:  # a setting's load option is derived from it too
+        if setting.option:
+            option = engine.options[setting.option]
+            assert (option.type, option.config_key) == (setting.option_type, f"{section}.{setting.key}")
+            assert option.check(setting.default) is None
+            for value in setting.choices:
+                assert option.check(value) is None
+            assert option.check(NOT_A_BACKEND) == (f"Option {problem}" if (problem := descriptor.problem(
+                setting.key, NOT_A_BACKEND, setting.option)) else None)
         for value in setting.choices:
             assert config.validate_value(f"{section}.{setting.key}", value) == value
 

@@ -15,7 +15,7 @@ import pytest
 
 from lemonade import beacon
 from lemonade.backends.llamacpp import worker as llamacpp_worker
-from lemonade.backends.llamacpp.rpc import check_option
+from lemonade.backends.llamacpp.engine import LlamaCppEngine
 from lemonade.backends.llamacpp.settings import WorkerSpecError, worker_setting
 from lemonade.beacon import (
     STATUS_QUERY,
@@ -38,8 +38,12 @@ def test_rpc_workers_takes_a_list_or_auto_and_nothing_else(tmp_path):
     assert worker_setting("") == [] and worker_setting(["10.0.0.2:50052"]) == ["10.0.0.2:50052"]
     with pytest.raises(WorkerSpecError, match="auto"):
         worker_setting("10.0.0.2:50052")  # a load option takes a list
+    check_option = LlamaCppEngine.options["rpc_workers"].check  # the load option's, from the descriptor
+    assert check_option is not None
     assert check_option("auto") is None and check_option(["10.0.0.2:50052"]) is None
-    assert "rpc_workers" in (check_option(["nohostport"]) or "")
+    refusal = check_option(["nohostport"]) or ""
+    assert refusal.startswith("Option 'rpc_workers': RPC worker 'nohostport' must be host:port")
+    assert (check_option(7) or "").startswith("Option 'rpc_workers' must be a list")
     # server-wide: `lemonade config set llamacpp.rpc_workers=auto`, or the environment
     assert parse_cli_value("llamacpp.rpc_workers", "auto") == "auto"
     assert Config(tmp_path, environ={"LEMONADE_LLAMACPP_RPC_WORKERS": "auto"}).get("llamacpp.rpc_workers") == "auto"

@@ -53,6 +53,16 @@ class Setting:
     # ValueError naming what is wrong. `from_text` reads it from an env var's or a flag's text.
     normalize: Callable[[Any, str], Any] | None = None
     from_text: Callable[[str], Any] | None = None
+    option: str | None = None  # the load option that sets it for one model (`llamacpp_device`)
+
+    @property
+    def option_type(self) -> type | tuple[type, ...]:
+        """The JSON types its load option takes: its default's (a float takes an int; a list also its text)."""
+        if isinstance(self.default, float):
+            return (int, float)
+        if isinstance(self.default, list):
+            return (list, str)
+        return type(self.default)
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,11 @@ class Descriptor:
         setting = self.setting(key)
         if setting is None:
             return None
+        if setting.normalize is not None:
+            try:
+                setting.normalize(value, dotted)
+            except ValueError as exc:
+                return str(exc)
         if setting.choices and value not in setting.choices:
             return f"'{dotted}' must be one of {', '.join(setting.choices)}, got '{value}'"
         if setting.check is not None and isinstance(value, str):

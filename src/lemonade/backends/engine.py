@@ -282,7 +282,8 @@ class Engine(ABC):
     file_format: ClassVar[str | None] = None
     backends: ClassVar[tuple[str, ...]]  # every backend /v1/system-info lists (from the descriptor)
     # Recipe options besides the router's common ones. The backend and `*_args` options, where its
-    # descriptor has those keys, are added from it (`__init_subclass__`), named by these two.
+    # descriptor has those keys, and those of its settings that name an option, are added from it
+    # (`__init_subclass__`); the first two are named here.
     options: ClassVar[dict[str, Option]] = {}
     args_option: ClassVar[str | None] = None
     backend_option: ClassVar[str | None] = None
@@ -334,6 +335,10 @@ class Engine(ABC):
             if descriptor.args_option:
                 derived[descriptor.args_option] = Option(str, f"{descriptor.section}.args",
                                                          check=_args_problem(cls.args_checker))
+            for setting in descriptor.settings:
+                if setting.option:
+                    derived[setting.option] = Option(setting.option_type, f"{descriptor.section}.{setting.key}",
+                                                     check=descriptor.option_check(setting.option, setting.key))
             cls.options = {**cls.options, **derived}
 
     def __init__(self, cache_dir: Path, config: Config) -> None:

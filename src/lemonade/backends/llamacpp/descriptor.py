@@ -19,13 +19,13 @@ DESCRIPTOR = Descriptor(
     args_help="Extra arguments for every llama-server",
     settings=(
         Setting("device", "", "llama.cpp device names every model is offloaded to (Vulkan0, CUDA0,CUDA1); "
-                "empty: llama-server's choice", check=check_device),
+                "empty: llama-server's choice", check=check_device, option="llamacpp_device"),
         Setting("prefer_system", False, "Use the llama-server found on PATH when the backend is auto"),
         Setting("rpc_workers", [], "host:port of llama.cpp RPC workers (lemonade worker) models are spread over, "
                 "or auto for the workers heard announcing themselves on the LAN (docs/scale-out.md)",
-                normalize=worker_setting, from_text=worker_text),
+                normalize=worker_setting, from_text=worker_text, option="rpc_workers"),
         Setting("speculation", "auto", "Speculative decoding: auto (on while it makes a model faster), on or off "
-                "(backends/llamacpp/spec.py)", choices=SPECULATION_MODES),
+                "(backends/llamacpp/spec.py)", choices=SPECULATION_MODES, option="speculation"),
     ),
     # which llama.cpp a backend runs: "builtin" (pinned), "latest", a release tag, or a folder of your own
     # build (backends/llamacpp/bins.py)

@@ -43,7 +43,6 @@ from lemonade.backends.llamacpp.context import (
     explicit_context,
     served_context,
 )
-from lemonade.backends.llamacpp.descriptor import DESCRIPTOR
 from lemonade.backends.llamacpp.flags import (
     EngineArgsError,
     check_llamacpp_args,
@@ -64,7 +63,6 @@ from lemonade.backends.llamacpp.memory import (
 )
 from lemonade.backends.llamacpp.rpc import (
     HEALTH_TIMEOUT,
-    check_option,
     decide,
     probe,
     probe_all,
@@ -318,12 +316,6 @@ class LlamaCppEngine(Engine):
     release_page = f"https://github.com/ggml-org/llama.cpp/releases/tag/{LLAMA_CPP_VERSION}"
     options = {
         "ctx_size": Option(int, "ctx_size", check=_check_ctx),
-        "llamacpp_device": Option(str, "llamacpp.device", check=DESCRIPTOR.option_check("llamacpp_device", "device")),
-        # llama.cpp RPC workers (`host:port` of `lemonade worker`s) the model is spread over, or "auto" for the
-        # ones heard announcing themselves (backends/llamacpp/rpc.py)
-        "rpc_workers": Option((list, str), "llamacpp.rpc_workers", check=check_option),
-        # Speculative decoding (backends/llamacpp/spec.py): auto, on or off
-        "speculation": Option(str, "llamacpp.speculation", check=DESCRIPTOR.option_check("speculation", "speculation")),
     }
     args_checker = staticmethod(check_llamacpp_args)
     tuning_flags = {"threads": "-t", "batch": "-b", "ubatch": "-ub", "parallel": "-np"}

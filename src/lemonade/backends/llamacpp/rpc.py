@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonade.backends.llamacpp.memory import SplitNeed
-from lemonade.backends.llamacpp.settings import AUTO_WORKERS, WorkerSpecError, split_worker, worker_setting
+from lemonade.backends.llamacpp.settings import AUTO_WORKERS, split_worker, worker_setting
 from lemonade.backends.llamacpp.split import Device, Placement, largest_context, place, split_refusal
 from lemonade.beacon import INTERVAL_S, MAX_DATAGRAM, STATUS_QUERY, WorkerBeacon, WorkerDirectory, decode_worker
 from lemonade.errors import APIError
@@ -51,15 +51,6 @@ STATUS_TIMEOUT = 1.0  # seconds for a worker's answer to a status query (asked t
 USER_SPLIT_FLAGS = frozenset({"-ts", "--tensor-split", "-ot", "--override-tensor", "-sm", "--split-mode", "-ngl",
                               "--gpu-layers", "--n-gpu-layers", "-mg", "--main-gpu", "-nkvo", "--no-kv-offload",
                               "-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe"})
-
-
-def check_option(value: Any) -> str | None:
-    """The `rpc_workers` recipe option's check: an error message naming the bad entry, or None."""
-    try:
-        worker_setting(value)
-    except WorkerSpecError as exc:
-        return f"Option {exc}"
-    return None
 
 
 def resolve_workers(value: Any, directory: WorkerDirectory) -> list[str]:
