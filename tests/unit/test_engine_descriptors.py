@@ -90,10 +90,23 @@ def test_config_defaults_and_checks_are_the_descriptors(section):
             assert option.check(setting.default) is None
             for value in setting.choices:
                 assert option.check(value) is None
-            assert option.check(NOT_A_BACKEND) == (f"Option {problem}" if (problem := descriptor.problem(
-                setting.key, NOT_A_BACKEND, setting.option)) else None)
+            if isinstance(setting.default, str):  # a check sees values of the option's type only
+                assert option.check(NOT_A_BACKEND) == (f"Option {problem}" if (problem := descriptor.problem(
+                    setting.key, NOT_A_BACKEND, setting.option)) else None)
         for value in setting.choices:
             assert config.validate_value(f"{section}.{setting.key}", value) == value
+
+
+def test_a_server_wide_image_default_is_refused_as_the_load_option_is():
+    """`sdcpp.width=100` was taken by config, and every image load then refused the option it gave."""
+    descriptor = BY_SECTION["sdcpp"]
+    engine = _engine(descriptor)
+    for key, bad in (("width", 100), ("height", 4096), ("steps", 101), ("cfg_scale", -1.0)):
+        with pytest.raises(config.ConfigError) as refused:
+            config.validate_value(f"sdcpp.{key}", bad)
+        assert str(refused.value) == f"Config key {descriptor.problem(key, bad)}" and str(bad) in str(refused.value)
+        assert engine.options[key].check(bad) == f"Option {descriptor.problem(key, bad, key)}"
+    assert config.validate_value("sdcpp.width", 1024) == 1024 and config.validate_value("sdcpp.cfg_scale", 0) == 0.0
 
 
 def test_bin_sections_are_the_engines_whose_bin_keys_select_a_build():

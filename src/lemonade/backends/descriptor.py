@@ -34,8 +34,9 @@ def bin_kind(value: str) -> str:
     return "path" if os.path.isabs(value) else "tag"
 
 
-# A check of a string setting: (the dotted key, its value) -> why it cannot be used, or None.
-Check = Callable[[str, str], "str | None"]
+# A check of a setting's value, of its type already: (the dotted key, its value) -> why it cannot be
+# used, or None.
+Check = Callable[[str, Any], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,7 @@ class Setting:
     help: str
     flag: str | None = None  # the `lemonade serve` flag that sets it, without dashes
     choices: tuple[str, ...] = ()  # the values it takes, when a list says it
-    check: Check | None = None  # a string that needs more than its type (e.g. device names)
-    positive: bool = False  # a number that must be above 0
+    check: Check | None = None  # a value that needs more than its type (device names, a picture's size)
     # A value of more than one form (a list, or "auto"): (value, dotted key) -> the value kept; raises
     # ValueError naming what is wrong. `from_text` reads it from an env var's or a flag's text.
     normalize: Callable[[Any, str], Any] | None = None
@@ -176,10 +176,8 @@ class Descriptor:
                 return str(exc)
         if setting.choices and value not in setting.choices:
             return f"'{dotted}' must be one of {', '.join(setting.choices)}, got '{value}'"
-        if setting.check is not None and isinstance(value, str):
+        if setting.check is not None:
             return setting.check(dotted, value)
-        if setting.positive and not isinstance(value, (str, bool)) and value <= 0:
-            return f"'{dotted}' must be positive, got {value}"
         return None
 
     def option_check(self, option: str, key: str = "backend") -> Callable[[Any], str | None]:

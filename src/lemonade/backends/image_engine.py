@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from lemonade.backends.engine import Engine
 
+# What every image engine of this build takes (stable-diffusion.cpp's, the only one): the API checks
+# requests against these, the `sdcpp` config keys and load options check against the same.
+from lemonade.backends.sdcpp.settings import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP
+
+__all__ = ["MAX_SEED", "MAX_SIDE", "MAX_STEPS", "MIN_SIDE", "MIN_STEPS", "SIZE_STEP", "ImageEngine"]
+
 if TYPE_CHECKING:
     from lemonade.model_info import ModelInfo
 
 MAX_SEED = 2**31 - 1
-# What every image engine of this build takes (stable-diffusion.cpp: steps clamped to 1..100 by its
-# server; sizes in multiples of 64 because the latent is 1/8 of the picture and the UNet halves it
-# three times; 2048 per side as the practical ceiling). The API checks requests against these.
-MIN_STEPS, MAX_STEPS = 1, 100
-SIZE_STEP, MIN_SIDE, MAX_SIDE = 64, 64, 2048
 
 
 class ImageEngine(Engine):

@@ -1,6 +1,7 @@
 """stable-diffusion.cpp (`sd-server`, `sd-cli`), as data: the one place its backends and config keys are written."""
 
 from lemonade.backends.descriptor import BinRule, Descriptor, Setting
+from lemonade.backends.sdcpp.settings import check_not_negative, check_side, check_steps
 
 DESCRIPTOR = Descriptor(
     recipe="sd-cpp",
@@ -15,10 +16,11 @@ DESCRIPTOR = Descriptor(
     args_key=True,
     args_help="Extra arguments for every sd-server",
     settings=(  # an image model's defaults (lemonade.md's load option defaults)
-        Setting("steps", 20, "Default inference steps of an image model", positive=True),
-        Setting("cfg_scale", 7.0, "Default guidance scale of an image model", positive=True),
-        Setting("width", 512, "Default image width in pixels", positive=True),
-        Setting("height", 512, "Default image height in pixels", positive=True),
+        Setting("steps", 20, "Default inference steps of an image model", check=check_steps, option="steps"),
+        Setting("cfg_scale", 7.0, "Default guidance scale of an image model", check=check_not_negative,
+                option="cfg_scale"),
+        Setting("width", 512, "Default image width in pixels", check=check_side, option="width"),
+        Setting("height", 512, "Default image height in pixels", check=check_side, option="height"),
     ),
     bins=("cpu", "vulkan"),  # backends/native_bins.py
     bin_rule=BinRule("master-820-de298c2", "sd-server"),

@@ -46,11 +46,12 @@ from lemonade.backends.engine import (
     Option,
     install_action,
 )
-from lemonade.backends.image_engine import MAX_SIDE, MAX_STEPS, MIN_SIDE, MIN_STEPS, SIZE_STEP, ImageEngine
+from lemonade.backends.image_engine import ImageEngine
 from lemonade.backends.native_engine import NativeBackends
 from lemonade.backends.sdcpp.descriptor import DESCRIPTOR
 from lemonade.backends.sdcpp.flags import check_sdcpp_args
 from lemonade.backends.sdcpp.install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
+from lemonade.backends.sdcpp.settings import check_not_negative
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.util.process_group import signal_group
@@ -71,24 +72,9 @@ DEFAULTS = {s.key: s.default for s in DESCRIPTOR.settings}  # steps, cfg_scale, 
 VULKAN_ARGS = ("--vae-tiling", "--diffusion-fa")
 
 
-def _check_steps(v: int) -> str | None:
-    return None if MIN_STEPS <= v <= MAX_STEPS else f"Option 'steps' must be {MIN_STEPS} to {MAX_STEPS}, got {v}"
-
-
-def _check_side(name: str) -> Any:
-    def check(v: int) -> str | None:
-        if v % SIZE_STEP or not MIN_SIDE <= v <= MAX_SIDE:
-            return f"Option '{name}' must be a multiple of {SIZE_STEP} from {MIN_SIDE} to {MAX_SIDE}, got {v}"
-        return None
-    return check
-
-
-def _check_cfg(v: float) -> str | None:
-    return None if v >= 0 else f"Option 'cfg_scale' must be 0 or more, got {v}"
-
-
 def _check_flow_shift(v: float) -> str | None:
-    return None if v >= 0 else f"Option 'flow_shift' must be 0 or more, got {v}"
+    problem = check_not_negative("flow_shift", v)
+    return f"Option {problem}" if problem else None
 
 
 def is_upscaler(model: ModelInfo) -> bool:
@@ -209,10 +195,6 @@ class SdCppEngine(NativeBackends, ImageEngine):
     recipe = "sd-cpp"
     release_page = f"https://github.com/leejet/stable-diffusion.cpp/releases/tag/{SDCPP_VERSION}"
     options = {
-        "steps": Option(int, "sdcpp.steps", check=_check_steps),
-        "cfg_scale": Option((int, float), "sdcpp.cfg_scale", check=_check_cfg),
-        "width": Option(int, "sdcpp.width", check=_check_side("width")),
-        "height": Option(int, "sdcpp.height", check=_check_side("height")),
         "sampling_method": Option(str, None),
         "flow_shift": Option((int, float), None, check=_check_flow_shift),
     }
