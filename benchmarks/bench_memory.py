@@ -13,6 +13,7 @@ every 50 ms). A chat model is loaded with speculation on: the estimate counts it
 estimate, peak and error; it never asserts.
 
     .venv/bin/python benchmarks/bench_memory.py [--quick] [--model gemma|minilm] [--config '2048 -np 8']
+        [--fill-cache] [--whole-context]
 
 The goal (issue 39): the llama.cpp estimate within 10 % of the measured peak, and never below what
 is measured at any moment by more than 5 %. Results: docs/memory.md. Every process it starts is
@@ -161,8 +162,21 @@ async def draft_everywhere(c: httpx.AsyncClient, model: str, slots: int, ctx: in
     await asyncio.gather(*(one(i) for i in range(slots)))
 
 
+async def whole_context(c: httpx.AsyncClient, model: str, ctx: int, per_word: float) -> None:
+    """One prompt of almost the whole context on slot 0, after the rounds: it touches every KV cell and
+    the largest compute buffers, and taking it saves slot 0's previous prompt into a cache the rounds
+    filled (llama-server adds the new state before it evicts the oldest): the most an engine holds."""
+    n_words = max(8, int(ctx * 0.95 / per_word))
+    body = {"model": model, "prompt": words(n_words, seed=9001), "max_tokens": 4, "id_slot": 0}
+    resp = await c.post("/v1/completions", json=body)
+    if resp.status_code != 200:
+        print(f"    whole-context request failed: {resp.status_code} {resp.text[:200]}", flush=True)
+    else:
+        print(f"    whole-context prompt: {resp.json()['usage']['prompt_tokens']} tokens", flush=True)
+
+
 async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: int,
-                  max_rounds: int = 8) -> dict[str, Any]:
+                  max_rounds: int = 8, whole: bool = False) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         # Speculation on (not the shipped `auto`): the estimate is of the most an engine may hold, which
         # includes its drafted tokens' logits, and with `auto` the controller would restart an engine
@@ -205,6 +219,8 @@ async def measure(url: str, name: str, path: Path, ctx: int, args: str, rounds: 
         if speculates:  # first: the output buffer grows once, before the prompts fill the caches around it
             await draft_everywhere(c, name, flags.slots, ctx, per_word)
         await fill(c, name, busy, tokens, per_word, embeddings, rounds)
+        if whole and not embeddings:
+            await whole_context(c, name, ctx, per_word)
         seconds = time.perf_counter() - started
         peak.stop.set()
         watcher.join()
@@ -246,6 +262,8 @@ def main() -> None:
     parser.add_argument("--fill-cache", action="store_true",
                         help="as many rounds as fill the prompt cache (up to 40; at 32k tokens of context, "
                              "several minutes a configuration) instead of at most 8")
+    parser.add_argument("--whole-context", action="store_true",
+                        help="after the rounds, one prompt of almost the whole context (minutes at 32k tokens)")
     parser.add_argument("--config", help="only the configurations whose 'model ctx_size flags' contain this, "
                                          "e.g. '2048 -np 8'")
     args = parser.parse_args()
@@ -271,7 +289,7 @@ def main() -> None:
                     continue
                 print(f"  {name} ctx {ctx} {llama_args} ...", flush=True)
                 result = asyncio.run(measure(f"http://127.0.0.1:{port}", name, models / f"{name}.gguf", ctx, llama_args,
-                                             args.rounds, 40 if args.fill_cache else 8))
+                                             args.rounds, 40 if args.fill_cache else 8, args.whole_context))
                 rows.append((name, ctx, llama_args, result))
                 print(f"    {result}", flush=True)
             print(f"load average {load_avg()} after\n")
