@@ -58,6 +58,14 @@ def test_mode_flags(tmp_path, mode, expected):
     assert expected in argv and "--jinja" not in argv
 
 
+def test_a_chat_model_reads_prompts_one_ubatch_at_a_time(tmp_path):
+    assert flag(argv_for(tmp_path), "-b") == "512"  # llama-server's own default -ub
+    assert flag(argv_for(tmp_path, args="-ub 128"), "-b") == "128"
+    own = argv_for(tmp_path, args="-b 2048")
+    assert own[-2:] == ["-b", "2048"]  # the user's comes last, and llama-server takes the last
+    assert "-b" not in argv_for(tmp_path, "embeddings")  # an embedding takes its whole input in one batch
+
+
 def test_mmproj_ctx_and_user_args_last(tmp_path):
     argv = argv_for(tmp_path, mmproj=True, ctx=1024, args="--threads 3 -np 2")
     assert flag(argv, "--mmproj").endswith("mmproj.gguf")

@@ -172,6 +172,27 @@ def test_every_api_states_the_engines_context(gemma_server, loaded) -> None:
     assert str(engine) in status.stdout
 
 
+def test_the_engine_reads_a_prompt_one_ubatch_at_a_time(gemma_server, loaded) -> None:
+    """A prompt of about 1,500 tokens takes llama-server at least one decode step per 512 of them (its
+    own count, `llamacpp:n_decode_total`): a batch is one ubatch, not llama-server's default 2,048 tokens,
+    so a stream beside a long prompt waits for one ubatch at most (backends/llamacpp/engine.py batch_args)."""
+    _, entry, _ = loaded
+    engine = entry["backend_url"].removesuffix("/v1")
+
+    def decodes() -> int:
+        lines = httpx.get(engine + "/metrics", timeout=30).text.splitlines()
+        (value,) = [line.split()[1] for line in lines if line.startswith("llamacpp:n_decode_total ")]
+        return int(float(value))
+
+    before = decodes()
+    with gemma_server.client() as c:
+        resp = c.post("/v1/completions", json={"model": GEMMA_NAME, "max_tokens": 1,
+                                               "prompt": "A new text. " + _prompt_of(gemma_server, 1500)})
+        assert resp.status_code == 200, resp.text
+    read = resp.json()["timings"]["prompt_n"]
+    assert read > 1024 and decodes() - before >= -(-read // 512)
+
+
 def test_eight_concurrent_long_prompts_all_answer(gemma_server, loaded) -> None:
     """Eight prompts that each need more than an eighth of the context (so the profile's eight slots,
     had they divided it, would each refuse one), sent at once. Together they need more than the
@@ -183,7 +204,9 @@ def test_eight_concurrent_long_prompts_all_answer(gemma_server, loaded) -> None:
         assert resp.status_code == 200, resp.text
         context = resp.json()["context_length"]
     each = context // 8 + context // 16
-    prompts = [_prompt_of(gemma_server, each) + f"\nQuestion {i}: name a fruit." for i in range(8)]
+    # each begins with its own question: prompts sharing a beginning would wait for the first one to
+    # read it and copy its slot (runtime/slot_affinity.py), and not be sent together
+    prompts = [f"Question {i}: name a fruit.\n" + _prompt_of(gemma_server, each) for i in range(8)]
 
     async def ask(client: httpx.AsyncClient, prompt: str) -> httpx.Response:
         return await client.post("/v1/chat/completions", json={

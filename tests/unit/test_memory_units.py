@@ -75,6 +75,8 @@ def test_engine_flags_as_llama_server_reads_them():
     own = engine_flags("--parallel=2 -ub 128 -ctk q8_0 --cache-ram 64 -ctxcp 3 -fa off --swa-full")
     assert (own.slots, own.unified, own.ubatch, own.k_bytes, own.v_bytes) == (2, False, 128, 34 / 32, 2.0)
     assert (own.cache_ram_mib, own.checkpoints, own.flash_attn, own.swa_full) == (64, 3, False, True)
+    # n_batch: the user's, else one ubatch, as the server starts a chat model (engine.batch_args)
+    assert (engine_flags("").batch, own.batch, engine_flags("-b 2048").batch) == (512, 128, 2048)
 
 
 def _gemma(tmp_path: Path) -> dict[str, list[Path]]:

@@ -55,6 +55,7 @@ from lemonade.backends.llamacpp.gpu import GPU_BACKENDS, uses_gpu, vulkan_visibl
 from lemonade.backends.llamacpp.install import BackendInstaller
 from lemonade.backends.llamacpp.memory import (
     CHECKPOINTS,
+    engine_flags,
     memory_need,
     prompt_cache_mib,
     sliding_window,
@@ -272,6 +273,7 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
             argv += ["--fit", "off"]  # the split is decided; llama-server's own fitting would only measure it again
     if model.mode == "chat":
         argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx, warm, swa_full)
+        argv += batch_args(str(options.get("llamacpp_args") or ""))
     user_args = engine_args(options.get("llamacpp_args", ""), binary, slot_dir)  # checked when set
     spec_args, _ = speculation_args(model, files, options, user_args, speculate)
     return argv + spec_args + user_args  # user_args come last, so the user's own values still win
@@ -292,6 +294,17 @@ def growth_args(main: Path, llamacpp_args: str, ctx: int, warm: bool = False, sw
     if swa_full:
         argv.append("--swa-full")
     return argv
+
+
+def batch_args(llamacpp_args: str) -> list[str]:
+    """A chat model reads prompts one ubatch at a time (`-b` = `-ub`, 512 unless its arguments say), where
+    llama-server's default batch is 2,048 tokens. llama-server does nothing else while it computes a batch:
+    the other slots get no token and a client that left is not noticed. On 2 cores a batch of 2,048 tokens
+    takes seconds, so every stream beside a long prompt stalled that long; in ubatch steps the longest
+    stall is a quarter of it, and prompts are read as fast, since llama-server computes a batch one ubatch
+    at a time anyway (benchmarks/bench_batch.py, docs/performance.md "Batch size"). A user's own `-b`
+    comes later in the command line and wins."""
+    return ["-b", str(engine_flags(llamacpp_args).ubatch)]
 
 
 def engine_args(text: str, binary: Path, slot_dir: Path | None = None) -> list[str]:

@@ -128,8 +128,9 @@ def engine_flags(args: str) -> EngineFlags:
     unified = auto or bool(switches & {"-kvu", "--kv-unified"})
     if switches & {"-no-kvu", "--no-kv-unified"}:
         unified = False
-    batch = number("-b", "--batch-size") or 2048
-    ubatch = min(number("-ub", "--ubatch-size") or 512, batch)
+    ubatch = number("-ub", "--ubatch-size") or 512
+    batch = number("-b", "--batch-size") or ubatch  # a chat model's n_batch is one ubatch (engine.batch_args)
+    ubatch = min(ubatch, batch)
     fa = values.get("-fa", values.get("--flash-attn", "auto")).lower()
     return EngineFlags(
         slots=4 if auto else max(1, slots or 1), unified=unified, batch=batch, ubatch=ubatch,
