@@ -46,10 +46,15 @@ def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_d
     publish_whisper(hub_server, whisper_ct2_dir)
     # Warm swaps off (kv_store_gb 0): with them Gemma 3 gets its full window cache, so each tool round
     # reuses the last one's prompt, and the 270M base model's few-shot echo of a transcript is a near tie
-    # such a reused prefix tips. This file proves the omni roles (which audio and picture reach which
-    # tool), not warm swaps (tests/test_warm_swaps.py).
+    # such a reused prefix tips. The thread count and the batch split tip it too (float sums in another
+    # order): with one thread and llama-server's own batch of 2,048 tokens the model answers with the
+    # transcript, with two threads (the server's choice on a quiet machine) or the shipped batch of one
+    # ubatch (backends/llamacpp/engine.py batch_args) it repeats the last answer (measured, 2026-12-06).
+    # Both are fixed here so that the test does not depend on the machine's load. This file proves the
+    # omni roles (which audio and picture reach which tool), not warm swaps (tests/test_warm_swaps.py),
+    # threads (tests/test_backend_args.py) or the batch size (tests/test_context.py).
     srv = module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(extra)},
-                         config={"kv_store_gb": 0})
+                         config={"kv_store_gb": 0, "llamacpp": {"args": "-t 1 -b 2048"}})
     with srv.client() as http:
         for name, components in ((EAR_KIT, [GEMMA_NAME, WHISPER]), (EYE_KIT, [GEMMA_NAME, VISION]),
                                  (SEEING_KIT, [VISION, WHISPER])):

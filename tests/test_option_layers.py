@@ -166,16 +166,16 @@ def test_backend_flags_are_the_admins_and_reach_the_engine_of_the_backend_in_use
     refused = cli(server, "config", "set", "llamacpp.cpu_args=--port 9")  # a flag the server sets itself
     assert refused.returncode != 0 and "--port" in refused.stdout + refused.stderr
     with server.client() as c:
-        flat = c.post("/v1/params", json={"llamacpp_rocm_args": "-b 512"}, headers=USER)
+        flat = c.post("/v1/params", json={"llamacpp_rocm_args": "-b 768"}, headers=USER)
         assert flat.status_code == 403 and "llamacpp.rocm_args" in flat.json()["error"]  # as llamacpp.args
-        assert c.post("/v1/params", json={"llamacpp_rocm_args": "-b 512"}, headers=ADMIN).status_code == 200
+        assert c.post("/v1/params", json={"llamacpp_rocm_args": "-b 768"}, headers=ADMIN).status_code == 200
         params = c.get("/v1/params", headers=USER).json()["llamacpp"]
         assert (params["cpu_args"], params["vulkan_args"], params["rocm_args"]) == \
-            ("--threads-batch 1 --no-warmup", "-ub 64", "-b 512")
+            ("--threads-batch 1 --no-warmup", "-ub 64", "-b 768")
 
         argv = load(c, GEMMA_NAME, llamacpp_backend="cpu")["launch_command"]
         assert argv[argv.index("--threads-batch") + 1] == "1" and "--no-warmup" in argv
-        assert "--cache-reuse" not in argv and "-ub" not in argv and "512" not in argv  # only the cpu backend's
+        assert "--cache-reuse" not in argv and "-ub" not in argv and "768" not in argv  # only the cpu backend's
         # per-model flags merge over them, flag by flag; the options view says where each came from
         view = c.post(f"/v1/models/{GEMMA_NAME}/options", json={"llamacpp_args": "--threads-batch 2"},
                       headers=ADMIN).json()
