@@ -522,8 +522,18 @@ async def until(ws: ClientConnection, kind: str, timeout: float = 120) -> list[d
 # ----- the browser ------------------------------------------------------------------------------------------
 
 def recording_browser(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A BROWSER command (Python's webbrowser honours it) that writes the URL it is given to a file."""
+    """A BROWSER command (Python's webbrowser honours it) that adds the URL it is given to a file.
+
+    The file is written aside and renamed into place, so a test polling for it (`serve --open` calls the
+    browser in the background) never reads it created but still empty.
+    """
     urls = tmp_path / "urls.txt"
     script = tmp_path / "browser.py"
-    script.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.argv[2] + '\\n')\n")
+    script.write_text(
+        "import os, sys\n"
+        "path, url = sys.argv[1], sys.argv[2]\n"
+        "old = open(path).read() if os.path.exists(path) else ''\n"
+        "with open(path + '.part', 'w') as part:\n"
+        "    part.write(old + url + '\\n')\n"
+        "os.replace(path + '.part', path)\n")
     return {"BROWSER": f"{sys.executable} {script} {urls} %s"}, urls
