@@ -139,13 +139,59 @@ def test_an_engine_flag_sets_its_key_of_the_engines_section():
     assert seen == {"llamacpp": {"backend": "vulkan", "args": "-t 2"}}
 
 
-def test_load_flags_name_the_backends_the_descriptor_lists():
-    helps = {f.key: f.help for f in load_options.FLAGS}
-    for descriptor in BY_SECTION.values():
-        engine = _engine(descriptor)
-        if descriptor.backend_key:
-            assert helps[engine.backend_option] == descriptor.backend_help()
-            assert all(b in helps[engine.backend_option] for b in (AUTO, *descriptor.backends))
+def _load_options(descriptor: Descriptor) -> dict[str, str]:
+    """Every load option the descriptor gives its engine -> the help its `load` flag must show."""
+    options = {}
+    if descriptor.backend_option:
+        options[descriptor.backend_option] = descriptor.backend_help()
+    if descriptor.args_option:
+        options[descriptor.args_option] = descriptor.args_option_help
+    options.update({s.option: s.option_help or s.help for s in descriptor.settings if s.option})
+    options.update({o.name: o.help for o in descriptor.model_options})
+    return options
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_load_option_of_an_engine_is_its_descriptors_with_a_load_flag(name):
+    descriptor = DESCRIPTORS[name]
+    engine = _engine(descriptor)
+    derived = _load_options(descriptor)
+    assert set(derived) <= set(engine.options)  # the engine takes each one ...
+    flags = {f.key: f for f in load_options.FLAGS}
+    for option, help_text in derived.items():  # ... and `lemonade load` offers it, in the engine's panel
+        assert help_text and flags[option].help == help_text and flags[option].panel == descriptor.load_panel
+    if descriptor.backend_key:
+        assert all(b in flags[engine.backend_option].help for b in (AUTO, *descriptor.backends))
+    for option in descriptor.model_options:  # a model option's default and checks are the engine's
+        assert engine.options[option.name].default == option.default and engine.options[option.name].config_key is None
+
+
+def test_a_load_flag_sends_the_option_its_descriptor_names():
+    seen = {}
+
+    def probe(options: dict | None = None) -> None:
+        seen.update(options or {})
+
+    result = CliRunner().invoke(_app_with(load_options.with_load_options(probe)), [
+        "--whispercpp", "vulkan", "--fasterwhisper-compute-type", "float32", "--piper-threads", "2",
+        "--flow-shift", "3", "--rpc-workers", "a:1, b:2", "--llamacpp-device", "Vulkan0"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"whispercpp_backend": "vulkan", "fasterwhisper_compute_type": "float32", "piper_threads": 2,
+                    "flow_shift": 3.0, "rpc_workers": ["a:1", "b:2"], "llamacpp_device": "Vulkan0"}
+
+
+@pytest.mark.parametrize(("recipe", "option", "bad", "refusal"), [
+    ("fasterwhisper", "fasterwhisper_compute_type", "int4", "Option 'fasterwhisper_compute_type' must be one of "
+     "int8, int8_float32, float32, default, got 'int4'"),
+    ("fasterwhisper", "fasterwhisper_threads", -1, "Option 'fasterwhisper_threads' must be 0 (one per core) or more"),
+    ("kokoro", "kokoro_threads", -2, "Option 'kokoro_threads' must be 0 (one per core) or more"),
+    ("sd-cpp", "flow_shift", -0.5, "Option 'flow_shift' must be 0 or more, got -0.5"),
+])
+def test_a_model_option_is_checked_as_its_descriptor_says(recipe, option, bad, refusal):
+    check = _engine(next(d for d in DESCRIPTORS.values() if d.recipe == recipe)).options[option].check
+    assert check is not None and (check(bad) or "").startswith(refusal)
+    good = {"fasterwhisper_compute_type": "int8", "fasterwhisper_threads": 0, "kokoro_threads": 4, "flow_shift": 3.0}
+    assert check(good[option]) is None
 
 
 def test_config_imports_no_engine():

@@ -26,7 +26,7 @@ from lemonade.beacon import (
     encode_worker,
     is_status_query,
 )
-from lemonade.cli.load_options import FLAGS, _value
+from lemonade.cli.load_options import FLAGS
 from lemonade.config import Config, parse_cli_value
 
 MiB = 1 << 20
@@ -48,7 +48,7 @@ def test_rpc_workers_takes_a_list_or_auto_and_nothing_else(tmp_path):
     assert parse_cli_value("llamacpp.rpc_workers", "auto") == "auto"
     assert Config(tmp_path, environ={"LEMONADE_LLAMACPP_RPC_WORKERS": "auto"}).get("llamacpp.rpc_workers") == "auto"
     flag = next(f for f in FLAGS if f.key == "rpc_workers")  # `lemonade load --rpc-workers auto`
-    assert _value(flag, "auto") == "auto" and _value(flag, "a:1, b:2") == ["a:1", "b:2"]
+    assert flag.value("auto") == "auto" and flag.value("a:1, b:2") == ["a:1", "b:2"]
 
 
 def test_a_worker_beacon_reads_back_and_server_listeners_pass_it_by():

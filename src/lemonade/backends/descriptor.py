@@ -2,8 +2,9 @@
 
 Each engine folder has a `descriptor.py` with one `Descriptor` (backends/descriptors.py lists them).
 The config defaults of its section (config.py), the checks of its keys, the `lemonade serve` flags
-(cli/main.py), the `<recipe>_backend` option check and the engine's `backends` are all derived from
-it, as Lemonade's C++ server derives them from its `BackendDescriptor`, so they cannot drift apart.
+(cli/engine_flags.py), the `lemonade load` flags (cli/load_options.py), the engine's load options and
+their checks (Engine.__init_subclass__) and the engine's `backends` are all derived from it, as
+Lemonade's C++ server derives them from its `BackendDescriptor`, so they cannot drift apart.
 A descriptor module imports nothing above config (tests/test_layers.py): config reads it without
 importing any engine.
 
@@ -54,6 +55,8 @@ class Setting:
     normalize: Callable[[Any, str], Any] | None = None
     from_text: Callable[[str], Any] | None = None
     option: str | None = None  # the load option that sets it for one model (`llamacpp_device`)
+    option_help: str = ""  # that option's help, where `help` (the server-wide key's) does not fit one model
+    metavar: str = "VALUE"  # what its load flag's help shows for the value (`--llamacpp-device DEVICES`)
 
     @property
     def option_type(self) -> type | tuple[type, ...]:
@@ -63,6 +66,31 @@ class Setting:
         if isinstance(self.default, list):
             return (list, str)
         return type(self.default)
+
+
+def check_threads(what: str, value: int) -> str | None:
+    """A thread count: 0 lets the engine take one per core."""
+    return None if value >= 0 else f"'{what}' must be 0 (one per core) or more, got {value}"
+
+
+@dataclass(frozen=True)
+class ModelOption:
+    """A load option of one engine that no config key sets: a model's own (`fasterwhisper_threads`)."""
+
+    name: str
+    type: type | tuple[type, ...]  # the JSON types it takes
+    help: str
+    metavar: str  # what its load flag's help shows for the value
+    default: Any = None  # what the engine uses when it is not given
+    choices: tuple[str, ...] = ()  # the values it takes, when a list says it
+    check: Check | None = None  # a value that needs more than its type; the name is the key it gets
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` cannot be this option's, beyond its type, or None."""
+        if self.choices and value not in self.choices:
+            return f"Option '{self.name}' must be one of {', '.join(self.choices)}, got '{value}'"
+        problem = self.check(self.name, value) if self.check else None
+        return f"Option {problem}" if problem else None
 
 
 @dataclass(frozen=True)
@@ -111,7 +139,12 @@ class Descriptor:
     backend_flag: str | None = None  # the `lemonade serve` flag setting `<section>.backend`
     args_flag: str | None = None  # the `lemonade serve` flag setting `<section>.args`
     args_help: str = ""  # what `<section>.args` holds
+    args_option_help: str = ""  # what a model's own `<section>_args` load option holds
     settings: tuple[Setting, ...] = ()  # its other keys, in the order config shows them
+    model_options: tuple[ModelOption, ...] = ()  # its load options that no config key sets
+    # The panel `lemonade load --help` lists its load flags under (guide-cli.md's "Llama.cpp Backend
+    # Options"); by default "<title> Options".
+    panel: str = ""
     bins: tuple[str, ...] = ()  # backends with a `<backend>_bin` key
     bin_rule: BinRule | None = None
 
@@ -137,6 +170,10 @@ class Descriptor:
         if value in self.backend_choices:
             return None
         return f"'{what}' must be one of {', '.join(self.backend_choices)}, got '{value}'"
+
+    @property
+    def load_panel(self) -> str:
+        return self.panel or f"{self.title} Options"
 
     def backend_help(self) -> str:
         return f"{self.title} backend: {', '.join(self.backend_choices)} (auto: the best this machine has)"

@@ -3,8 +3,8 @@
 Adding an engine is a folder `backends/<name>/` holding `descriptor.py` (its `DESCRIPTOR`: backends,
 config section, keys, flags; backends/descriptor.py) and `engine.py` (the `Engine` subclass the
 descriptor names), plus its name in `ENGINES`. Config defaults and checks (config.py), the
-`lemonade serve` flags, the engine's backends and its backend option check are derived from the
-descriptor; the engine registry (backends/registry.py) takes the classes from the same list, and
+`lemonade serve` and `lemonade load` flags, the engine's backends and its load options and their
+checks are derived from the descriptor; the engine registry (backends/registry.py) takes the classes from the same list, and
 tests/unit/test_engine_descriptors.py proves it for every engine named here.
 """
 

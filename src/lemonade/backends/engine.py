@@ -339,6 +339,8 @@ class Engine(ABC):
                 if setting.option:
                     derived[setting.option] = Option(setting.option_type, f"{descriptor.section}.{setting.key}",
                                                      check=descriptor.option_check(setting.option, setting.key))
+            for option in descriptor.model_options:
+                derived[option.name] = Option(option.type, None, default=option.default, check=option.problem)
             cls.options = {**cls.options, **derived}
 
     def __init__(self, cache_dir: Path, config: Config) -> None:

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lemonade.backends.engine import Engine, EngineUnavailable, Launch, Option
+from lemonade.backends.engine import Engine, EngineUnavailable, Launch
 from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 WORKER = Path(__file__).parent / "workers" / "speech_worker.py"
 AV_PACKAGE = "av==18.1.0"  # FFmpeg encoders (libmp3lame, libopus, aac, flac) for the worker
 ENCODED_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-
-
-def _check_threads(name: str) -> Any:
-    return lambda v: None if v >= 0 else f"Option '{name}' must be 0 (automatic) or more, got {v}"
 
 
 def files_named(files: dict[str, list[Path]], suffix: str) -> list[Path]:
@@ -52,12 +48,6 @@ class SpeechEngine(PythonEngine, SpeechService):
     @property
     def threads_option(self) -> str:
         return f"{self.recipe}_threads"
-
-    @classmethod
-    def threads(cls, recipe: str) -> dict[str, Option]:
-        """The option every TTS engine takes: ONNX Runtime threads (0: one per core)."""
-        name = f"{recipe}_threads"
-        return {name: Option(int, None, default=0, check=_check_threads(name))}
 
     @abstractmethod
     def worker_args(self, model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:

@@ -2,10 +2,10 @@
 
 One table, `FLAGS`: each command-line flag, the `/v1/load` option it sets, and the help panel it
 is listed under. `with_load_options` adds them all to a command, so `load` and `run` can never
-offer different sets. The table is kept here rather than read from the engine classes, so
-`lemonade --help` does not import every engine; a test checks that every option an engine takes
-has its flag. The backend flags' help (the backends each takes) is the engine descriptors'
-(backends/<engine>/descriptor.py), which import no engine.
+offer different sets. The general options are written here; every engine's flags (its backend, its
+arguments, its model options) are derived from its descriptor (backends/<engine>/descriptor.py), as
+the engine's options are, so they cannot drift apart, and `lemonade --help` imports no engine. A test
+checks that every option an engine takes has its flag.
 """
 
 from __future__ import annotations
@@ -18,16 +18,10 @@ from typing import Annotated, Any
 
 import typer
 
-from lemonade.backends.descriptors import BY_SECTION
+from lemonade.backends.descriptor import Descriptor
+from lemonade.backends.descriptors import DESCRIPTORS
 
 GENERAL = "General Options"
-LLAMACPP = "Llama.cpp Backend Options"
-WHISPERCPP = "Whisper.cpp Options"
-FASTERWHISPER = "faster-whisper Options"
-SDCPP = "Stable Diffusion Options"
-VLLM = "vLLM Options"
-ONNX = "ONNX Runtime Options"
-SPEECH = "Text-to-Speech Options"
 
 
 @dataclass(frozen=True)
@@ -38,10 +32,41 @@ class Flag:
     help: str
     panel: str
     metavar: str | None = None
+    from_text: Callable[[str], Any] | None = None  # the option's value from the flag's text, when not the text
 
     @property
     def param(self) -> str:
         return "opt_" + self.key.replace("-", "_")  # `sd-cpp_backend` is no Python name
+
+    def value(self, given: Any) -> Any:
+        return self.from_text(given) if self.from_text is not None and isinstance(given, str) else given
+
+
+def _flag_type(types: type | tuple[type, ...]) -> type:
+    """The one type typer parses a flag's text as: a number option's widest, else text."""
+    kinds = types if isinstance(types, tuple) else (types,)
+    for kind in (float, int, bool):
+        if kind in kinds:
+            return kind
+    return str
+
+
+def _engine_flags(descriptor: Descriptor) -> list[Flag]:
+    """An engine's load flags, from its descriptor: its backend, its arguments, the settings a model may
+    set for itself, and its model options."""
+    panel = descriptor.load_panel
+    flags: list[Flag] = []
+    if descriptor.backend_option and descriptor.section:
+        flags.append(Flag((f"--{descriptor.section}", f"--{descriptor.section}-backend"), descriptor.backend_option,
+                          str, descriptor.backend_help(), panel, "BACKEND"))
+    if descriptor.args_option:
+        flags.append(Flag((f"--{descriptor.args_option.replace('_', '-')}",), descriptor.args_option, str,
+                          descriptor.args_option_help, panel, "ARGS"))
+    flags += [Flag((f"--{s.option.replace('_', '-')}",), s.option, _flag_type(s.option_type), s.option_help or s.help,
+                   panel, s.metavar, s.from_text) for s in descriptor.settings if s.option]
+    flags += [Flag((f"--{o.name.replace('_', '-')}",), o.name, _flag_type(o.type), o.help, panel, o.metavar)
+              for o in descriptor.model_options]
+    return flags
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -56,53 +81,8 @@ FLAGS: tuple[Flag, ...] = (
          "memory is freed (weights stay)", GENERAL, "SECONDS"),
     Flag(("--evict-weight-factor",), "evict_weight_factor", float, "How strongly this model resists eviction "
          "(higher stays longer)", GENERAL, "FACTOR"),
-    Flag(("--llamacpp", "--llamacpp-backend"), "llamacpp_backend", str, BY_SECTION["llamacpp"].backend_help(),
-         LLAMACPP, "BACKEND"),
-    Flag(("--llamacpp-device",), "llamacpp_device", str, "Comma-separated list of accelerator devices to use "
-         "(e.g. Vulkan0)", LLAMACPP, "DEVICES"),
-    Flag(("--llamacpp-args",), "llamacpp_args", str, "Custom arguments to pass to llama-server, e.g. "
-         "\"--flash-attn on --no-mmap\"", LLAMACPP, "ARGS"),
-    Flag(("--rpc-workers",), "rpc_workers", str, "llama.cpp RPC workers to spread the model over: "
-         "HOST:PORT[,HOST:PORT...] (lemonade worker), or auto for those announcing themselves on the network",
-         LLAMACPP, "WORKERS"),
-    Flag(("--speculation",), "speculation", str, "Speculative decoding: auto (on while it makes the model faster; "
-         "the default), on or off", LLAMACPP, "MODE"),
-    Flag(("--whispercpp",), "whispercpp_backend", str, BY_SECTION["whispercpp"].backend_help(), WHISPERCPP,
-         "BACKEND"),
-    Flag(("--whispercpp-args",), "whispercpp_args", str, "Custom arguments to pass to whisper-server",
-         WHISPERCPP, "ARGS"),
-    Flag(("--fasterwhisper-compute-type",), "fasterwhisper_compute_type", str, "int8 (default), int8_float32, "
-         "float32 or default", FASTERWHISPER, "TYPE"),
-    Flag(("--fasterwhisper-threads",), "fasterwhisper_threads", int, "CPU threads (0: one per core)",
-         FASTERWHISPER, "N"),
-    Flag(("--sdcpp", "--sdcpp-backend"), "sd-cpp_backend", str, BY_SECTION["sdcpp"].backend_help(), SDCPP,
-         "BACKEND"),
-    Flag(("--sdcpp-args",), "sdcpp_args", str, "Custom arguments to pass to sd-server, e.g. \"--vae-tiling "
-         "--diffusion-fa\" (must not conflict with the ones Lemonade sets)", SDCPP, "ARGS"),
-    Flag(("--steps",), "steps", int, "Default inference steps of an image model", SDCPP, "N"),
-    Flag(("--cfg-scale",), "cfg_scale", float, "Default guidance scale of an image model", SDCPP, "SCALE"),
-    Flag(("--width",), "width", int, "Default image width in pixels", SDCPP, "PX"),
-    Flag(("--height",), "height", int, "Default image height in pixels", SDCPP, "PX"),
-    Flag(("--sampling-method",), "sampling_method", str, "Default sampling method of an image model (e.g. euler)",
-         SDCPP, "METHOD"),
-    Flag(("--flow-shift",), "flow_shift", float, "Default flow shift of a flow image model", SDCPP, "SHIFT"),
-    Flag(("--vllm",), "vllm_backend", str, BY_SECTION["vllm"].backend_help(), VLLM, "BACKEND"),
-    Flag(("--vllm-args",), "vllm_args", str, "Custom arguments to pass to vllm serve", VLLM, "ARGS"),
-    Flag(("--onnxruntime-threads",), "onnxruntime_threads", int, "ONNX Runtime threads of a classifier "
-         "(0: one per core)", ONNX, "N"),
-    Flag(("--kokoro-threads",), "kokoro_threads", int, "ONNX Runtime threads of Kokoro (0: one per core)",
-         SPEECH, "N"),
-    Flag(("--piper-threads",), "piper_threads", int, "ONNX Runtime threads of Piper (0: one per core)",
-         SPEECH, "N"),
+    *(flag for descriptor in DESCRIPTORS.values() for flag in _engine_flags(descriptor)),
 )
-
-
-def _value(flag: Flag, value: Any) -> Any:
-    if flag.key == "rpc_workers":  # the server takes a list, or "auto"
-        if str(value).strip().lower() == "auto":
-            return "auto"
-        return [w.strip() for w in str(value).split(",") if w.strip()]
-    return value
 
 
 def with_load_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,7 +94,7 @@ def with_load_options(func: Callable[..., Any]) -> Callable[..., Any]:
              for f in FLAGS]
 
     def options(given: dict[str, Any]) -> dict[str, Any]:
-        return {f.key: _value(f, given[f.param]) for f in FLAGS if given[f.param] is not None}
+        return {f.key: f.value(given[f.param]) for f in FLAGS if given[f.param] is not None}
 
     return with_options(func, "options", added, options)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonade.audio.formats import FORMATS
-from lemonade.backends.engine import EngineUnavailable, Launch, Option
+from lemonade.backends.engine import EngineUnavailable, Launch
 from lemonade.backends.python_engine import PythonEngine
 
 if TYPE_CHECKING:
@@ -20,16 +20,6 @@ if TYPE_CHECKING:
 
 FASTER_WHISPER_VERSION = "1.2.1"
 WORKER = Path(__file__).parent.parent / "workers" / "whisper_worker.py"
-COMPUTE_TYPES = ("int8", "int8_float32", "float32", "default")
-
-
-def _check_compute(value: str) -> str | None:
-    return None if value in COMPUTE_TYPES else \
-        f"Option 'fasterwhisper_compute_type' must be one of {', '.join(COMPUTE_TYPES)}, got '{value}'"
-
-
-def _check_threads(value: int) -> str | None:
-    return None if value >= 0 else f"Option 'fasterwhisper_threads' must be 0 (automatic) or more, got {value}"
 
 
 def model_folder(files: dict[str, list[Path]]) -> Path:
@@ -49,10 +39,6 @@ class FasterWhisperEngine(PythonEngine):
     recipe = "fasterwhisper"
     packages = (f"faster-whisper=={FASTER_WHISPER_VERSION}",)
     probe = "import faster_whisper, av"
-    options = {
-        "fasterwhisper_compute_type": Option(str, None, default="int8", check=_check_compute),
-        "fasterwhisper_threads": Option(int, None, default=0, check=_check_threads),
-    }
     process = "whisper-worker"
     endpoints = {"audio/transcriptions": "/transcribe"}
     audio_formats = FORMATS  # the worker decodes with PyAV (FFmpeg)

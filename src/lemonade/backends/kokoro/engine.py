@@ -34,7 +34,6 @@ class KokoroEngine(SpeechEngine):
     probe = "import kokoro_onnx, av"
     worker_engine = "kokoro"
     process = "kokoro-worker"
-    options = SpeechEngine.threads("kokoro")
     speed_range = (0.5, 2.0)  # what kokoro-onnx accepts
 
     def worker_args(self, model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:

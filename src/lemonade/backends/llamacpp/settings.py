@@ -97,4 +97,4 @@ def worker_text(raw: str) -> Any:
     text = raw.strip()
     if text.startswith("["):
         return json.loads(text)
-    return text if text.lower() == AUTO_WORKERS else raw.split(",")
+    return text if text.lower() == AUTO_WORKERS else [part.strip() for part in raw.split(",") if part.strip()]

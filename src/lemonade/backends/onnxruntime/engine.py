@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemonade.backends.engine import EngineUnavailable, Launch, Option
+from lemonade.backends.engine import EngineUnavailable, Launch
 from lemonade.backends.onnxruntime.contract import ContractError, model_folder, read_contract
 from lemonade.backends.python_engine import PythonEngine
 
@@ -25,10 +25,6 @@ ONNXRUNTIME_VERSION = "1.32.0"
 WORKER = Path(__file__).parent.parent / "workers" / "classify_worker.py"
 
 
-def _check_threads(value: int) -> str | None:
-    return None if value >= 0 else f"Option 'onnxruntime_threads' must be 0 (one per core) or more, got {value}"
-
-
 class OnnxRuntimeEngine(PythonEngine):
     # memory rule (Engine.memory_need; measured on this machine, docs/memory.md):
     # a MiniLM classifier (87 MiB) peaked at 173 MiB on batches of 8
@@ -37,7 +33,6 @@ class OnnxRuntimeEngine(PythonEngine):
     recipe = "onnxruntime"
     packages = (f"onnxruntime=={ONNXRUNTIME_VERSION}", "tokenizers==0.23.3", "numpy==2.4.6")
     probe = "import onnxruntime, tokenizers, numpy"
-    options = {"onnxruntime_threads": Option(int, None, default=0, check=_check_threads)}
     process = "classify-worker"
     endpoints = {"classify": "/classify"}
 

@@ -29,7 +29,6 @@ class PiperEngine(SpeechEngine):
     probe = "import piper, av"
     worker_engine = "piper"
     process = "piper-worker"
-    options = SpeechEngine.threads("piper")
 
     def worker_args(self, model: ModelInfo, files: dict[str, list[Path]]) -> list[str]:
         onnx = files_named(files, ".onnx")

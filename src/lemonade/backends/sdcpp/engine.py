@@ -43,7 +43,6 @@ from lemonade.backends.engine import (
     EngineUnavailable,
     InstallError,
     Launch,
-    Option,
     install_action,
 )
 from lemonade.backends.image_engine import ImageEngine
@@ -51,7 +50,6 @@ from lemonade.backends.native_engine import NativeBackends
 from lemonade.backends.sdcpp.descriptor import DESCRIPTOR
 from lemonade.backends.sdcpp.flags import check_sdcpp_args
 from lemonade.backends.sdcpp.install import CLI_EXE, SDCPP_VERSION, SERVER_EXE, SdCppInstall
-from lemonade.backends.sdcpp.settings import check_not_negative
 from lemonade.errors import APIError
 from lemonade.observability.logs import log_buffer
 from lemonade.util.process_group import signal_group
@@ -70,11 +68,6 @@ DEFAULTS = {s.key: s.default for s in DESCRIPTOR.settings}  # steps, cfg_scale, 
 # tiles and flash attention in the diffusion model, which keep large pictures within GPU memory (1024x1024
 # failed without them on its AMD GPUs).
 VULKAN_ARGS = ("--vae-tiling", "--diffusion-fa")
-
-
-def _check_flow_shift(v: float) -> str | None:
-    problem = check_not_negative("flow_shift", v)
-    return f"Option {problem}" if problem else None
 
 
 def is_upscaler(model: ModelInfo) -> bool:
@@ -194,10 +187,6 @@ class SdCppEngine(NativeBackends, ImageEngine):
     memory_per_weight_byte = 1.5
     recipe = "sd-cpp"
     release_page = f"https://github.com/leejet/stable-diffusion.cpp/releases/tag/{SDCPP_VERSION}"
-    options = {
-        "sampling_method": Option(str, None),
-        "flow_shift": Option((int, float), None, check=_check_flow_shift),
-    }
     args_checker = staticmethod(check_sdcpp_args)
     process = "sd-server"
     endpoints = {"images/generations": GENERATIONS_PATH, "images/edits": EDITS_PATH}

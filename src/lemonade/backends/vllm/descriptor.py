@@ -12,4 +12,5 @@ DESCRIPTOR = Descriptor(
     backend_key=True,
     args_key=True,
     args_help="Extra arguments for every vllm serve",
+    args_option_help="Custom arguments to pass to vllm serve",
 )

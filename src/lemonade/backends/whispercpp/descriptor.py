@@ -14,6 +14,8 @@ DESCRIPTOR = Descriptor(
     backend_key=True,
     args_key=True,
     args_help="Extra arguments for every whisper-server",
+    args_option_help="Custom arguments to pass to whisper-server",
+    panel="Whisper.cpp Options",
     bins=("cpu", "vulkan"),  # backends/native_bins.py
     bin_rule=BinRule("v1.8.4", "whisper-server"),
 )
