@@ -60,12 +60,15 @@ SWA_FULL_SHARE = 0.05
 PROCESS_BYTES = 16 * MiB
 PER_VOCAB_BYTES = 100
 # llama-server answers HTTP on (slots + 4) threads; each one's allocator arena grows by about this much
-# while requests are parsed and answered (Gemma 3 270M: 45-60 MiB for the whole process)
-PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": 2 * MiB, "reranking": 2 * MiB}
+# while requests are parsed and answered (Gemma 3 270M: 45-60 MiB for the whole process). An embedding
+# model's answers are a few vectors: MiniLM's peak grew 6.2 MiB from 1 to 16 slots, each slot given its
+# own batch of long inputs at once (docs/memory.md, "Embedding models' slots"). A reranker's was not
+# measured; it keeps the chat figure, which can only over-count.
+PER_HTTP_THREAD_BYTES = {"chat": 2 * MiB, "embeddings": MiB // 2, "reranking": 2 * MiB}
 # An embedding or reranking model's first answers add about this much whatever its slots (MiniLM at
 # ctx 512: 66 MiB after the load, 111-114 MiB after one batch of four inputs with 1 slot and with 8
 # sharing a cache; 129 MiB at the benchmark's peak with 1 slot, docs/memory.md)
-EMBEDDING_ANSWER_BYTES = 48 * MiB
+EMBEDDING_ANSWER_BYTES = 50 * MiB
 # What the process grows by per token of prompt its slots hold, besides its buffers: heap and the HTTP
 # threads' allocator arenas (the prompt's tokens in the task, the slot and n-gram speculation's lookup).
 # Gemma 3 270M, one slot, smaps by mapping: heap + arenas +8 MiB after a 6,539-token prompt at 8,192
