@@ -4,8 +4,8 @@ Adding an engine is a folder `backends/<name>/` holding `descriptor.py` (its `DE
 config section, keys, flags; backends/descriptor.py) and `engine.py` (the `Engine` subclass the
 descriptor names), plus its name in `ENGINES`. Config defaults and checks (config.py), the
 `lemonade serve` and `lemonade load` flags, the engine's backends and its load options and their
-checks are derived from the descriptor; the engine registry (backends/registry.py) takes the classes from the same list, and
-tests/unit/test_engine_descriptors.py proves it for every engine named here.
+checks are derived from the descriptor; the engine registry (backends/registry.py) takes the classes
+from the same list, and tests/unit/test_engine_descriptors.py proves it for every engine named here.
 """
 
 from __future__ import annotations
