@@ -344,6 +344,7 @@ def main() -> int:
         procs.note_children(proc)
         ok = report(figures, started, args, commit)
         if ok:
+            procs.stop_all()  # first: a server stopping writes its state files into the folder again
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"\nserver log: {root / 'server.log'} (kept)")

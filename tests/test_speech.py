@@ -83,14 +83,26 @@ def kokoro_files() -> dict[str, bytes | Path]:
 
 
 @pytest.fixture(scope="module")
-def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, tts_backends, kokoro_files):
+def server(module_servers, hub_server, gemma_dir, whisper_backend, whisper_ct2_dir, tts_backends, kokoro_files,
+           worker_tmp):
     publish_whisper(hub_server, whisper_ct2_dir)
     publish_piper(hub_server)
     if not (hub_server.scratch / KOKORO_REPO).is_dir():
         hub_server.create_repo(KOKORO_REPO, kokoro_files)
     # debug: engine output reaches the server log, where the hang-up test reads the worker's account
-    return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir)},
+    return module_servers(env={**hub_server.env(), "LEMONADE_EXTRA_MODELS_DIR": str(gemma_dir),
+                               "TMPDIR": str(worker_tmp)},
                           args=["--log-level", "debug"], engines=ENGINES)
+
+
+@pytest.fixture(scope="module")
+def worker_tmp(tmp_path_factory) -> Path:
+    """The temporary folder of the server and its workers (TMPDIR), to see what they leave there."""
+    return tmp_path_factory.mktemp("speech-tmpdir")
+
+
+def espeak_copies(folder: Path) -> set[Path]:
+    return {p.parent for p in folder.rglob("libespeak-ng*")}
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +307,22 @@ def test_kokoro_speaks_english_heard_back_by_whisper(client, http, hub_server, k
     lemon = client.audio.speech.create(model="user.Kokoro-EN", voice="af_lemon", input="Hello.",
                                        response_format="pcm")
     assert nova.content == lemon.content
+
+
+def test_a_stopped_kokoro_worker_leaves_no_espeak_copy_behind(client, http, worker_tmp):
+    """Kokoro's English voices phonemize with espeak-ng through phonemizer, which copies the library
+    into a temporary folder that only its finalizer removes: a worker stopped by the server's SIGTERM
+    must exit through the interpreter, or every load leaves one in the temporary folder."""
+    before = espeak_copies(worker_tmp)
+    http.post("/v1/unload", json={"model_name": "user.Kokoro-EN"})
+    audio = client.audio.speech.create(model="user.Kokoro-EN", voice="af_lemon", input="Hello.",
+                                       response_format="pcm").content
+    assert audio
+    made = espeak_copies(worker_tmp) - before
+    assert made, "the English voice made no espeak copy here: this test checks nothing"
+    resp = http.post("/v1/unload", json={"model_name": "user.Kokoro-EN"})
+    assert resp.status_code == 200, resp.text
+    assert espeak_copies(worker_tmp) & made == set()
 
 
 def _error(resp: httpx.Response, status: int, *needles: str) -> None:

@@ -25,7 +25,9 @@ import argparse
 import importlib
 import json
 import select
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -189,6 +191,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    # The server stops a worker with SIGTERM. Exiting through SystemExit, not the signal's default,
+    # runs the interpreter's finalizers: phonemizer's espeak wrapper (Kokoro's English voices) copies
+    # libespeak-ng into a temporary folder that only its finalizer removes, one folder per worker left
+    # in /tmp otherwise.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     started = time.perf_counter()
