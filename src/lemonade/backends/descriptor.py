@@ -73,6 +73,10 @@ def check_threads(what: str, value: int) -> str | None:
     return None if value >= 0 else f"'{what}' must be 0 (one per core) or more, got {value}"
 
 
+def choices_problem(what: str, value: Any, choices: tuple[str, ...]) -> str | None:
+    return None if not choices or value in choices else f"'{what}' must be one of {', '.join(choices)}, got '{value}'"
+
+
 @dataclass(frozen=True)
 class ModelOption:
     """A load option of one engine that no config key sets: a model's own (`fasterwhisper_threads`)."""
@@ -87,10 +91,15 @@ class ModelOption:
 
     def problem(self, value: Any) -> str | None:
         """Why `value` cannot be this option's, beyond its type, or None."""
-        if self.choices and value not in self.choices:
-            return f"Option '{self.name}' must be one of {', '.join(self.choices)}, got '{value}'"
-        problem = self.check(self.name, value) if self.check else None
+        problem = choices_problem(self.name, value, self.choices)
+        if problem is None and self.check is not None:
+            problem = self.check(self.name, value)
         return f"Option {problem}" if problem else None
+
+    @classmethod
+    def threads(cls, name: str, help_text: str) -> ModelOption:
+        """An engine's thread count for one model: 0 (the default) is one per core."""
+        return cls(name, int, help_text, "N", default=0, check=check_threads)
 
 
 @dataclass(frozen=True)
@@ -167,9 +176,7 @@ class Descriptor:
 
     def backend_problem(self, what: str, value: Any) -> str | None:
         """Why `value` is no backend of this engine (for `what`: a config key or an option), or None."""
-        if value in self.backend_choices:
-            return None
-        return f"'{what}' must be one of {', '.join(self.backend_choices)}, got '{value}'"
+        return choices_problem(what, value, self.backend_choices)
 
     @property
     def load_panel(self) -> str:
@@ -211,8 +218,9 @@ class Descriptor:
                 setting.normalize(value, dotted)
             except ValueError as exc:
                 return str(exc)
-        if setting.choices and value not in setting.choices:
-            return f"'{dotted}' must be one of {', '.join(setting.choices)}, got '{value}'"
+        problem = choices_problem(dotted, value, setting.choices)
+        if problem is not None:
+            return problem
         if setting.check is not None:
             return setting.check(dotted, value)
         return None

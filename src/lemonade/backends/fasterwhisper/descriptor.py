@@ -1,6 +1,6 @@
 """faster-whisper (in a private venv), as data: the one place its backends, modes and options are written."""
 
-from lemonade.backends.descriptor import Descriptor, ModelOption, check_threads
+from lemonade.backends.descriptor import Descriptor, ModelOption
 
 DESCRIPTOR = Descriptor(
     recipe="fasterwhisper",
@@ -11,7 +11,6 @@ DESCRIPTOR = Descriptor(
     model_options=(
         ModelOption("fasterwhisper_compute_type", str, "int8 (default), int8_float32, float32 or default", "TYPE",
                     default="int8", choices=("int8", "int8_float32", "float32", "default")),
-        ModelOption("fasterwhisper_threads", int, "CPU threads (0: one per core)", "N", default=0,
-                    check=check_threads),
+        ModelOption.threads("fasterwhisper_threads", "CPU threads (0: one per core)"),
     ),
 )

@@ -1,7 +1,7 @@
 """ONNX Runtime classifiers (in a private venv), as data: the one place its backends, modes and options are
 written."""
 
-from lemonade.backends.descriptor import Descriptor, ModelOption, check_threads
+from lemonade.backends.descriptor import Descriptor, ModelOption
 
 DESCRIPTOR = Descriptor(
     recipe="onnxruntime",
@@ -9,6 +9,7 @@ DESCRIPTOR = Descriptor(
     title="ONNX Runtime",
     backends=("cpu",),
     modes=("classification",),
-    model_options=(ModelOption("onnxruntime_threads", int, "ONNX Runtime threads of a classifier (0: one per core)",
-                               "N", default=0, check=check_threads),),
+    model_options=(
+        ModelOption.threads("onnxruntime_threads", "ONNX Runtime threads of a classifier (0: one per core)"),
+    ),
 )

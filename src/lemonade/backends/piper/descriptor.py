@@ -1,6 +1,6 @@
 """Piper (in a private venv), as data: the one place its backends, modes and options are written."""
 
-from lemonade.backends.descriptor import Descriptor, ModelOption, check_threads
+from lemonade.backends.descriptor import Descriptor, ModelOption
 
 DESCRIPTOR = Descriptor(
     recipe="piper",
@@ -8,7 +8,6 @@ DESCRIPTOR = Descriptor(
     title="Piper",
     backends=("cpu",),
     modes=("tts",),
-    model_options=(ModelOption("piper_threads", int, "ONNX Runtime threads of Piper (0: one per core)", "N",
-                               default=0, check=check_threads),),
+    model_options=(ModelOption.threads("piper_threads", "ONNX Runtime threads of Piper (0: one per core)"),),
     panel="Text-to-Speech Options",
 )
