@@ -230,6 +230,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 120.0, interval: flo
         time.sleep(interval)
 
 
+# llama-server notices a client that hung up only when its HTTP thread's one-second wait for results
+# runs out, and every result the engine sends anyone (a `/slots` read included) starts that wait again
+# (docs/performance.md, "What llama-server does when its client leaves during the prompt"). A test that
+# polls an engine's slots after a hang-up asks less often than that, or the engine reads the whole
+# prompt before it notices.
+SLOTS_POLL_AFTER_HANGUP = 1.5
+
+
 # ----- a folder served over HTTP -----------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -21,7 +21,15 @@ import pytest
 
 from lemonade.catalog.gguf_meta import gguf_info
 from tests.gguf_factory import write_gguf
-from tests.helpers import GEMMA_ID, GEMMA_NAME, WEATHER_TOOLS, tuned_args, wait_for, weather_history
+from tests.helpers import (
+    GEMMA_ID,
+    GEMMA_NAME,
+    SLOTS_POLL_AFTER_HANGUP,
+    WEATHER_TOOLS,
+    tuned_args,
+    wait_for,
+    weather_history,
+)
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
@@ -725,7 +733,7 @@ def test_client_gone_before_the_first_token_stops_the_engine(make_server, gemma_
         asker.join(30)  # the client gave up (0.5 s timeout) and closed its connection
         # The prompt's batch in progress is not interrupted (on a busy CPU it takes tens of seconds), so
         # the proof is what the slot did, not how soon: it stopped without generating the 2000 tokens.
-        wait_for(lambda: not processing(c), timeout=300)
+        wait_for(lambda: not processing(c), timeout=300, interval=SLOTS_POLL_AFTER_HANGUP)
         slot = next(s for s in c.get("/v1/slots").json() if s["id"] == busy)
         assert slot["next_token"][0]["n_decoded"] < 100, slot["next_token"]
         health = c.get("/v1/health").json()["all_models_loaded"][0]
