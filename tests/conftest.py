@@ -20,13 +20,27 @@ from tests.helpers import TEST_CACHE, Server, ServerFactory, gemma_file, install
 pytest_plugins = ["tests.hub.pytest_plugin"] if (Path(__file__).parent / "hub" / "pytest_plugin.py").exists() else []
 
 
+# The files that take longest (over 30 s of test time each in the warm CI run of 2026-12-07 04:10 UTC,
+# from its `--junitxml` report), longest first. `.ci/run` hands whole files to its two workers in
+# collection order (`--dist loadfile --no-loadscope-reorder`): started first, the long files leave only
+# short ones for the end, so neither worker waits long for the other (xdist's own order, by number of
+# tests, started the 109-second test_memory.py late). A stale list costs only balance.
+LONGEST_FIRST = ("test_memory.py", "test_serving.py", "test_webapp.py", "test_images.py", "test_configuration.py",
+                 "test_vulkan_media.py", "test_long_prompts.py", "test_cli_guide.py", "test_warm_swaps.py",
+                 "test_cli.py", "test_swapping.py", "test_speech.py", "test_omni.py", "test_whispercpp.py",
+                 "test_engines.py", "test_cli_chat.py", "test_speculative.py", "test_downloads_resilience.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test's layer, from where it lives: tests/unit/ is `unit` (seconds, no engine), the web
-    app's tests are `browser`, every other test is `engine` (real servers and engines)."""
+    app's tests are `browser`, every other test is `engine` (real servers and engines). The files of
+    LONGEST_FIRST go first, in its order; every file keeps the order of its own tests."""
     for item in items:
         path = Path(str(item.fspath))
         layer = "unit" if path.parent.name == "unit" else "browser" if path.name == "test_webapp.py" else "engine"
         item.add_marker(layer)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")
