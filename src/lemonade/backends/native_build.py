@@ -431,19 +431,21 @@ def run_logged(
     blog.write("$ " + " ".join(cmd))
     log.info("running %s", " ".join(cmd))
     env = dict(os.environ, LC_ALL="C", **(env or {}))  # stable, parseable tool output
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        env=env,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        start_new_session=True,
-    )
+    # Started and registered under the lock that stop_builds takes: a stop that comes while the command
+    # starts waits for it and then stops it, instead of missing it.
     with _running_lock:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
         _running.add(proc)
     try:
         assert proc.stdout is not None
