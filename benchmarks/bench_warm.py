@@ -53,10 +53,15 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     new_cache,
     pct,
     serve_argv,
+    wait_for_load,
     wait_ok,
 )
 
 A, B = "warm-a", "warm-b"
+# Figure 3's shared system prompt: 663 words of `system_prompt` are about 1,500 tokens of Gemma 3's
+# tokenizer (6.8 a "lemonN riverN stoneN" triple); a first turn's `prompt_n` is printed (it adds the
+# first question, about 155 tokens)
+SYSTEM_WORDS = 663
 
 
 def system_prompt(words: int, seed: int = 0) -> str:
@@ -152,8 +157,8 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
     """`n` conversations sharing a 1,500-token system prompt, `turns` turns each: all at once
     (`together`), or taking turns one request at a time (each conversation's turn t, then the next
     one's: users of one app at different moments)."""
-    system = {"role": "system", "content": system_prompt(1500)}
-    computed, ttft = [], []
+    system = {"role": "system", "content": system_prompt(SYSTEM_WORDS)}
+    computed, ttft, first_turns = [], [], []
     histories = [[system] for _ in range(n)]
     # a connection per request: llama-server closes an idle kept-alive one after 5 s, and a request sent
     # on it just then is lost ("Server disconnected without sending a response")
@@ -165,6 +170,8 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
             seconds, timings, text = await streamed(c, model, messages)
             computed.append(int(timings.get("prompt_n") or 0))
             ttft.append(seconds)
+            if t == 0:
+                first_turns.append(computed[-1])
             messages.append({"role": "assistant", "content": text})
 
         async def one(k: int) -> None:
@@ -176,21 +183,27 @@ async def conversations(url: str, model: str | None, turns: int, together: bool,
             for t in range(turns):
                 for k in range(n):
                     await turn(k, t)
-    return {"prompt_tokens_computed": sum(computed), "mean_ttft_s": statistics.mean(ttft), "requests": len(ttft)}
+    return {"prompt_tokens_computed": sum(computed), "mean_ttft_s": statistics.mean(ttft), "requests": len(ttft),
+            "first_read": max(first_turns)}  # a first turn read in full: the system prompt and one question
 
 
-def conversation_figures(procs: Processes, root: Path, models: Path, gguf: Path, turns: int
-                         ) -> dict[bool, tuple[dict[str, float], dict[str, float]]]:
+def conversation_figures(procs: Processes, root: Path, models: Path, gguf: Path, turns: int,
+                         max_load: float | None = None) -> dict[bool, tuple[dict[str, float], dict[str, float]]]:
     """Figure 3 both ways: (through this server, stock llama-server) for together and in turns, each
     on a fresh engine and a cache dir of its own (a server started on `cache` would restore the
-    conversations the last one saved there, filling its slots and its KV cache before the first turn)."""
+    conversations the last one saved there, filling its slots and its KV cache before the first turn).
+    With `max_load`, each side starts once the load average is below it: the server gives an engine
+    started on a busy CPU one compute thread (backends/cpu_share.py), and the load the previous side
+    left would otherwise halve this server's engine against stock llama-server's two."""
     out = {}
     for together in (True, False):
         port = free_port()
+        wait_for_load(max_load, 300)
         server = start_server(procs, root, new_cache(root, f"cache-conv-{together}", backend_dir()), models, port)
         ours = asyncio.run(conversations(f"http://127.0.0.1:{port}", A, turns, together))
         procs.stop(server)
         stock_port = free_port()
+        wait_for_load(max_load, 300)
         stock = stock_llama_server(procs, root, gguf, stock_port)
         theirs = asyncio.run(conversations(f"http://127.0.0.1:{stock_port}", None, turns, together))
         procs.stop(stock)
@@ -199,7 +212,9 @@ def conversation_figures(procs: Processes, root: Path, models: Path, gguf: Path,
 
 
 def print_conversations(figures: dict[bool, tuple[dict[str, float], dict[str, float]]], turns: int) -> None:
-    print(f"3. 8 conversations x {turns} turns, 1,500-token shared system prompt:")
+    first = max(ours["first_read"] for ours, _ in figures.values())
+    print(f"3. 8 conversations x {turns} turns, a shared system prompt of about 1,500 tokens (a first turn "
+          f"read {first} tokens):")
     for together, (ours, theirs) in figures.items():
         mine, stock = ours["prompt_tokens_computed"], theirs["prompt_tokens_computed"]
         mine_s, stock_s = ours["mean_ttft_s"], theirs["mean_ttft_s"]
@@ -269,6 +284,9 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--conversations-only", action="store_true", help="figure 3 alone")
+    parser.add_argument("--max-load", type=float, default=1.0,
+                        help="figure 3: start each side once the 1-minute load average is below this (at most "
+                             "300 s of waiting); 0 starts at once")
     args = parser.parse_args()
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
@@ -282,7 +300,7 @@ def main() -> None:
         port = free_port()
         print(f"load average {load_avg()} before", flush=True)
         if args.conversations_only:
-            figures = conversation_figures(procs, root, models, gguf, args.turns)
+            figures = conversation_figures(procs, root, models, gguf, args.turns, args.max_load or None)
             print(f"load average {load_avg()} after\n")
             print_conversations(figures, args.turns)
             return
@@ -295,7 +313,7 @@ def main() -> None:
         # after the restart figure: 16 new conversations take over every slot, A's among them
         four = asyncio.run(sixteen_at_once(url))
         procs.stop(server)
-        figures = conversation_figures(procs, root, models, gguf, args.turns)
+        figures = conversation_figures(procs, root, models, gguf, args.turns, args.max_load or None)
         ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
                 for name, full in (("context checkpoints", False), ("full window cache", True))}
         print(f"load average {load_avg()} after\n")

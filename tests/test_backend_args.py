@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,42 @@ def test_a_busy_cpu_gets_fewer_engine_threads(monkeypatch):
         assert thread_args(chosen, "llama-server") == []  # the user's (or a profile's) count wins
     monkeypatch.setattr("os.getloadavg", lambda: (0.2, 0.5, 0.5))
     assert thread_args([], "llama-server") == []
+
+
+def test_load_our_own_unloaded_engine_left_does_not_take_threads(monkeypatch):
+    """Right after a swap the load average still holds a minute of the unloaded engine's work; the next
+    engine used to start with one thread for it (cpu_share.py). Our processes' share is followed like the
+    kernel follows the load: gone processes' share is not counted, running ones' recent use is."""
+    from lemonade.backends import cpu_share
+
+    cpu = {100: 0.0, 200: 0.0}  # running pid -> CPU seconds: the server, an engine
+    ended = [0.0]  # CPU seconds of ended processes, in the server's children_* once reaped
+    clock = [0.0]
+    own = cpu_share.OwnLoad(read=lambda: (sum(cpu.values()) + ended[0], dict(cpu)), alive=lambda pid: pid in cpu,
+                            clock=lambda: clock[0])
+    assert own.others(1.5) == 1.5  # nothing sampled yet: all the load counts
+    own.sample()
+    for _ in range(12):  # the engine uses both cores for a minute, the server a tenth of one
+        clock[0] += 5.0
+        cpu[200] += 10.0
+        cpu[100] += 0.5
+        own.sample()
+    assert own.smoothed == pytest.approx(2.1 * (1 - math.exp(-1)), rel=0.01)  # the kernel's mean of 2.1 tasks
+    assert own.others(1.5) == pytest.approx(1.5 - own.smoothed + 2.1)  # the engine runs: it takes cores
+    ended[0] = cpu.pop(200) + 10.0  # it works 5 s more, then is unloaded before the next sample
+    assert own.others(1.5) == pytest.approx(1.5 - own.smoothed + 0.1)
+    clock[0] += 1.0
+    own.sample(min_span=5.0)  # too soon after the last one: nothing changes
+    assert own.smoothed == pytest.approx(2.1 * (1 - math.exp(-1)), rel=0.01)
+    clock[0] += 4.0
+    cpu[100] += 0.5
+    own.sample()  # the engine's last seconds count, though it ended before this sample
+    assert own.smoothed == pytest.approx(2.1 * (1 - math.exp(-65 / 60)), rel=0.01)
+    monkeypatch.setattr(cpu_share, "OWN_LOAD", own)
+    monkeypatch.setattr("psutil.cpu_count", lambda logical=True: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (1.5, 1.0, 0.5))
+    assert cpu_share.thread_args([], "llama-server") == []  # the load was ours: both cores
+    monkeypatch.setattr("os.getloadavg", lambda: (2.6, 1.5, 0.5))  # and another process uses a core
+    assert cpu_share.thread_args([], "llama-server") == ["-t", "1"]
+    assert own.last_choice == {"engine": "llama-server", "load_average": 2.6,  # health's last_engine_start
+                               "others": round(2.6 - own.smoothed + 0.1, 2), "threads": 1}

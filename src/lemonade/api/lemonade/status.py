@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from lemonade import __version__
 from lemonade.api.privacy import text_view
+from lemonade.backends.cpu_share import OWN_LOAD
 from lemonade.services import Services
 from lemonade.serving.models import memory_budget, unavailable_recipes
 from lemonade.system.info import system_info, system_stats
@@ -43,6 +44,7 @@ async def health(request: Request) -> dict[str, Any]:
         "crashed_models": list(svc.router.crashed.values()),
         "queue": svc.router.queue_info(),
         "auto_tune": svc.autotune.describe(),
+        "cpu_load": OWN_LOAD.describe(),  # why an engine started with fewer threads (backends/cpu_share.py)
     }
     for engine in svc.engines:  # engine-specific health (e.g. llama.cpp RPC workers), when there is any
         body.update(await engine.health_fields({lm.model.public: lm.options for lm in models if lm.engine is engine}))

@@ -6,7 +6,9 @@ sends a byte for `engine_watchdog_seconds` is hung or stopped, and killed); an i
 `evict_idle_timeout`; pinned models are kept. While some loaded model has `auto_evict`, memory use is
 sampled every `PRESSURE_SAMPLE_SECONDS`, and at `auto_evict_threshold_pct` or above the most
 disposable idle, unpinned such model is unloaded, one per sample, so the next sample sees what that
-freed. The decisions are rules.py's; this module reads the clock, the processes and the memory.
+freed. Every `OWN_LOAD_SAMPLE_SECONDS` the CPU our own processes used is sampled, so that an engine
+started later is not given fewer threads for load that only our earlier work left (backends/cpu_share.py).
+The decisions are rules.py's; this module reads the clock, the processes and the memory.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Protocol
 import psutil
 
 import lemonade.runtime.router.rules as rules
+from lemonade.backends.cpu_share import OWN_LOAD
 from lemonade.backends.engine import EngineHTTP
 from lemonade.config import Config
 from lemonade.runtime.exclusive import ExclusiveGate
@@ -30,6 +33,7 @@ from lemonade.system.devices import MemoryUse
 log = logging.getLogger("lemonade.router")
 HOUSEKEEPING_SECONDS = 1.0
 PRESSURE_SAMPLE_SECONDS = 5.0  # memory use is read this often while some model may be pressure-evicted
+OWN_LOAD_SAMPLE_SECONDS = 5.0  # the kernel folds the run queue into the load average this often
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Housekeeping:
         self.router = router
         self._memory = memory  # the live device memory reading (lemonade.system.devices)
         self._sampled_at = 0.0  # monotonic time of the last pressure reading
+        self._load_sampled_at = 0.0  # monotonic time of the last OWN_LOAD sample
         self.last_memory: MemoryUse | None = None
         self._watched: dict[int, _Watch] = {}  # pid -> what the watchdog saw
         self._task: asyncio.Task[None] | None = None
@@ -91,6 +96,12 @@ class Housekeeping:
                     log.exception("Housekeeping failed for %s", lm.name)
             for pid in set(self._watched) - live:
                 del self._watched[pid]
+            if time.monotonic() - self._load_sampled_at >= OWN_LOAD_SAMPLE_SECONDS:
+                self._load_sampled_at = time.monotonic()
+                try:
+                    await asyncio.to_thread(OWN_LOAD.sample)
+                except Exception:
+                    log.exception("Sampling this server's CPU use failed")
             try:
                 await asyncio.to_thread(self.router.measure)
             except Exception:
