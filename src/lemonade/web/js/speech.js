@@ -10,7 +10,7 @@ import { downloadedOf, subscribe } from './state.js';
 import { busy, clear, field, h, toast } from './ui.js';
 
 const RATE = 16000;
-const CHUNK_SAMPLES = 4096; // per audio callback: about 85 ms at 48 kHz
+const MIC_TAP = new URL('./mic-tap.js', import.meta.url); // the AudioWorklet that reads the microphone
 // Every model takes OpenAI's voice names (mapped onto its own voices); its own names work too.
 const OPENAI_VOICES = ['alloy', 'ash', 'ballad', 'coral', 'echo', 'fable', 'onyx', 'nova', 'sage', 'shimmer', 'verse',
   'marin', 'cedar'];
@@ -151,15 +151,22 @@ export function create(root) {
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false } });
     const context = new AudioContext(); // the device's rate; resampled to 16 kHz below
     const source = context.createMediaStreamSource(stream);
-    const processor = context.createScriptProcessor(CHUNK_SAMPLES, 1, 1);
+    await context.audioWorklet.addModule(MIC_TAP);
+    const processor = new AudioWorkletNode(context, 'mic-tap', { numberOfInputs: 1, numberOfOutputs: 1,
+      channelCount: 1, channelCountMode: 'explicit' });
     const ws = socket(`/v1/realtime?model=${encodeURIComponent(sttModel.value)}`);
-    // pending: turns committed whose text has not come yet; the socket stays open for them at stop
-    const session = { stream, context, ws, processor, speaking: false, stopping: false, pending: 0, awaitCommit: false };
+    // pending: turns committed whose text has not come yet; the socket stays open for them at stop.
+    // early: audio heard before the socket opened, sent when it opens
+    const session = { stream, context, ws, processor, speaking: false, stopping: false, pending: 0, awaitCommit: false,
+      early: [] };
     mic = session;
     let partial = h('span', { class: 'partial' });
     transcript.replaceChildren(partial);
     micState.textContent = 'Connecting…';
-    ws.onopen = () => { micState.textContent = 'Listening'; };
+    ws.onopen = () => {
+      micState.textContent = 'Listening';
+      session.early.splice(0).forEach((message) => ws.send(message));
+    };
     ws.onmessage = (msg) => {
       const data = JSON.parse(msg.data);
       if (data.type === 'input_audio_buffer.speech_started') {
@@ -196,13 +203,16 @@ export function create(root) {
       micState.textContent = '';
     };
     const resample = { pos: 0 };
-    processor.onaudioprocess = (e) => {
-      if (ws.readyState !== WebSocket.OPEN) return;
-      const pcm = toPcm16(e.inputBuffer.getChannelData(0), context.sampleRate, resample);
-      if (pcm.length) ws.send(JSON.stringify({ type: 'input_audio_buffer.append', audio: base64(pcm) }));
+    processor.port.onmessage = (e) => {
+      if (ws.readyState > WebSocket.OPEN) return; // closing: the microphone was stopped
+      const pcm = toPcm16(e.data, context.sampleRate, resample);
+      if (!pcm.length) return;
+      const message = JSON.stringify({ type: 'input_audio_buffer.append', audio: base64(pcm) });
+      if (ws.readyState === WebSocket.OPEN) ws.send(message);
+      else session.early.push(message);
     };
     source.connect(processor);
-    processor.connect(context.destination); // a ScriptProcessor runs only when connected; it outputs silence
+    processor.connect(context.destination); // pulled by the graph only when connected; it outputs silence
     await context.resume();
     micButton.textContent = 'Stop microphone';
     micButton.setAttribute('aria-pressed', 'true');
@@ -215,6 +225,7 @@ export function create(root) {
     mic = null;
     session.stopping = true;
     processor.disconnect();
+    processor.port.onmessage = null;
     stream.getTracks().forEach((t) => t.stop());
     context.close().catch(() => {});
     // a turn still being spoken is committed; the socket closes once every turn's text has come
