@@ -151,7 +151,13 @@ export function create(root) {
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false } });
     const context = new AudioContext(); // the device's rate; resampled to 16 kHz below
     const source = context.createMediaStreamSource(stream);
-    await context.audioWorklet.addModule(MIC_TAP);
+    try {
+      await context.audioWorklet.addModule(MIC_TAP);
+    } catch (err) { // the microphone is not left open behind the error shown
+      stream.getTracks().forEach((t) => t.stop());
+      context.close().catch(() => {});
+      throw err;
+    }
     const processor = new AudioWorkletNode(context, 'mic-tap', { numberOfInputs: 1, numberOfOutputs: 1,
       channelCount: 1, channelCountMode: 'explicit' });
     const ws = socket(`/v1/realtime?model=${encodeURIComponent(sttModel.value)}`);
