@@ -39,7 +39,7 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     Processes,
     backend_dir,
     free_port,
-    gemma_dir,
+    gemma_copies,
     lemonade_env,
     load_avg,
     new_cache,
@@ -90,18 +90,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--work", type=float, default=45.0, help="seconds of prompts per round")
-    parser.add_argument("--max-load", type=float, default=1.0, help="wait for a load average below this first")
+    parser.add_argument("--max-load", type=float, default=1.0,
+                        help="wait (at most 300 s) for a load average below this first; 0 starts at once")
     args = parser.parse_args()
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="bench-swap-threads-") as tmp:
         root = Path(tmp)
         models = root / "models"
-        models.mkdir()
-        gguf = next(gemma_dir().glob("*.gguf"))
-        for name in (A, B):
-            (models / f"{name}.gguf").symlink_to(gguf)
+        gemma_copies(models, (A, B))
         port = free_port()
-        wait_for_load(args.max_load, 300)
+        wait_for_load(args.max_load or None, 300)
         print(f"load average {load_avg()} before", flush=True)
         server = procs.start(serve_argv(port), env=lemonade_env(new_cache(root, "cache", backend_dir()), models),
                              log=root / "server.log")
