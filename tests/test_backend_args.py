@@ -220,6 +220,21 @@ def test_allow_list_is_known_to_the_pinned_llama_server(llama_backend):
     assert unknown_flags(translate_legacy_flags(["--no-mmap", "--mlock"], known), binary) == []
 
 
+def test_llama_servers_own_fitting_is_off_where_the_layout_is_ours(tmp_path, llama_backend):
+    """The cpu backend's context and placement are this server's: llama-server's `--fit` would only
+    measure them again at every load; a GPU backend keeps it (it fits layers to the device)."""
+    main = write_gguf(tmp_path / "m.gguf", "gemma3", context_length=4096)
+    binary = llama_backend / "llama-server"
+    for mode in ("chat", "embeddings"):
+        model = ModelInfo(name="user.M", recipe="llamacpp", mode=mode)
+        assert flag(build_argv(binary, model, {"main": [main]}, {}, 4242, "cpu"), "--fit") == "off"
+        assert "--fit" not in build_argv(binary, model, {"main": [main]}, {}, 4242, "vulkan")
+    model = ModelInfo(name="user.M", recipe="llamacpp", mode="chat")
+    assert "--fit" not in build_argv(tmp_path / "no-such-llama-server", model, {"main": [main]}, {}, 4242, "cpu")
+    argv = build_argv(binary, model, {"main": [main]}, {"llamacpp_args": "--fit on"}, 4242, "cpu")
+    assert argv[len(argv) - 1 - argv[::-1].index("--fit") + 1] == "on"  # the user's own, later, wins
+
+
 def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):
     from lemonade.backends.base import BackendStartError
     from lemonade.backends.llamacpp.engine import refuse_damaged_files

@@ -269,8 +269,8 @@ def build_argv(binary: Path, model: ModelInfo, files: dict[str, list[Path]], opt
     argv += rpc_args(placement.workers if placement is not None else workers)
     if placement is not None:
         argv += split_args(placement)
-        if binary.is_file() and "--fit" in installed_flags(binary):
-            argv += ["--fit", "off"]  # the split is decided; llama-server's own fitting would only measure it again
+    if placement is not None or (backend == "cpu" and not workers):
+        argv += fit_args(binary)
     if model.mode == "chat":
         argv += growth_args(main, str(options.get("llamacpp_args") or ""), ctx, warm, swa_full)
         argv += batch_args(str(options.get("llamacpp_args") or ""))
@@ -294,6 +294,16 @@ def growth_args(main: Path, llamacpp_args: str, ctx: int, warm: bool = False, sw
     if swa_full:
         argv.append("--swa-full")
     return argv
+
+
+def fit_args(binary: Path) -> list[str]:
+    """`--fit off` for a load whose layout this server decided: the cpu backend (the context is ours, no
+    layer goes to a device) or a split over RPC workers (split.py). llama-server's own fitting (on by
+    default since it has it) would only measure that layout again before loading, reading the model's
+    metadata and vocabulary a second time: a quarter of a second of every load of Gemma 3 270M on 2 cores,
+    0.82 against 0.60 s to a ready engine (benchmarks/bench_engine_start.py, docs/performance.md "Engine
+    start"). A GPU backend keeps it: there it fits the layers to the device's free memory."""
+    return ["--fit", "off"] if binary.is_file() and "--fit" in installed_flags(binary) else []
 
 
 def batch_args(llamacpp_args: str) -> list[str]:
