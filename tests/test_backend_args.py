@@ -232,7 +232,8 @@ def test_llama_servers_own_fitting_is_off_where_the_layout_is_ours(tmp_path, lla
     model = ModelInfo(name="user.M", recipe="llamacpp", mode="chat")
     assert "--fit" not in build_argv(tmp_path / "no-such-llama-server", model, {"main": [main]}, {}, 4242, "cpu")
     argv = build_argv(binary, model, {"main": [main]}, {"llamacpp_args": "--fit on"}, 4242, "cpu")
-    assert argv[len(argv) - 1 - argv[::-1].index("--fit") + 1] == "on"  # the user's own, later, wins
+    last = len(argv) - 1 - argv[::-1].index("--fit")
+    assert argv.index("--fit") < last and argv[last + 1] == "on"  # the user's own comes later and wins
 
 
 def test_a_file_without_the_gguf_magic_is_never_started(tmp_path):

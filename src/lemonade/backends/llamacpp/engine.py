@@ -301,7 +301,7 @@ def fit_args(binary: Path) -> list[str]:
     layer goes to a device) or a split over RPC workers (split.py). llama-server's own fitting (on by
     default since it has it) would only measure that layout again before loading, reading the model's
     metadata and vocabulary a second time: a quarter of a second of every load of Gemma 3 270M on 2 cores,
-    0.82 against 0.60 s to a ready engine (benchmarks/bench_engine_start.py, docs/performance.md "Engine
+    0.88 against 0.63 s to a ready engine (benchmarks/bench_engine_start.py, docs/performance.md "Engine
     start"). A GPU backend keeps it: there it fits the layers to the device's free memory."""
     return ["--fit", "off"] if binary.is_file() and "--fit" in installed_flags(binary) else []
 
