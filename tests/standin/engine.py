@@ -32,6 +32,7 @@ class Behaviour:
     ctx_size: int = 4096
     slots: int = 4
     unified: bool = False  # one KV cache shared by the slots (-kvu): what warm swaps restore into is bounded
+    exit_seconds: float = 0.0  # how long it goes on after SIGTERM (a real engine saving or freeing a large cache)
 
 
 class StandInEngine(LlamaCppEngine):
@@ -83,6 +84,7 @@ class StandInEngine(LlamaCppEngine):
         argv = [sys.executable, "-m", "tests.standin.llama_server", "--port", str(port), "--alias", model.public,
                 "--ctx-size", str(ctx), "--parallel", str(b.slots), "--slot-save-path", str(slot_dir),
                 "--load-seconds", str(b.load_seconds), "--memory-mb", str(b.memory_mb),
+                "--exit-seconds", str(b.exit_seconds),
                 *(["-kvu"] if b.unified else [])]
         server = WrappedServer(f"{self.process}:{model.public}", argv, port, cwd=ROOT)
         self.launches.append(model.name)

@@ -12,7 +12,8 @@ what the server under test reads: `/health` (503 "Loading model" while it starts
 On command it misbehaves, so the router's rules can be checked against each case: a message (or
 prompt) containing `STANDIN:crash` exits the process at once (code 3), `STANDIN:hang` never
 answers, `STANDIN:slow=S` waits S seconds before each token, `STANDIN:fail=N` answers HTTP N.
-`--memory-mb M` holds M MiB of touched memory, so a memory reading sees the engine's size.
+`--memory-mb M` holds M MiB of touched memory, so a memory reading sees the engine's size;
+`--exit-seconds S` goes on serving for S seconds after SIGTERM before it exits.
 
 Only the standard library: it starts in a few tens of milliseconds.
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -294,7 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slot-save-path", default="")
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--memory-mb", type=int, default=0)
+    parser.add_argument("--exit-seconds", type=float, default=0.0)
     args, _ = parser.parse_known_args(argv)  # the rest of llama-server's flags are accepted and ignored
+    if args.exit_seconds > 0:
+        signal.signal(signal.SIGTERM, lambda *_: threading.Timer(args.exit_seconds, os._exit, (0,)).start())
     Handler.engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

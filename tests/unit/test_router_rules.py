@@ -242,6 +242,23 @@ def test_auto_context_gets_the_largest_that_fits_with_the_others_counted():
     assert load.ctx == 5120 and load.bytes == need.at(5120) <= 624 * MiB
 
 
+def test_a_load_waits_for_a_stopping_model_only_when_that_gives_it_more():
+    """The next model starts while the one it replaces stops, unless the memory still held by the one
+    stopping would cut its automatic context, or leave out its speculative decoding."""
+    leaving = R("old", state=ModelState.RETIRING, held_bytes=400 * MiB)
+    need = chat_need(300, per_token=64 * 1024, ctx=32768, ctx_min=2048)
+    # room for its whole context (300 MiB + 2 GiB) beside the one stopping: at once
+    (load,) = rules.plan(queue([W("b", need=need)], [], retiring=[leaving], memory=3000 * MiB))
+    assert load.ctx == 32768
+    # 5,120 tokens fit now, 11,520 once it is gone: it waits, and then gets the larger context
+    assert rules.plan(queue([W("b", need=need)], [], retiring=[leaving], memory=1024 * MiB)) == []
+    (load,) = rules.plan(queue([W("b", need=need)], [], memory=1024 * MiB))
+    assert load.ctx == 11520
+    # all of it fits once the stopping one is gone, only the part without speculation now: it waits
+    spec = MemoryNeed(450 * MiB, (), 4096, None, {"weights": 450 * MiB}, fallback=chat_need(300))
+    assert rules.plan(queue([W("b", need=spec)], [], retiring=[leaving], memory=800 * MiB)) == []
+
+
 def test_an_idle_model_of_another_type_leaves_when_memory_is_short():
     idle = R("emb", type="embedding", held_bytes=600 * MiB)
     decisions = rules.plan(queue([W("b", need=chat_need(600))], [idle], limit={"llm": 1, "embedding": 1},

@@ -57,21 +57,29 @@ def test_two_models_one_slot_take_turns_in_batches(tmp_path):
     assert engine.launches[0] == "user.a"
 
 
-def test_a_model_that_leaves_a_slot_is_stopped_before_the_next_starts(tmp_path):
+def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path):
+    """A swap does not wait for the old engine's exit (a real one saves its conversations and frees
+    its cache meanwhile): here it takes 3 s after SIGTERM, and the next model answers before that."""
     r, engine = router(tmp_path)
     a, b = model("a"), model("b")
+    engine.behave("user.a", exit_seconds=3.0)
 
-    async def scenario() -> tuple[int | None, bool]:
+    async def scenario() -> tuple[int | None, bool, bool]:
         try:
             async with r.use(a, {}) as first:
                 pid = first.server.pid
             await _serve(r, b)
-            return pid, r.resident("user.a") is None
+            a_running = os.path.exists(f"/proc/{pid}") and r.resident("user.a") is None
+            deadline = time.monotonic() + 20
+            while any(lm.name == "user.a" for lm in r.processes()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return pid, a_running, not any(lm.name == "user.a" for lm in r.processes())
         finally:
             await r.shutdown()
 
-    pid, gone = run(scenario)
-    assert gone and engine.launches == ["user.a", "user.b"]
+    pid, a_running_while_b_answered, a_stopped = run(scenario)
+    assert engine.launches == ["user.a", "user.b"]
+    assert a_running_while_b_answered and a_stopped
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 

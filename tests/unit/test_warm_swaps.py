@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -34,6 +36,14 @@ def states(tmp: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((tmp / "cache" / "slots").glob("*/warm-*.json"))]
 
 
+async def stopped(services: Any) -> None:
+    """Until the models a swap evicted have saved their conversations and exited: the next model
+    answers meanwhile (its load does not wait for the exit)."""
+    deadline = time.monotonic() + 20
+    while len(services.router.processes()) > len(services.router.loaded) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def test_a_conversation_survives_a_swap_and_goes_back_to_its_slot(tmp_path):
     # one model at a time (default 1 llm slot): B's request evicts A, A's next turn loads it again
     async def scenario() -> tuple[int, int, list[dict], list[str]]:
@@ -44,6 +54,7 @@ def test_a_conversation_survives_a_swap_and_goes_back_to_its_slot(tmp_path):
             other = [system, {"role": "user", "content": "something else entirely " + words(50, 3)}]
             await chat(http, A, other)  # a second conversation, on another slot
             await chat(http, B, [{"role": "user", "content": "hi"}])  # the swap
+            await stopped(services)
             saved = states(tmp_path)
             again = await chat(http, A, first + [{"role": "assistant", "content": "tok0 tok1"},
                                                  {"role": "user", "content": "more"}])
@@ -101,6 +112,7 @@ def test_the_store_keeps_to_its_cap_and_leaves_no_half_file(tmp_path):
             for i in range(4):
                 await chat(http, A, [{"role": "user", "content": words(300, i)}])
                 await chat(http, B, [{"role": "user", "content": words(300, 100 + i)}])
+            await stopped(services)
             health = (await http.get("/api/v1/health")).json()
             return states(tmp_path), health["kv_store"]
 
@@ -138,6 +150,7 @@ def test_a_unified_cache_takes_back_the_newest_conversations_and_leaves_a_slot_f
             for talk in talks:  # one after another: conversation 3 is the one used last
                 await chat(http, A, talk)
             await chat(http, B, [{"role": "user", "content": "hi"}])  # the swap: A's four slots saved
+            await stopped(services)
             saved = states(tmp_path)
             cached = []
             for talk in reversed(talks):  # newest first, so an older one's prompt overwrites no restored slot

@@ -391,15 +391,20 @@ def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: M
     if need is None or q.memory is None:
         return [Load(w)]
     free = _free(q, sims, loading_bytes, retiring)
+    stopping = sum(r.bytes for r in retiring)
     ctx = need.fit(free)
-    if ctx is not None:
+    # A load waits for what is stopping when that gives it more: a larger automatic context, or room at
+    # all (with speculative decoding, before the fallback without it). A process stops in a moment.
+    if ctx is not None and (not stopping or need.fit(free + stopping) == ctx):
         return [Load(w, ctx or None, need.at(ctx or None))]
+    if stopping and need.fit(free + stopping) is not None:
+        return []  # what is stopping will free enough, or more
     if need.fallback is not None:  # what the engine may leave out goes before any other model does
         need = need.fallback
         ctx = need.fit(free)
         if ctx is not None:
             return [Load(w, ctx or None, need.at(ctx or None), fallback=True)]
-    if retiring and need.fit(free + sum(r.bytes for r in retiring)) is not None:
+    if stopping and need.fit(free + stopping) is not None:
         return []  # what is stopping will free enough
     waiting = {x.name for x in waiters}
     movable = [s for s in sims.values() if not s.gone and s.usable and not s.lm.pinned and not s.lm.remote]

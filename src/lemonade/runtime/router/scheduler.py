@@ -405,9 +405,17 @@ class Router:
 
     def _dispatch(self) -> None:
         """Carry out what the rules decide for the waiting requests. Synchronous: decisions never
-        interleave."""
+        interleave. The rules make one decision per slot type a pass, so after an eviction the plan is
+        made again at once: the model evicted gave its slot up, and the next one starts while it saves its
+        conversations and exits (rules._occupied), not once its process is gone."""
+        while self._dispatch_once():
+            pass
+
+    def _dispatch_once(self) -> bool:
+        """One pass of the rules; True when it evicted a model (the next pass sees its slot free)."""
         if self.closed:
-            return
+            return False
+        evicted = False
         self._queue = [w for w in self._queue if not w.future.done()]
         needs_memory = any(w.need is not None and w.name not in self._loading and w.name not in self.loaded
                            for w in self._queue)
@@ -435,6 +443,7 @@ class Router:
                     log.info("Evicting %s (least recently used %s) to make room for %s (%d request(s) waiting)",
                              victim.name, victim.type, decision.for_name, waiting)
                 self._evict(victim)
+                evicted = True
             elif isinstance(decision, rules.Drain):
                 decision.model.state = ModelState.DRAINING  # evicted once its requests finish, if still needed
             elif isinstance(decision, rules.Refuse):
@@ -446,6 +455,7 @@ class Router:
                 else:
                     self._queue.remove(decision.waiter)
                     decision.waiter.future.set_exception(decision.error)
+        return evicted
 
     def _evict(self, victim: LoadedModel) -> None:
         self.stats.evictions += 1
