@@ -10,7 +10,8 @@ model; 0 after a restart). Four figures, each against a reference measured in th
    first token) p50/p99 with the model file in the page cache and evicted from it;
 2. the same after the server is stopped and started again;
 3. 8 conversations sharing a 1,500-token system prompt with growing histories, all at once and taking
-   turns one request at a time (`--conversations-only`: this figure alone), on the shipped slot layout
+   turns one request at a time (`--conversations-only`: this figure alone; `--swaps-only`: all but it
+   and the window layers), on the shipped slot layout
    (8 slots, one shared cache): prompt tokens the engine computed and mean time to first token,
    through this server against llama-server started with the launch command of before
    (the same model, context and slots; llama-server's own slot choice and idle-slot caching);
@@ -32,11 +33,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +147,35 @@ async def swap_figures(url: str, gguf: Path, swaps: int) -> dict[str, Any]:
             prefill.append(answer["timings"]["prompt_ms"] / cold_ms)
         return {"prefix_tokens": prefix, "cold_prefill_ms": cold_ms, "cached_share": share, "prefill_ratio": prefill,
                 "latencies": latencies, "convo": convo}
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+EVICTING = re.compile(r"Evicting (\S+) .* to make room for (\S+) ")
+LOADING = re.compile(r"\(lemonade\.router\) Loading (\S+) ")
+LOADED = re.compile(r"\(lemonade\.router\) Loaded (\S+) in ([0-9.]+)s")
+
+
+def swap_steps(log: Path) -> dict[str, list[float]]:
+    """From the server's own log, each swap's steps: seconds from the eviction to the next model's load
+    starting (a wait for the evicted engine's exit showed here), and the load itself (engine start and
+    restore)."""
+    out: dict[str, list[float]] = {"eviction to the next load's start": [], "load (engine start, restore)": []}
+    evicted_for: dict[str, datetime] = {}
+    swapping_in: set[str] = set()
+    for line in log.read_text(errors="replace").splitlines():
+        stamp = LOG_TIME.match(line)
+        if stamp is None:
+            continue
+        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        if (m := EVICTING.search(line)) is not None:
+            evicted_for[m.group(2)] = at
+        elif (m := LOADING.search(line)) is not None and m.group(1) in evicted_for:
+            out["eviction to the next load's start"].append((at - evicted_for.pop(m.group(1))).total_seconds())
+            swapping_in.add(m.group(1))
+        elif (m := LOADED.search(line)) is not None and m.group(1) in swapping_in:
+            swapping_in.discard(m.group(1))
+            out["load (engine start, restore)"].append(float(m.group(2)))
+    return out
 
 
 async def restart_figure(url: str, convo: list[dict], prefix: int, cold_ms: float) -> dict[str, Any]:
@@ -284,6 +316,7 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--conversations-only", action="store_true", help="figure 3 alone")
+    parser.add_argument("--swaps-only", action="store_true", help="figures 1, 2 and 4 alone")
     parser.add_argument("--max-load", type=float, default=1.0,
                         help="figure 3: start each side once the 1-minute load average is below this (at most "
                              "300 s of waiting); 0 starts at once")
@@ -308,14 +341,18 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         swaps = asyncio.run(swap_figures(url, gguf, args.swaps))
         procs.stop(server)
+        steps = swap_steps(root / f"server-{port}.log")
         server = start_server(procs, root, cache, models, port)
         restart = asyncio.run(restart_figure(url, swaps["convo"], swaps["prefix_tokens"], swaps["cold_prefill_ms"]))
         # after the restart figure: 16 new conversations take over every slot, A's among them
         four = asyncio.run(sixteen_at_once(url))
         procs.stop(server)
-        figures = conversation_figures(procs, root, models, gguf, args.turns, args.max_load or None)
-        ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
-                for name, full in (("context checkpoints", False), ("full window cache", True))}
+        figures: dict[bool, tuple[dict[str, float], dict[str, float]]] = {}
+        ways: dict[str, dict[str, Any]] = {}
+        if not args.swaps_only:
+            figures = conversation_figures(procs, root, models, gguf, args.turns, args.max_load or None)
+            ways = {name: asyncio.run(window_cache_way(procs, root, gguf, full))
+                    for name, full in (("context checkpoints", False), ("full window cache", True))}
         print(f"load average {load_avg()} after\n")
 
     lat = swaps["latencies"]
@@ -326,11 +363,17 @@ def main() -> None:
         if values:
             print(f"   swap-to-first-token, {kind}: p50 {pct(values, 50):.2f} s, p99 {pct(values, 99):.2f} s "
                   f"({len(values)} swaps)")
+    for step, values in steps.items():
+        if values:
+            print(f"   {step} (the server's log): median {statistics.median(values) * 1000:.0f} ms, max "
+                  f"{max(values) * 1000:.0f} ms ({len(values)})")
     print(f"2. after a restart: cached share {restart['cached_share']:.3f}, "
           f"prefill / cold {restart['prefill_ratio']:.3f}")
-    print_conversations(figures, args.turns)
+    if figures:
+        print_conversations(figures, args.turns)
     print(f"4. 16 simultaneous requests for an unloaded model: {four['loads']} load(s), {four['answers']} answers")
-    print("Window layers of Gemma 3 (ctx 32768, 8 slots), saved, restarted and restored:")
+    if ways:
+        print("Window layers of Gemma 3 (ctx 32768, 8 slots), saved, restarted and restored:")
     for name, way in ways.items():
         print(f"   {name}: engine RSS {way['rss_mib']:.0f} MiB after a {way['prompt']}-token prompt; the next turn "
               f"read {way['read_again']} tokens again ({way['cached']} from the restored slot)")
