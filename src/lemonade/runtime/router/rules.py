@@ -393,8 +393,8 @@ def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: M
     free = _free(q, sims, loading_bytes, retiring)
     stopping = sum(r.bytes for r in retiring)
     ctx = need.fit(free)
-    # A load waits for what is stopping when that gives it more: a larger automatic context, or room at
-    # all (with speculative decoding, before the fallback without it). A process stops in a moment.
+    # The next model starts beside one that is stopping, unless waiting for it gives the load more: a
+    # larger automatic context, or room for all of it rather than the fallback without speculation.
     if ctx is not None and (not stopping or need.fit(free + stopping) == ctx):
         return [Load(w, ctx or None, need.at(ctx or None))]
     if stopping and need.fit(free + stopping) is not None:
