@@ -43,12 +43,10 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     backend_dir,
     free_port,
     gemma_copies,
-    lemonade_env,
     load_avg,
     long_text,
     new_cache,
-    serve_argv,
-    wait_ok,
+    start_server,
 )
 
 MODEL = "gemma"
@@ -118,11 +116,9 @@ def main() -> None:
         models = root / "models"
         gemma_copies(models, (MODEL,))
         port = free_port()
-        server = procs.start(serve_argv(port), env=lemonade_env(new_cache(root, "cache", backend_dir()), models),
-                             log=root / "server.log")
+        server = start_server(procs, new_cache(root, "cache", backend_dir()), models, port, root / "server.log")
         results: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
         try:
-            wait_ok(f"http://127.0.0.1:{port}/live", server, 60)
             print(f"load average {load_avg()} before", flush=True)
             for r in range(args.rounds):
                 order = list(SETTINGS.items()) if r % 2 == 0 else list(reversed(SETTINGS.items()))

@@ -36,10 +36,9 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     backend_dir,
     free_port,
     gemma_copies,
-    lemonade_env,
     load_avg,
     new_cache,
-    serve_argv,
+    start_server,
     wait_for_load,
     wait_ok,
 )
@@ -52,10 +51,8 @@ def through_server(procs: Processes, root: Path, loads: int) -> tuple[list[str],
     models = root / "models"
     gemma_copies(models, (MODEL,))
     port = free_port()
-    server = procs.start(serve_argv(port), env=lemonade_env(new_cache(root, "cache", backend_dir()), models),
-                         log=root / "server.log")
+    server = start_server(procs, new_cache(root, "cache", backend_dir()), models, port, root / "server.log")
     try:
-        wait_ok(f"http://127.0.0.1:{port}/live", server, 60)
         seconds: list[float] = []
         launch: list[str] = []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:

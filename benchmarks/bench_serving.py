@@ -233,6 +233,18 @@ def serve_argv(port: int) -> list[str]:
     return [sys.executable, "-m", "lemonade.cli.main", "serve", "--port", str(port)]
 
 
+def start_server(procs: Processes, cache: Path, models: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """This server (`lemonade serve`) on `port` with `cache` and the models of `models`, once `/live`
+    answers; stopped again if it never does."""
+    proc = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=log)
+    try:
+        wait_ok(f"http://127.0.0.1:{port}/live", proc, 60)
+    except BaseException:
+        procs.stop(proc)
+        raise
+    return proc
+
+
 # ----- statistics ----------------------------------------------------------------------------
 
 def pct(values: list[float], q: float) -> float:

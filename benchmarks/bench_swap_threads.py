@@ -40,12 +40,10 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     backend_dir,
     free_port,
     gemma_copies,
-    lemonade_env,
     load_avg,
     new_cache,
-    serve_argv,
+    start_server,
     wait_for_load,
-    wait_ok,
 )
 
 A, B = "swap-a", "swap-b"
@@ -101,10 +99,8 @@ def main() -> None:
         port = free_port()
         wait_for_load(args.max_load or None, 300)
         print(f"load average {load_avg()} before", flush=True)
-        server = procs.start(serve_argv(port), env=lemonade_env(new_cache(root, "cache", backend_dir()), models),
-                             log=root / "server.log")
+        server = start_server(procs, new_cache(root, "cache", backend_dir()), models, port, root / "server.log")
         try:
-            wait_ok(f"http://127.0.0.1:{port}/live", server, 60)
             rounds = []
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=1800) as http:
                 for i in range(args.rounds):

@@ -51,11 +51,10 @@ from bench_serving import (  # noqa: E402 - sibling module, not a package
     backend_dir,
     free_port,
     gemma_dir,
-    lemonade_env,
     load_avg,
     new_cache,
     pct,
-    serve_argv,
+    start_server,
     wait_for_load,
     wait_ok,
 )
@@ -119,12 +118,6 @@ def evict_page_cache(path: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-
-
-def start_server(procs: Processes, root: Path, cache: Path, models: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = procs.start(serve_argv(port), env=lemonade_env(cache, models), log=root / f"server-{port}.log")
-    wait_ok(f"http://127.0.0.1:{port}/live", proc, 60)
-    return proc
 
 
 async def swap_figures(url: str, gguf: Path, swaps: int) -> dict[str, Any]:
@@ -231,7 +224,8 @@ def conversation_figures(procs: Processes, root: Path, models: Path, gguf: Path,
     for together in (True, False):
         port = free_port()
         wait_for_load(max_load, 300)
-        server = start_server(procs, root, new_cache(root, f"cache-conv-{together}", backend_dir()), models, port)
+        server = start_server(procs, new_cache(root, f"cache-conv-{together}", backend_dir()), models, port,
+                              root / f"server-{port}.log")
         ours = asyncio.run(conversations(f"http://127.0.0.1:{port}", A, turns, together))
         procs.stop(server)
         stock_port = free_port()
@@ -337,12 +331,12 @@ def main() -> None:
             print(f"load average {load_avg()} after\n")
             print_conversations(figures, args.turns)
             return
-        server = start_server(procs, root, cache, models, port)
+        server = start_server(procs, cache, models, port, root / f"server-{port}.log")
         url = f"http://127.0.0.1:{port}"
         swaps = asyncio.run(swap_figures(url, gguf, args.swaps))
         procs.stop(server)
         steps = swap_steps(root / f"server-{port}.log")
-        server = start_server(procs, root, cache, models, port)
+        server = start_server(procs, cache, models, port, root / f"server-{port}.log")
         restart = asyncio.run(restart_figure(url, swaps["convo"], swaps["prefix_tokens"], swaps["cold_prefill_ms"]))
         # after the restart figure: 16 new conversations take over every slot, A's among them
         four = asyncio.run(sixteen_at_once(url))

@@ -279,6 +279,29 @@ def test_a_busy_cpu_gets_fewer_engine_threads(monkeypatch):
     assert thread_args([], "llama-server") == []
 
 
+def test_an_engine_being_stopped_shares_no_cores_with_the_next():
+    """In a swap the next engine starts while the evicted one saves and exits (runtime/router/scheduler.py):
+    what the evicted one used while it served is not counted as work the new one competes with."""
+    from lemonade.backends import cpu_share
+
+    cpu = {100: 0.0, 200: 0.0}  # the server, the engine being evicted
+    clock = [0.0]
+    own = cpu_share.OwnLoad(read=lambda: (sum(cpu.values()), dict(cpu)), alive=lambda pid: pid in cpu,
+                            clock=lambda: clock[0])
+    own.sample()
+    clock[0] += 5.0
+    cpu[200] += 10.0  # both cores until its last answer
+    own.sample()
+    assert own.others(1.0) == pytest.approx(1.0 - own.smoothed + 2.0)
+    own.leaving(200)
+    assert own.others(1.0) == pytest.approx(1.0 - own.smoothed)
+    own.leaving(None)  # a remote model has no process
+    clock[0] += 5.0
+    del cpu[200]  # it exited: forgotten at the next sample
+    own.sample()
+    assert own.others(1.0) == pytest.approx(1.0 - own.smoothed)
+
+
 def test_load_our_own_unloaded_engine_left_does_not_take_threads(monkeypatch):
     """Right after a swap the load average still holds a minute of the unloaded engine's work; the next
     engine used to start with one thread for it (cpu_share.py). Our processes' share is followed like the

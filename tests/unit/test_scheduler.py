@@ -57,9 +57,14 @@ def test_two_models_one_slot_take_turns_in_batches(tmp_path):
     assert engine.launches[0] == "user.a"
 
 
-def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path):
+def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path, monkeypatch):
     """A swap does not wait for the old engine's exit (a real one saves its conversations and frees
-    its cache meanwhile): here it takes 3 s after SIGTERM, and the next model answers before that."""
+    its cache meanwhile): here it takes 3 s after SIGTERM, and the next model answers before that. The
+    thread choice of the next engine is told the old one is leaving (backends/cpu_share.py)."""
+    from lemonade.runtime.router import scheduler
+
+    leaving: list[int | None] = []
+    monkeypatch.setattr(scheduler.OWN_LOAD, "leaving", leaving.append)
     r, engine = router(tmp_path)
     a, b = model("a"), model("b")
     engine.behave("user.a", exit_seconds=3.0)
@@ -80,6 +85,7 @@ def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path):
     pid, a_running_while_b_answered, a_stopped = run(scenario)
     assert engine.launches == ["user.a", "user.b"]
     assert a_running_while_b_answered and a_stopped
+    assert leaving == [pid]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 

@@ -86,14 +86,19 @@ class OwnLoad:
         self._total = 0.0  # CPU seconds of all our processes at the last sample (never decreases)
         self._seen: dict[int, float] = {}  # running pid -> its CPU seconds at the last sample
         self._rates: dict[int, float] = {}  # running pid -> cores it used between the last two samples
+        self._leaving: set[int] = set()  # pids being stopped (a model evicted): no new engine shares cores with them
         self._at: float | None = None
         self.smoothed = 0.0  # cores our processes used, as a one-minute exponential mean
         self.last_choice: dict[str, Any] | None = None  # what the last engine start saw and chose
 
+    def due(self, min_span: float) -> bool:
+        """Whether the last sample (housekeeping's or an engine start's) is `min_span` seconds old or more."""
+        return self._at is None or self._clock() - self._at >= min_span
+
     def sample(self, min_span: float = 0.0) -> None:
         """Fold in what our processes used since the last sample, unless that was under `min_span` ago."""
         now = self._clock()
-        if self._at is not None and now - self._at < min_span:
+        if not self.due(min_span):
             return
         total, running = self._read()
         with self._lock:
@@ -107,12 +112,20 @@ class OwnLoad:
                 # the total dips while an ended process waits to be reaped: count from the highest seen
                 self.smoothed = self.smoothed * decay + max(0.0, total - self._total) / span * (1.0 - decay)
             self._seen, self._at, self._total = running, now, max(self._total, total)
+            self._leaving &= running.keys()
+
+    def leaving(self, pid: int | None) -> None:
+        """A process of ours is being stopped (its model evicted): the next engine often starts before it has
+        exited (a swap), and what it used while it served is no work that engine will share the cores with."""
+        if pid is not None:
+            with self._lock:
+                self._leaving.add(pid)
 
     def others(self, load: float) -> float:
-        """The part of `load` that is not ours, plus what our processes still running used lately: what
-        a new engine would share the cores with. Before any sample, all of `load`."""
+        """The part of `load` that is not ours, plus what our processes still running (and not leaving)
+        used lately: what a new engine would share the cores with. Before any sample, all of `load`."""
         with self._lock:
-            rates = dict(self._rates)
+            rates = {pid: rate for pid, rate in self._rates.items() if pid not in self._leaving}
             smoothed = self.smoothed
         still_running = sum(rate for pid, rate in rates.items() if self._alive(pid))
         return max(0.0, load - smoothed + still_running)

@@ -68,7 +68,6 @@ class Housekeeping:
         self.router = router
         self._memory = memory  # the live device memory reading (lemonade.system.devices)
         self._sampled_at = 0.0  # monotonic time of the last pressure reading
-        self._load_sampled_at = 0.0  # monotonic time of the last OWN_LOAD sample
         self.last_memory: MemoryUse | None = None
         self._watched: dict[int, _Watch] = {}  # pid -> what the watchdog saw
         self._task: asyncio.Task[None] | None = None
@@ -96,8 +95,7 @@ class Housekeeping:
                     log.exception("Housekeeping failed for %s", lm.name)
             for pid in set(self._watched) - live:
                 del self._watched[pid]
-            if time.monotonic() - self._load_sampled_at >= OWN_LOAD_SAMPLE_SECONDS:
-                self._load_sampled_at = time.monotonic()
+            if OWN_LOAD.due(OWN_LOAD_SAMPLE_SECONDS):
                 try:
                     await asyncio.to_thread(OWN_LOAD.sample)
                 except Exception:

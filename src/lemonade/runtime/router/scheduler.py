@@ -46,6 +46,7 @@ from typing import Any
 
 import lemonade.runtime.router.rules as rules
 from lemonade.backends.base import BackendStartError
+from lemonade.backends.cpu_share import OWN_LOAD
 from lemonade.backends.engine import Engine, EngineUnavailable, MemoryNeed
 from lemonade.backends.registry import Engines
 from lemonade.config import Config
@@ -653,6 +654,7 @@ class Router:
         if lm.retiring:
             return False
         lm.state = ModelState.RETIRING
+        OWN_LOAD.leaving(lm.server.pid)  # the next engine may start before it has exited: not cores it shares
         if self.loaded.get(lm.name) is lm:
             del self.loaded[lm.name]
             self._on_change()
