@@ -49,6 +49,14 @@ def router(tmp: Path, **config: Any) -> tuple[Router, StandInEngine]:
     return Router(engines=OneEngine(engine), config=settings, files_for=files, client=EngineClient()), engine  # type: ignore[arg-type]
 
 
+async def until(condition: Any, timeout: float = 60.0) -> None:
+    """Wait for `condition()` (a process start takes a while on a busy machine); fail after `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
 def run(scenario: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
     """Run a scenario to its end; every engine it started is stopped by its router's shutdown."""
     return asyncio.run(asyncio.wait_for(scenario(), timeout))  # type: ignore[arg-type]

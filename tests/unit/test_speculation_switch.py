@@ -16,7 +16,7 @@ from lemonade.errors import APIError
 from lemonade.runtime import speculation as rules
 from lemonade.runtime import speculation_switch
 from lemonade.runtime.speculation_switch import SpeculationSwitch
-from tests.unit.standin_world import model, router, run
+from tests.unit.standin_world import model, router, run, until
 
 M = model("m")
 AUTO = {"speculation": "auto"}
@@ -33,14 +33,6 @@ def answer(tokens: int, ms: float, drafted: int = 0) -> dict[str, Any]:
     """An answer's body as llama-server ends it: its `timings`."""
     return {"timings": {"predicted_n": tokens, "predicted_ms": ms,
                         **({"draft_n": drafted, "draft_n_accepted": drafted // 2} if drafted else {})}}
-
-
-async def until(condition: Any, timeout: float = 60.0) -> None:
-    """Wait for `condition()` (a process start takes a while on a busy machine); fail after `timeout`."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 def running(r) -> str | None:

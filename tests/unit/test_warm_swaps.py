@@ -17,7 +17,7 @@ import httpx
 
 from lemonade.runtime.proxy import timings_at_end
 from lemonade.runtime.slot_affinity import SlotAffinity
-from tests.unit.standin_world import app_client, run
+from tests.unit.standin_world import app_client, run, until
 
 A, B = "model-a", "model-b"
 
@@ -42,6 +42,16 @@ async def stopped(services: Any) -> None:
     deadline = time.monotonic() + 20
     while len(services.router.processes()) > len(services.router.loaded) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
+
+
+async def in_engine(services: Any) -> SlotAffinity:
+    """Once a request is in the engine of the (one) loaded model: its slots. Awaited rather than slept
+    for, so a slow start on a busy machine cannot reorder what a test sends next."""
+    await until(lambda: bool(services.router.loaded))
+    affinity = next(iter(services.router.loaded.values())).affinity
+    assert affinity is not None
+    await until(lambda: bool(affinity.serving))
+    return affinity
 
 
 def test_a_conversation_survives_a_swap_and_goes_back_to_its_slot(tmp_path):
@@ -315,7 +325,7 @@ def test_a_hold_for_a_shared_beginning_ends_when_reading_it_would_have_been_quic
                 return resp.json()["timings"]
 
             first = asyncio.create_task(ask("first", "STANDIN:slow=0.1 write at length", 20))
-            await asyncio.sleep(0.1)
+            await in_engine(services)
             second = await ask("second", "a short one", 2)
             await first
             return second, done
@@ -352,7 +362,7 @@ def test_a_hold_lasts_while_a_streamed_request_reads_its_prompt_however_long(tmp
                         pass
 
             first = asyncio.create_task(streamed())
-            await asyncio.sleep(0.2)
+            await in_engine(services)
             others = await asyncio.gather(*(chat(http, A, [system, {"role": "user", "content": f"conversation {i}"}])
                                             for i in range(2)))
             await first
@@ -368,16 +378,17 @@ def test_a_request_that_leaves_while_it_holds_leaves_its_slot_as_it_was(tmp_path
     async def scenario() -> tuple[str, list[str]]:
         async with app_client(tmp_path, models=(A,)) as (http, services, engine):
             system = {"role": "system", "content": words(3000)}
-            first = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "STANDIN:slow=0.2 first"}]))
-            await asyncio.sleep(0.2)
+            # the first answers for 2 s; the states below are awaited, not timed, so a slow start cannot
+            # let the first finish before the second holds for it
+            first = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "STANDIN:slow=1 first"}]))
+            affinity = await in_engine(services)
             leaving = asyncio.create_task(chat(http, A, [system, {"role": "user", "content": "gone before its turn"}]))
-            await asyncio.sleep(0.3)  # it holds for the first one's slot now
+            await until(lambda: any(affinity._readers.values()))  # it holds for the first one's slot now
+            assert not first.done()
             leaving.cancel()
             await asyncio.gather(leaving, return_exceptions=True)
             await first
-            lm = next(iter(services.router.loaded.values()))
-            assert lm.affinity is not None
-            return lm.affinity.held.get(0, ""), list(lm.affinity.held.values())
+            return affinity.held.get(0, ""), list(affinity.held.values())
 
     first_slot, held = run(scenario)
     assert "first" in first_slot
