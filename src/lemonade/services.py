@@ -45,6 +45,7 @@ from lemonade.runtime.speculation_switch import SpeculationSwitch
 from lemonade.runtime.stats import Stats
 from lemonade.system.devices import detect_devices
 from lemonade.system.suspend import SuspendGuard, SuspendInhibitor
+from lemonade.util.http_client import async_client
 
 log = logging.getLogger("lemonade.server")
 
@@ -76,11 +77,11 @@ class Services:
         self.metrics = Metrics()
         self.downloads = DownloadManager(self.cache_dir, self.catalog, lambda: self.offline)
         # Upstream calls to engines on loopback: no read timeout (generation can be long).
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                      limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
-                                                          # below llama-server's 5 s idle close, so a kept
-                                                          # connection is never one the engine just dropped
-                                                          keepalive_expiry=2.0))
+        self.http = async_client(timeout=httpx.Timeout(None, connect=10.0),
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
+                                                     # below llama-server's 5 s idle close, so a kept
+                                                     # connection is never one the engine just dropped
+                                                     keepalive_expiry=2.0))
         self.engine_client = EngineClient()
         self.remote_http = RemoteHttp(read_timeout=lambda: float(config.get("global_timeout")))
         # inhibit_suspend: a logind lock while the router has work (system/suspend.py), watched while models are loaded

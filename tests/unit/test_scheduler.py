@@ -90,6 +90,33 @@ def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path, monkeyp
         os.kill(pid, 0)
 
 
+def test_engine_starts_load_no_certificate_store(tmp_path, monkeypatch):
+    """Each certificate store httpx loads costs about 15 ms of the event loop's CPU; an engine start's
+    readiness poll made a client, and so loaded one, on every load of a swap (util/http_client.py)."""
+    import ssl
+
+    loads: list[object] = []
+    default_context = ssl.create_default_context
+
+    def counted(*args: object, **kwargs: object) -> ssl.SSLContext:
+        loads.append(args or kwargs)
+        return default_context(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    r, engine = router(tmp_path)
+
+    async def scenario() -> None:
+        try:
+            for name in ("a", "b", "a"):
+                await _serve(r, model(name))
+        finally:
+            await r.shutdown()
+
+    run(scenario)
+    assert engine.launches == ["user.a", "user.b", "user.a"]
+    assert len(loads) <= 1, loads  # the shared store, if this process had not loaded it yet
+
+
 def test_a_crashed_engine_is_reported_and_loaded_again_by_the_next_request(tmp_path):
     r, engine = router(tmp_path)
     a = model("a")

@@ -21,6 +21,7 @@ from lemonade.downloads.hub import (
     modelscope_endpoint,
     modelscope_headers,
 )
+from lemonade.util.http_client import async_client
 
 
 def _result(source: str, repo_id: str, *, description: str = "", tags: list[str] | None = None, task: str = "",
@@ -78,7 +79,7 @@ async def _search_modelscope(query: str, limit: int, gguf: bool) -> tuple[int, l
         params["filter.library"] = "gguf"
     url = modelscope_endpoint() + "/openapi/v1/models"
     try:
-        async with httpx.AsyncClient(timeout=METADATA_TIMEOUT, follow_redirects=True) as client:
+        async with async_client(timeout=METADATA_TIMEOUT, follow_redirects=True) as client:
             resp = await client.get(url, params=params, headers=modelscope_headers())
     except httpx.HTTPError as exc:
         raise HubError(502, f"ModelScope search: cannot reach {modelscope_endpoint()} ({exc})") from None

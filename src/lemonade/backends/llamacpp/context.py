@@ -24,6 +24,7 @@ import httpx
 
 from lemonade.backends.engine import MemoryNeed
 from lemonade.catalog.gguf_meta import GGUFError, read_metadata
+from lemonade.util.http_client import async_client
 
 log = logging.getLogger("lemonade.llamacpp")
 
@@ -206,7 +207,7 @@ async def served_context(base_url: str, timeout: float = 10.0) -> tuple[int | No
     """(tokens one request may use, slots) as the running llama-server reports them in `/props`;
     (None, None) when it does not say (a `system` llama-server of another version, say)."""
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with async_client(timeout=timeout) as client:
             resp = await client.get(base_url + "/props")
         props = resp.json() if resp.status_code == 200 else {}
     except (httpx.HTTPError, ValueError):
