@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,7 @@ def states(tmp: Path) -> list[dict]:
 async def stopped(services: Any) -> None:
     """Until the models a swap evicted have saved their conversations and exited: the next model
     answers meanwhile (its load does not wait for the exit)."""
-    deadline = time.monotonic() + 20
-    while len(services.router.processes()) > len(services.router.loaded) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await until(lambda: len(services.router.processes()) <= len(services.router.loaded), 20)
 
 
 async def in_engine(services: Any) -> SlotAffinity:
