@@ -15,7 +15,7 @@ import time
 import pytest
 
 from lemonade.errors import APIError
-from tests.unit.standin_world import model, router, run
+from tests.unit.standin_world import model, router, run, until
 
 
 async def _serve(r, m, hold: float = 0.0) -> str:
@@ -75,9 +75,7 @@ def test_the_next_model_starts_while_the_one_it_replaces_stops(tmp_path, monkeyp
                 pid = first.server.pid
             await _serve(r, b)
             a_running = os.path.exists(f"/proc/{pid}") and r.resident("user.a") is None
-            deadline = time.monotonic() + 20
-            while any(lm.name == "user.a" for lm in r.processes()) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await until(lambda: not any(lm.name == "user.a" for lm in r.processes()), 20)
             return pid, a_running, not any(lm.name == "user.a" for lm in r.processes())
         finally:
             await r.shutdown()

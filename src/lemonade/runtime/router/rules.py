@@ -393,11 +393,12 @@ def _memory_room(w: Wanted, q: Queue, sims: Mapping[str, _Sim], loading_bytes: M
     free = _free(q, sims, loading_bytes, retiring)
     stopping = sum(r.bytes for r in retiring)
     ctx = need.fit(free)
+    after = need.fit(free + stopping) if stopping else ctx  # what it gets once the one stopping is gone
     # The next model starts beside one that is stopping, unless waiting for it gives the load more: a
     # larger automatic context, or room for all of it rather than the fallback without speculation.
-    if ctx is not None and (not stopping or need.fit(free + stopping) == ctx):
+    if ctx is not None and after == ctx:
         return [Load(w, ctx or None, need.at(ctx or None))]
-    if stopping and need.fit(free + stopping) is not None:
+    if after is not None:
         return []  # what is stopping will free enough, or more
     if need.fallback is not None:  # what the engine may leave out goes before any other model does
         need = need.fallback
